@@ -1,0 +1,1 @@
+"""Checkpoint formats: being written."""

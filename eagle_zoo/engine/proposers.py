@@ -1,0 +1,1 @@
+"""Proposers: being written."""

@@ -1,0 +1,1 @@
+"""The cohere family (target model, EAGLE heads, mapping table): being written."""

@@ -1,0 +1,1 @@
+"""The deepseek family (target model, EAGLE heads, mapping table): being written."""

@@ -1,0 +1,1 @@
+"""The llama family (target model, EAGLE heads, mapping table): being written."""

@@ -1,0 +1,1 @@
+"""The mistral family (target model, EAGLE heads, mapping table): being written."""
