@@ -10,11 +10,13 @@ Environment:
 """
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import importlib
 import os
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import pluggy
 
@@ -140,22 +142,24 @@ def head_architecture_names(arch: str) -> dict[str, str]:
 class PluginHost:
     """Owns the pluggy manager, loads plugins and builds the Registry."""
 
-    def __init__(self, autoload: Optional[bool] = None):
+    def __init__(self, autoload: Optional[bool] = None, default_plugins: Sequence[str] = DEFAULT_PLUGINS):
+        # default_plugins: the built-in modules to register; tests pass a subset to
+        # exercise the host without depending on which families exist.
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
         self.pm.add_hookspecs(hookspecs)
         self._registry: Optional[Registry] = None
         self._meta: dict[str, tuple[str, str]] = {}  # plugin name -> (version, source)
         self._autoload = autoload
+        self._default_plugins = tuple(default_plugins)
         self._loaded = False
 
     # -- loading ---------------------------------------------------------------
     def load(self) -> None:
         if self._loaded:
             return
-        self._loaded = True
         from . import __version__
 
-        for modname in DEFAULT_PLUGINS:
+        for modname in self._default_plugins:
             module = importlib.import_module(modname)
             if self.pm.get_plugin(modname) is None:
                 self.pm.register(module, name=modname)
@@ -165,7 +169,26 @@ class PluginHost:
             autoload = os.environ.get(DISABLE_AUTOLOAD_ENV, "").lower() not in ("1", "true", "yes")
         if autoload:
             self._load_entry_points()
-        self.pm.check_pending()
+        self.check_pending()
+        # Only now: a failed load must not leave a half-loaded host that looks ready.
+        self._loaded = True
+
+    def check_pending(self) -> None:
+        """Fail loudly when a plugin implements a hook that does not exist (a typo
+        such as ``register_familes`` would otherwise be silently never called)."""
+        known = sorted(n for n, c in vars(self.pm.hook).items() if not n.startswith("_") and c.has_spec())
+        for name, caller in vars(self.pm.hook).items():
+            if name.startswith("_") or caller.has_spec():
+                continue
+            for impl in caller.get_hookimpls():
+                if impl.optionalhook:
+                    continue
+                close = difflib.get_close_matches(name, known, n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise PluginError(
+                    f"plugin {impl.plugin_name!r} implements unknown hook {name!r}.{hint} "
+                    f"The hooks are: {', '.join(known)}."
+                )
 
     def _load_entry_points(self) -> None:
         allow = os.environ.get(ALLOW_LIST_ENV)
@@ -183,7 +206,10 @@ class PluginHost:
                     f"Fix or uninstall it, or set {DISABLE_AUTOLOAD_ENV}=1 / "
                     f"{ALLOW_LIST_ENV}=<names> to skip it."
                 ) from exc
-            self.pm.register(plugin, name=ep.name)
+            try:
+                self.pm.register(plugin, name=ep.name)
+            except (ValueError, pluggy.PluginValidationError) as exc:
+                raise PluginError(f"eagle_zoo plugin {ep.name!r} ({ep.value}) cannot be registered: {exc}") from exc
             dist = ep.dist
             self._meta[ep.name] = (
                 dist.version if dist else "unknown",
@@ -193,9 +219,16 @@ class PluginHost:
     def register(self, plugin: Any, name: Optional[str] = None, version: str = "0") -> str:
         """Register a plugin object or module at run time (tests, notebooks)."""
         self.load()
-        name = self.pm.register(plugin, name=name)
+        try:
+            name = self.pm.register(plugin, name=name)
+        except (ValueError, pluggy.PluginValidationError) as exc:
+            raise PluginError(f"cannot register plugin {name or plugin!r}: {exc}") from exc
+        try:
+            self.check_pending()
+        except PluginError:
+            self.pm.unregister(name=name)  # leave the host as it was
+            raise
         self._meta[name] = (version, "registered at run time")
-        self.pm.check_pending()
         self._registry = None
         return name
 
@@ -223,7 +256,9 @@ class PluginHost:
             # Call each implementation alone so every registration is attributed.
             for impl in reversed(hook.get_hookimpls()):
                 plugin_name = impl.plugin_name
-                impl.function(register=lambda item, _p=plugin_name: add(_p, item))
+                kwargs = {"register": lambda item, _p=plugin_name: add(_p, item)}
+                # pluggy lets an implementation take fewer arguments than the spec.
+                impl.function(**{a: kwargs[a] for a in impl.argnames})
 
         call("register_families", lambda p, item: self._add_family(reg, p, item))
         call("register_formats", lambda p, item: self._add_named(reg, p, item, CheckpointFormat, reg.formats, "format"))
@@ -232,7 +267,9 @@ class PluginHost:
         from .catalog import CatalogEntry, parse_entry
 
         def add_entry(p, item):
-            entry = item if isinstance(item, CatalogEntry) else parse_entry(item, source=p)
+            # The entry is attributed to the plugin that registered it, whatever
+            # source a pre-built CatalogEntry (load_catalog_file) carried.
+            entry = dataclasses.replace(item, source=p) if isinstance(item, CatalogEntry) else parse_entry(item, source=p)
             self._claim(reg, p, "catalog entry", entry.id)
             reg.catalog[entry.id] = entry
             reg.plugins[p].registered.setdefault("catalog", []).append(entry.id)
@@ -256,13 +293,16 @@ class PluginHost:
             raise PluginError(f"plugin {plugin!r} registered {item!r} as a {kind}; expected {cls.__name__}")
         self._claim(reg, plugin, kind, item.name)
         table[item.name] = item
-        reg.plugins[plugin].registered.setdefault(kind + "s", []).append(item.name)
+        plural = "families" if kind == "family" else kind + "s"
+        reg.plugins[plugin].registered.setdefault(plural, []).append(item.name)
 
     def _add_family(self, reg: Registry, plugin: str, fam: FamilySpec) -> None:
         self._add_named(reg, plugin, fam, FamilySpec, reg.families, "family")
         for arch in fam.architectures:
             self._claim(reg, plugin, "architecture", arch)
             reg.architectures[arch] = fam
+            if fam.eagle_head is None and fam.eagle3_head is None:
+                continue  # no heads: nothing to rename (and no need for the config module)
             for head_arch, method in head_architecture_names(arch).items():
                 if fam.head_class(method) is not None:
                     self._claim(reg, plugin, "head architecture", head_arch)
@@ -292,7 +332,7 @@ def get_registry() -> Registry:
 def check_pending() -> None:
     """Fail loudly when a plugin implements a hook that does not exist (a typo)."""
     get_host().load()
-    get_host().pm.check_pending()
+    get_host().check_pending()
 
 
 def reset() -> None:

@@ -1,0 +1,15 @@
+"""Triton kernels, each next to a plain-torch reference of the same function.
+
+Every public function here is a dispatcher: Triton on CUDA tensors when triton
+imports, the torch reference otherwise (CPU, no triton, or EAGLE_ZOO_KERNELS=torch).
+See kernels/README.md.
+"""
+from .attention import cache_attention, cache_attention_torch, cache_attention_triton
+from .kv_cache import write_kv, write_kv_torch, write_kv_triton
+from .rejection import rejection_sample, rejection_sample_torch, rejection_sample_triton
+
+__all__ = [
+    "cache_attention", "cache_attention_torch", "cache_attention_triton",
+    "write_kv", "write_kv_torch", "write_kv_triton",
+    "rejection_sample", "rejection_sample_torch", "rejection_sample_triton",
+]

@@ -1,1 +1,193 @@
-"""Proposers: being written."""
+"""Draft proposers: EAGLE / EAGLE-3 heads, n-gram prompt lookup, a small draft model.
+
+A proposer answers three calls from the engine (all batched over sequences):
+  on_prefill(seq, target_out)      a new sequence's prompt went through the target
+  propose(batch) -> (draft[B,K], num_draft[B])
+  on_verify(batch, verified)       the target verified the drafts; catch up
+Drafts are greedy (argmax), so the draft distribution q is one-hot and the
+rejection sampler needs no draft probabilities.
+
+The EAGLE proposers use the padded-batch catch-up: after verification the head
+always consumes all K+1 verified positions (fixed shape) and the state is gathered
+at each sequence's number of accepted tokens; unaccepted positions are overwritten
+by the next round before anything attends to them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ..hookspecs import hookimpl
+from ..specs import ProposerSpec
+from .runner import ModelRunner
+
+
+@dataclass
+class StepBatch:
+    """The sequences of one decode step, as device tensors."""
+
+    slots: torch.Tensor  # [B] cache rows
+    base_positions: torch.Tensor  # [B] position of each sequence's last (unverified) token
+    token_history: list[list[int]]  # host-side token ids per sequence (n-gram lookup)
+    kv_len: int  # host-known bound: max base position + K + 1
+
+
+@dataclass
+class TargetOutput:
+    input_ids: torch.Tensor  # [B, T] tokens the target consumed
+    tokens: torch.Tensor  # [B, T] the token that follows each of them (-1: none yet)
+    positions: torch.Tensor  # [B, T]
+    hidden: torch.Tensor  # [B, T, H] final hidden state
+    aux: list[torch.Tensor]  # residual streams of the aux layers, [B, T, H] each
+
+
+class Proposer:
+    num_speculative_tokens: int
+    aux_layer_ids: tuple[int, ...] = ()
+
+    def on_prefill(self, slot: int, out: TargetOutput) -> None:
+        pass
+
+    def propose(self, batch: StepBatch) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        raise NotImplementedError
+
+    def on_verify(self, batch: StepBatch, out: TargetOutput, num_accepted: torch.Tensor) -> None:
+        pass
+
+
+class EagleProposer(Proposer):
+    """EAGLE-1 and EAGLE-3 chains: the head drafts from the target's features."""
+
+    def __init__(self, head, method: str, k: int, num_slots: int, max_len: int, dtype, device, target_num_layers: int):
+        self.head = head
+        self.method = method
+        self.num_speculative_tokens = k
+        self.runner = ModelRunner(head, num_slots, max_len, dtype, device)
+        hidden_size = head.config.hidden_size
+        self.next_token = torch.zeros(num_slots, dtype=torch.long, device=device)
+        self.next_hidden = torch.zeros(num_slots, hidden_size, dtype=dtype, device=device)
+        if method == "eagle3":
+            ids = getattr(head.config, "eagle_aux_hidden_state_layer_ids", None)
+            n = target_num_layers
+            self.aux_layer_ids = tuple(ids) if ids else (2, n // 2, n - 3)
+
+    def _features(self, out: TargetOutput) -> torch.Tensor:
+        if self.method == "eagle3":
+            return self.head.combine_hidden_states(torch.cat(out.aux, dim=-1))
+        return out.hidden
+
+    def _draft_token(self, h: torch.Tensor) -> torch.Tensor:
+        return self.head.compute_logits(h).argmax(dim=-1)
+
+    @torch.inference_mode()
+    def on_prefill(self, slot: int, out: TargetOutput) -> None:
+        slots = torch.tensor([slot], device=out.tokens.device)
+        kv_len = out.positions.shape[1]
+        h = self.runner.run(out.tokens, out.positions, slots, kv_len, self._features(out))
+        last = h[:, -1]
+        self.next_hidden[slot] = last[0]
+        self.next_token[slot] = self._draft_token(last)[0]
+
+    @torch.inference_mode()
+    def propose(self, batch: StepBatch):
+        token = self.next_token[batch.slots]
+        hidden = self.next_hidden[batch.slots]
+        drafts = [token]
+        for step in range(self.num_speculative_tokens - 1):
+            pos = (batch.base_positions + step).unsqueeze(1)
+            hidden = self.runner.run(token.unsqueeze(1), pos, batch.slots, batch.kv_len, hidden.unsqueeze(1))[:, 0]
+            token = self._draft_token(hidden)
+            drafts.append(token)
+        return torch.stack(drafts, dim=1), None
+
+    @torch.inference_mode()
+    def on_verify(self, batch: StepBatch, out: TargetOutput, num_accepted: torch.Tensor) -> None:
+        h = self.runner.run(out.tokens.clamp(min=0), out.positions, batch.slots, batch.kv_len, self._features(out))
+        idx = num_accepted.view(-1, 1, 1).expand(-1, 1, h.shape[-1])
+        last = h.gather(1, idx)[:, 0]
+        self.next_hidden[batch.slots] = last
+        self.next_token[batch.slots] = self._draft_token(last)
+
+
+class NgramProposer(Proposer):
+    """Prompt lookup: find the latest earlier occurrence of the sequence's trailing
+    n-gram (longest n first, prompt_lookup_max down to prompt_lookup_min) and propose
+    the tokens that followed it."""
+
+    def __init__(self, k: int, n_min: int, n_max: int, device):
+        self.num_speculative_tokens = k
+        self.n_min, self.n_max = n_min, n_max
+        self.device = device
+
+    def lookup(self, tokens: list[int]) -> list[int]:
+        k = self.num_speculative_tokens
+        t = torch.tensor(tokens)
+        for n in range(min(self.n_max, len(tokens) - 1), self.n_min - 1, -1):
+            windows = t[:-1].unfold(0, n, 1) if len(tokens) - 1 >= n else None
+            if windows is None or windows.numel() == 0:
+                continue
+            hits = (windows == t[-n:]).all(dim=1).nonzero().flatten()
+            if hits.numel():
+                start = int(hits[-1]) + n
+                return tokens[start : start + k]
+        return []
+
+    def propose(self, batch: StepBatch):
+        k = self.num_speculative_tokens
+        rows = [self.lookup(toks) for toks in batch.token_history]
+        num = torch.tensor([len(r) for r in rows], dtype=torch.long)
+        drafts = torch.tensor([r + [0] * (k - len(r)) for r in rows], dtype=torch.long)
+        return drafts.to(self.device), num.to(self.device)
+
+
+class DraftModelProposer(Proposer):
+    """A small model sharing the target's vocabulary drafts greedily.
+
+    Its cache holds every verified token but possibly the last two; each round
+    starts by (re)feeding the last two verified tokens, which covers the case where
+    all drafts were accepted and the last draft was never fed (one extra slot)."""
+
+    def __init__(self, model, k: int, num_slots: int, max_len: int, dtype, device):
+        self.model = model
+        self.num_speculative_tokens = k
+        self.runner = ModelRunner(model, num_slots, max_len, dtype, device)
+        self.device = device
+
+    def _next(self, input_ids, positions, slots, kv_len):
+        hidden, _ = self.runner.run(input_ids, positions, slots, kv_len)
+        return self.model.compute_logits(hidden[:, -1:])[:, 0].argmax(dim=-1)
+
+    @torch.inference_mode()
+    def on_prefill(self, slot: int, out: TargetOutput) -> None:
+        # The draft caches the prompt; the first propose() feeds its last token again.
+        slots = torch.tensor([slot], device=self.device)
+        self.runner.run(out.input_ids, out.positions, slots, out.positions.shape[1])
+
+    @torch.inference_mode()
+    def propose(self, batch: StepBatch):
+        last_two = torch.tensor([h[-2:] for h in batch.token_history], device=self.device)
+        pos = batch.base_positions.unsqueeze(1) + torch.arange(-1, 1, device=self.device)
+        token = self._next(last_two, pos, batch.slots, batch.kv_len)
+        drafts = [token]
+        for step in range(1, self.num_speculative_tokens):
+            pos = (batch.base_positions + step).unsqueeze(1)
+            token = self._next(token.unsqueeze(1), pos, batch.slots, batch.kv_len)
+            drafts.append(token)
+        return torch.stack(drafts, dim=1), None
+
+
+@hookimpl
+def register_proposers(register):
+    register(ProposerSpec("eagle", EagleProposer, description="EAGLE-1 head over the target's final hidden state"))
+    register(
+        ProposerSpec(
+            "eagle3",
+            EagleProposer,
+            parallel_drafting=True,
+            description="EAGLE-3 head over three aux hidden states, draft vocabulary",
+        )
+    )
+    register(ProposerSpec("ngram", NgramProposer, needs_model=False, description="prompt lookup (n-gram)"))
+    register(ProposerSpec("draft_model", DraftModelProposer, description="a small model sharing the vocabulary"))

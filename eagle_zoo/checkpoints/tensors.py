@@ -1,0 +1,237 @@
+"""Reading checkpoint tensors safely.
+
+Which file holds the weights is decided from file names alone (WEIGHT_LAYOUTS,
+first match wins: safetensors is preferred because it cannot run code), never by
+trying one reader after another. Pickled ``.bin`` files are opened only with
+``torch.load(weights_only=True)``; anything that unpickler refuses is reported as an
+UnsafeCheckpointError and nothing in the file is executed.
+"""
+from __future__ import annotations
+
+import json
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Iterable, Optional
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+CONVERT_HINT = (
+    "convert it to safetensors in an environment you trust "
+    "(`eagle-zoo convert`), or download the publisher's model.safetensors"
+)
+
+# (file name, is an index of shards). The order is the preference.
+WEIGHT_LAYOUTS: tuple[tuple[str, bool], ...] = (
+    ("model.safetensors", False),
+    ("model.safetensors.index.json", True),
+    ("pytorch_model.bin", False),
+    ("pytorch_model.bin.index.json", True),
+)
+SAFETENSORS_SUFFIXES = (".safetensors",)
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be used as it is; the message names the file and the fix."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A pickled file holds more than plain tensors: loading it could run code."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A weight file is truncated, corrupt or not what its name says."""
+
+
+class MissingShardError(CheckpointError):
+    """An index names a shard file that is not in the directory."""
+
+
+# -- which files ----------------------------------------------------------------
+def weights_entry(directory: Path) -> Optional[Path]:
+    """The file that says where the weights are (a weight file or an index), or None."""
+    directory = Path(directory)
+    for name, _ in WEIGHT_LAYOUTS:
+        if (directory / name).is_file():
+            return directory / name
+    return None
+
+
+def read_index(index_path: Path) -> dict[str, str]:
+    """weight_map of a ``*.index.json``: tensor name -> shard file name."""
+    try:
+        index = json.loads(Path(index_path).read_text())
+        weight_map = index["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CorruptCheckpointError(
+            f"{index_path}: not a valid shard index ({exc}); it must be JSON with a "
+            f'"weight_map" object mapping tensor names to shard files'
+        ) from None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CorruptCheckpointError(f"{index_path}: \"weight_map\" must map tensor names to file names")
+    return weight_map
+
+
+def weight_files(directory: Path) -> list[Path]:
+    """The weight files of a checkpoint directory (all shards when it is sharded)."""
+    directory = Path(directory)
+    entry = weights_entry(directory)
+    if entry is None:
+        raise CheckpointError(
+            f"{directory}: no weight file; expected one of "
+            f"{', '.join(name for name, _ in WEIGHT_LAYOUTS)}"
+        )
+    if not entry.name.endswith(".index.json"):
+        return [entry]
+    shards = sorted(set(read_index(entry).values()))
+    missing = [s for s in shards if not (directory / s).is_file()]
+    if missing:
+        raise MissingShardError(
+            f"{entry} names shard(s) that are not in {directory}: {', '.join(missing)}. "
+            f"The download is incomplete: fetch the missing files again."
+        )
+    return [directory / s for s in shards]
+
+
+# -- one file -------------------------------------------------------------------
+def read_file(path: Path, names: Optional[Iterable[str]] = None) -> dict[str, torch.Tensor]:
+    """All tensors of one weight file (or only ``names``), on the CPU."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such weight file")
+    if path.name.endswith(SAFETENSORS_SUFFIXES):
+        return _read_safetensors(path, names)
+    if path.name.endswith(PICKLE_SUFFIXES):
+        tensors = _read_pickle(path)
+        if names is None:
+            return tensors
+        return {n: tensors[n] for n in names if n in tensors}
+    raise CheckpointError(
+        f"{path}: unknown weight file type; expected a name ending in "
+        f"{', '.join(SAFETENSORS_SUFFIXES + PICKLE_SUFFIXES)}"
+    )
+
+
+def _read_safetensors(path: Path, names: Optional[Iterable[str]]) -> dict[str, torch.Tensor]:
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            keys = list(f.keys()) if names is None else [n for n in names if n in set(f.keys())]
+            return {k: f.get_tensor(k) for k in keys}
+    except SafetensorError as exc:
+        raise CorruptCheckpointError(
+            f"{path}: not a readable safetensors file ({exc}); it is truncated or "
+            f"corrupt: download it again"
+        ) from None
+
+
+def _read_pickle(path: Path) -> dict[str, torch.Tensor]:
+    # torch.save writes a zip archive (mmap works on it); older torch wrote a bare
+    # pickle stream, which always starts with the PROTO opcode 0x80. Anything else is
+    # not a torch checkpoint at all (a truncated zip loses its central directory).
+    is_zip = zipfile.is_zipfile(path)
+    if not is_zip:
+        with open(path, "rb") as f:
+            if f.read(1) != b"\x80":
+                raise CorruptCheckpointError(
+                    f"{path}: neither a torch zip checkpoint nor a pickle stream; "
+                    f"it is truncated or corrupt: download it again"
+                )
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=is_zip)
+    except pickle.UnpicklingError as exc:
+        reason = next((ln.strip() for ln in str(exc).splitlines() if "GLOBAL" in ln or "Unsupported" in ln), "")
+        raise UnsafeCheckpointError(
+            f"{path}: refused to unpickle: the file holds objects other than plain "
+            f"tensors, and loading it could run code{f' ({reason})' if reason else ''}. "
+            f"Only weights_only pickles are read; {CONVERT_HINT}."
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError) as exc:
+        raise CorruptCheckpointError(
+            f"{path}: cannot read this torch checkpoint ({str(exc).splitlines()[0]}); "
+            f"it is truncated or corrupt: download it again"
+        ) from None
+    if not isinstance(obj, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()
+    ):
+        raise CorruptCheckpointError(
+            f"{path}: expected a flat dict of tensor name -> tensor, got "
+            f"{type(obj).__name__}; save the state_dict itself"
+        )
+    return obj
+
+
+# -- a whole checkpoint -----------------------------------------------------------
+def read_tensors(directory: Path) -> tuple[dict[str, torch.Tensor], list[Path]]:
+    """Every tensor of a checkpoint directory and the files they came from.
+
+    A sharded checkpoint must hold exactly what its index promises.
+    """
+    directory = Path(directory)
+    files = weight_files(directory)
+    entry = weights_entry(directory)
+    tensors: dict[str, torch.Tensor] = {}
+    for path in files:
+        part = read_file(path)
+        clash = sorted(set(part) & set(tensors))
+        if clash:
+            raise CorruptCheckpointError(f"{path}: tensor {clash[0]!r} is also in another shard")
+        tensors.update(part)
+    if entry is not None and entry.name.endswith(".index.json"):
+        weight_map = read_index(entry)
+        missing = sorted(set(weight_map) - set(tensors))
+        if missing:
+            name = missing[0]
+            raise CorruptCheckpointError(
+                f"{directory / weight_map[name]}: {entry.name} says it holds {name!r} "
+                f"but it does not ({len(missing)} tensor(s) missing)"
+            )
+    return tensors, files
+
+
+def tensor_names(directory: Path) -> list[str]:
+    """Names of the tensors of a checkpoint, without reading pickled shards where an
+    index or safetensors header already says."""
+    directory = Path(directory)
+    entry = weights_entry(directory)
+    if entry is not None and entry.name.endswith(".index.json"):
+        return sorted(read_index(entry))
+    (path,) = weight_files(directory)
+    if path.name.endswith(SAFETENSORS_SUFFIXES):
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                return sorted(f.keys())
+        except SafetensorError as exc:
+            raise CorruptCheckpointError(f"{path}: not a readable safetensors file ({exc})") from None
+    return sorted(_read_pickle(path))
+
+
+def read_tensor(directory: Path, name: str) -> torch.Tensor:
+    """One named tensor of a (possibly sharded) checkpoint, reading only its shard.
+
+    From safetensors only that tensor's bytes are read; a pickled shard is memory
+    mapped, so the rest of it is not brought into memory either.
+    """
+    directory = Path(directory)
+    entry = weights_entry(directory)
+    if entry is None:
+        weight_files(directory)  # raises the "no weight file" error
+    if entry.name.endswith(".index.json"):
+        weight_map = read_index(entry)
+        if name not in weight_map:
+            raise CheckpointError(f"{entry}: no tensor named {name!r} in the weight map")
+        path = directory / weight_map[name]
+        if not path.is_file():
+            raise MissingShardError(f"{entry} puts {name!r} in {path.name}, which is not in {directory}")
+    else:
+        path = entry
+    found = read_file(path, names=[name])
+    if name not in found:
+        raise CheckpointError(f"{path}: no tensor named {name!r}")
+    return found[name]
+
+
+def load_state_dict(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint directory, by its name in the files."""
+    return read_tensors(directory)[0]

@@ -1,0 +1,90 @@
+"""`make demo`: the main job on the embedded default target, on whatever device is here.
+
+1. the catalog and plugins (what the zoo knows);
+2. SmolLM2-135M-Instruct answers a few MT-bench questions with speculative decoding,
+   using the zoo's best head for it (an EAGLE-3 head from the catalog when one is
+   installed, else n-gram prompt lookup), and plain decoding on the same prompts;
+3. acceptance statistics, tokens/s of both, and whether the outputs are identical.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+from .bench import DEFAULT_TARGET, load_prompts
+
+NUM_PROMPTS = 3
+MAX_TOKENS = 96
+
+
+def add_arguments(p):
+    p.add_argument("--num-prompts", type=int, default=NUM_PROMPTS)
+    p.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
+
+
+def best_head_for(target: str):
+    from .plugins import get_registry
+
+    entries = [e for e in get_registry().catalog.values() if e.target == target]
+    for method in ("eagle3", "eagle"):
+        for e in entries:
+            if e.method == method:
+                return e
+    return None
+
+
+def timed_chat(llm, prompts, params):
+    conversations = [[{"role": "user", "content": p}] for p in prompts]
+    start = time.perf_counter()
+    outs = llm.chat(conversations, params)
+    seconds = time.perf_counter() - start
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    return outs, tokens / seconds
+
+
+def run(args) -> int:
+    from . import catalog_cli
+    from .engine.llm import LLM
+    from .engine.sampling_params import SamplingParams
+
+    print("== eagle-zoo list (catalog of published heads)")
+    catalog_cli.print_table(catalog_cli.filter_entries())
+    entry = best_head_for(DEFAULT_TARGET)
+    if entry is not None:
+        print(f"\n== eagle-zoo info {entry.id}")
+        catalog_cli.print_entry(entry)
+        spec = {"model": entry.id, "method": entry.method, "num_speculative_tokens": 3}
+    else:
+        spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    prompts = load_prompts(None, args.num_prompts)
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+
+    print(f"\n== {DEFAULT_TARGET}, greedy, {len(prompts)} MT-bench questions, {args.max_tokens} new tokens")
+    print(f"speculative_config: {spec}")
+    spec_llm = LLM(model=DEFAULT_TARGET, speculative_config=spec)
+    spec_llm.chat([[{"role": "user", "content": "Hi"}]], SamplingParams(temperature=0, max_tokens=4))
+    spec_llm.engine.metrics.reset()
+    spec_outs, spec_tps = timed_chat(spec_llm, prompts, params)
+    metrics = spec_llm.engine.metrics
+
+    plain_llm = LLM(model=DEFAULT_TARGET)
+    plain_llm.chat([[{"role": "user", "content": "Hi"}]], SamplingParams(temperature=0, max_tokens=4))
+    plain_outs, plain_tps = timed_chat(plain_llm, prompts, params)
+
+    for p, o in zip(prompts, spec_outs):
+        print(f"\n> {p}\n{o.outputs[0].text.strip()}")
+    same = sum(a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(spec_outs, plain_outs))
+    print("\n== results")
+    print(f"mean acceptance length: {metrics.mean_acceptance_length:.3f} (k=3)")
+    print("acceptance rate per position: " + ", ".join(f"{r:.3f}" for r in metrics.acceptance_rates))
+    print(f"tokens/s speculative: {spec_tps:.1f}   plain: {plain_tps:.1f}   speed-up: {spec_tps / plain_tps:.2f}x")
+    print(f"outputs identical to plain greedy decoding: {same}/{len(prompts)}")
+    return 0 if same == len(prompts) else 1
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m eagle_zoo.demo")
+    add_arguments(parser)
+    sys.exit(run(parser.parse_args()))

@@ -1,0 +1,199 @@
+"""The engine loop: schedule, prefill new requests, then one speculative step.
+
+One step for the running batch (B sequences, K speculative tokens; K = 0 is plain
+decoding):
+  drafts[B, K]         <- proposer
+  target([last, drafts]) at positions base .. base+K   (one pass, writes the cache)
+  tokens, accepted     <- rejection sampler (greedy or lossless random)
+  proposer catches up on the verified tokens
+  one device->host copy of (tokens, accepted); stop checks; metrics
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Iterable, Optional
+
+import torch
+
+from .metrics import SpecDecodingMetrics
+from .outputs import CompletionOutput, RequestOutput
+from .proposers import Proposer, StepBatch, TargetOutput
+from .runner import ModelRunner
+from .sampler import SamplingBatch, verify_drafts
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
+from .sequence import Sequence, Status
+
+
+class EngineCore:
+    def __init__(
+        self,
+        target,
+        tokenizer,
+        *,
+        max_model_len: int,
+        max_num_seqs: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        proposer: Optional[Proposer] = None,
+        seed: int = 0,
+        eos_token_ids: Iterable[int] = (),
+    ):
+        self.target = target
+        self.tokenizer = tokenizer
+        self.device = device
+        self.max_model_len = max_model_len
+        self.proposer = proposer
+        self.k = proposer.num_speculative_tokens if proposer else 0
+        # Verification writes up to K positions past the last verified token.
+        self.max_len = max_model_len + self.k + 1
+        self.runner = ModelRunner(target, max_num_seqs, self.max_len, dtype, device)
+        self.scheduler = Scheduler(max_num_seqs)
+        self.metrics = SpecDecodingMetrics(num_speculative_tokens=self.k)
+        self.seed = seed
+        self.eos_token_ids = set(eos_token_ids)
+        self._ids = itertools.count()
+        self.aux_layer_ids = tuple(getattr(proposer, "aux_layer_ids", ()) or ())
+
+    # -- requests --------------------------------------------------------------
+    def add_request(
+        self, prompt_token_ids: list[int], params: SamplingParams, prompt: Optional[str] = None,
+        request_id: Optional[str] = None,
+    ) -> Sequence:
+        n = next(self._ids)
+        if not prompt_token_ids:
+            raise ValueError("the prompt is empty: give at least one token")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt of {len(prompt_token_ids)} tokens does not fit max_model_len={self.max_model_len} "
+                f"(it needs room for at least one new token): shorten the prompt or raise max_model_len"
+            )
+        vocab = self.target.config.vocab_size
+        bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+        seq = Sequence(str(n) if request_id is None else request_id, prompt, list(prompt_token_ids), params, n)
+        seq.generator = torch.Generator(device="cpu").manual_seed(
+            params.seed if params.seed is not None else self.seed * 1_000_003 + n
+        )
+        self.scheduler.add(seq)
+        return seq
+
+    def abort(self, request_id: str) -> None:
+        self.scheduler.abort(request_id)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- one engine step -------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> list[Sequence]:
+        """Runs one step; returns the sequences that finished in it."""
+        plan = self.scheduler.schedule()
+        finished = []
+        for seq in plan.prefill:
+            self._prefill(seq)
+            finished += self._finish_if_done([seq])
+        running = [s for s in plan.decode if s.status is Status.RUNNING]
+        if running:
+            finished += self._decode(running)
+        return finished
+
+    def _prefill(self, seq: Sequence) -> None:
+        ids = torch.tensor([seq.prompt_token_ids], device=self.device)
+        positions = torch.arange(ids.shape[1], device=self.device).unsqueeze(0)
+        slots = torch.tensor([seq.slot], device=self.device)
+        hidden, aux = self.runner.run(ids, positions, slots, ids.shape[1], self.aux_layer_ids)
+        logits = self.target.compute_logits(hidden[:, -1:])
+        batch = SamplingBatch.from_sequences([seq], self.device)
+        tokens, _ = verify_drafts(logits, None, None, batch)
+        if self.proposer is not None:
+            next_tokens = torch.cat([ids[:, 1:], tokens[:, :1]], dim=1)
+            self.proposer.on_prefill(seq.slot, TargetOutput(ids, next_tokens, positions, hidden, aux))
+        self._append(seq, [int(tokens[0, 0])])
+
+    def _decode(self, seqs: list[Sequence]) -> list[Sequence]:
+        k, dev = self.k, self.device
+        slots = torch.tensor([s.slot for s in seqs], device=dev)
+        base = torch.tensor([s.num_cached for s in seqs], device=dev)
+        last = torch.tensor([[s.last_token_id] for s in seqs], device=dev)
+        kv_len = max(s.num_cached for s in seqs) + k + 1
+        batch = StepBatch(slots, base, [s.all_token_ids for s in seqs] if k else [], kv_len)
+        drafts = num_draft = None
+        if k:
+            drafts, num_draft = self.proposer.propose(batch)
+            input_ids = torch.cat([last, drafts], dim=1)
+        else:
+            input_ids = last
+        positions = base.unsqueeze(1) + torch.arange(k + 1, device=dev)
+        hidden, aux = self.runner.run(input_ids, positions, slots, kv_len, self.aux_layer_ids)
+        logits = self.target.compute_logits(hidden)
+        tokens, accepted = verify_drafts(logits, drafts, num_draft, SamplingBatch.from_sequences(seqs, dev))
+        if k:
+            self.proposer.on_verify(batch, TargetOutput(input_ids, tokens, positions, hidden, aux), accepted)
+        # The one device->host synchronisation of the step.
+        tokens_host, accepted_host = tokens.cpu().tolist(), accepted.cpu().tolist()
+        num_draft_host = [k] * len(seqs) if num_draft is None else num_draft.cpu().tolist()
+        if k:
+            self.metrics.observe(num_draft_host, accepted_host)
+        for seq, row, a in zip(seqs, tokens_host, accepted_host):
+            self._append(seq, row[: a + 1])
+        return self._finish_if_done(seqs)
+
+    # -- bookkeeping -----------------------------------------------------------
+    def _append(self, seq: Sequence, new_tokens: list[int]) -> None:
+        p = seq.params
+        for t in new_tokens:
+            seq.output_token_ids.append(t)
+            if self._stop_reason(seq, t):
+                break
+            if len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+                break
+        self._update_text(seq)
+
+    def _stop_reason(self, seq: Sequence, token: int) -> bool:
+        p = seq.params
+        if token in (p.stop_token_ids or ()):
+            seq.finish_reason, seq.stop_reason = "stop", token
+        elif not p.ignore_eos and token in self.eos_token_ids:
+            seq.finish_reason, seq.stop_reason = "stop", None
+        return seq.finish_reason is not None
+
+    def _update_text(self, seq: Sequence) -> None:
+        if self.tokenizer is None:
+            return
+        text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
+        for stop in seq.params.stop_strings:
+            cut = text.find(stop)
+            if cut != -1 and seq.finish_reason is None:
+                text = text[:cut]
+                seq.finish_reason, seq.stop_reason = "stop", stop
+        seq.output_text = text
+
+    def _finish_if_done(self, seqs: list[Sequence]) -> list[Sequence]:
+        done = []
+        for seq in seqs:
+            if seq.finish_reason is None and (
+                len(seq.output_token_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len
+            ):
+                seq.finish_reason = "length"
+            if seq.finish_reason is not None:
+                self.scheduler.finish(seq)
+                done.append(seq)
+        return done
+
+    def to_output(self, seq: Sequence) -> RequestOutput:
+        completion = CompletionOutput(
+            index=0,
+            text=seq.output_text,
+            token_ids=list(seq.output_token_ids),
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+        )
+        return RequestOutput(
+            request_id=seq.request_id,
+            prompt=seq.prompt,
+            prompt_token_ids=seq.prompt_token_ids,
+            outputs=[completion],
+            finished=seq.finished,
+        )

@@ -1,0 +1,226 @@
+"""`LLM`: the offline entry point, shaped like vLLM's.
+
+    llm = LLM(model="HuggingFaceTB/SmolLM2-135M-Instruct",
+              speculative_config={"model": "...", "num_speculative_tokens": 3})
+    outputs = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=32))
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional, Sequence as Seq, Union
+
+import torch
+
+from ..config.speculative import SpeculativeConfig
+from .core import EngineCore
+from .model_loader import load_model
+from .outputs import RequestOutput
+from .proposers import DraftModelProposer, EagleProposer, NgramProposer, Proposer
+from .sampling_params import SamplingParams
+
+DEFAULT_NUM_SPECULATIVE_TOKENS = 3
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+
+
+def resolve_device(device: Optional[Union[str, torch.device]]) -> torch.device:
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' was asked for but CUDA is not available here: use device='cpu'")
+    return device
+
+
+def resolve_dtype(dtype: Union[str, torch.dtype, None], device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not supported; use one of {sorted(_DTYPES)} or 'auto'")
+    return _DTYPES[dtype]
+
+
+class LLM:
+    def __init__(
+        self,
+        model: str,
+        speculative_config: Union[dict, str, SpeculativeConfig, None] = None,
+        *,
+        dtype: Union[str, torch.dtype, None] = "auto",
+        device: Union[str, torch.device, None] = None,
+        max_model_len: Optional[int] = None,
+        max_num_seqs: Optional[int] = None,
+        seed: int = 0,
+        tensor_parallel_size: int = 1,
+        revision: Optional[str] = None,
+        tokenizer: Optional[str] = None,
+        enforce_eager: bool = False,
+    ):
+        if tensor_parallel_size != 1:
+            from .parallel import check_tensor_parallel  # raises with the reason if it cannot run
+
+            check_tensor_parallel(tensor_parallel_size)
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        torch.manual_seed(seed)
+        loaded = load_model(model, self.dtype, self.device, revision=revision)
+        self.model_path = loaded.path
+        self.model_config = loaded.config
+        self.tokenizer = loaded.tokenizer
+        if tokenizer is not None:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        limit = getattr(loaded.config, "max_position_embeddings", None) or 2048
+        if max_model_len is None:
+            max_model_len = min(limit, 2048)
+        elif max_model_len > limit:
+            raise ValueError(
+                f"max_model_len={max_model_len} exceeds the model's max_position_embeddings={limit}: lower it"
+            )
+        if max_num_seqs is None:
+            max_num_seqs = 64 if self.device.type == "cuda" else 8
+        self.speculative_config = SpeculativeConfig.parse(speculative_config)
+        proposer = self._build_proposer(loaded, max_model_len, max_num_seqs)
+        self.engine = EngineCore(
+            loaded.model,
+            self.tokenizer,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            dtype=self.dtype,
+            device=self.device,
+            proposer=proposer,
+            seed=seed,
+            eos_token_ids=_eos_token_ids(loaded.path, loaded.config, self.tokenizer),
+        )
+
+    # -- construction ----------------------------------------------------------
+    def _build_proposer(self, loaded, max_model_len: int, max_num_seqs: int) -> Optional[Proposer]:
+        spec = self.speculative_config
+        if spec is None:
+            return None
+        k = spec.num_speculative_tokens or DEFAULT_NUM_SPECULATIVE_TOKENS
+        max_len = max_model_len + k + 1
+        args = (max_num_seqs, max_len, self.dtype, self.device)
+        if spec.method == "ngram":
+            return NgramProposer(k, spec.prompt_lookup_min, spec.prompt_lookup_max, self.device)
+        if spec.method in ("eagle", "eagle3"):
+            from ..loading import load as load_head
+
+            head = load_head(spec.model, target=loaded.model, revision=spec.revision, dtype=self.dtype, device=self.device)
+            if head.method != spec.method:
+                raise ValueError(
+                    f"speculative_config method={spec.method!r} but {spec.model!r} is an {head.method} head: "
+                    f"set method={head.method!r} or leave it out"
+                )
+            n_layers = loaded.config.num_hidden_layers
+            return EagleProposer(head.head, head.method, k, *args, target_num_layers=n_layers)
+        if spec.method == "draft_model":
+            draft = load_model(spec.model, self.dtype, self.device, revision=spec.revision)
+            if draft.config.vocab_size != loaded.config.vocab_size:
+                raise ValueError(
+                    f"draft model {spec.model!r} has vocab_size {draft.config.vocab_size}, the target "
+                    f"{loaded.config.vocab_size}: a draft model must share the target's vocabulary"
+                )
+            return DraftModelProposer(draft.model, k, *args)
+        raise ValueError(
+            f"speculative method {spec.method!r} is not supported by this engine; use eagle, eagle3, ngram or draft_model"
+        )
+
+    # -- generation ------------------------------------------------------------
+    def generate(
+        self,
+        prompts: Union[str, dict, Seq[Union[str, dict]]],
+        sampling_params: Union[SamplingParams, Seq[SamplingParams], None] = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        params = self._params_list(sampling_params, len(prompts))
+        seqs = []
+        for prompt, p in zip(prompts, params):
+            text, ids = self._encode(prompt)
+            seqs.append(self.engine.add_request(ids, p, prompt=text))
+        progress = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            progress = tqdm(total=len(seqs), desc="generate")
+        while self.engine.has_unfinished():
+            done = self.engine.step()
+            if progress is not None:
+                progress.update(len(done))
+        if progress is not None:
+            progress.close()
+        return [self.engine.to_output(s) for s in seqs]
+
+    def chat(
+        self,
+        messages: Union[list[dict], list[list[dict]]],
+        sampling_params: Union[SamplingParams, Seq[SamplingParams], None] = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [{"prompt": self.apply_chat_template(c)} for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def apply_chat_template(self, conversation: list[dict]) -> str:
+        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(f"{self.model_path}: the model has no chat template; use generate() with plain prompts")
+        return self.tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+
+    def get_metrics(self):
+        return self.engine.metrics.get_metrics()
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    # -- helpers ---------------------------------------------------------------
+    def _encode(self, prompt) -> tuple[Optional[str], list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            if "prompt" not in prompt:
+                raise ValueError("a prompt dict needs 'prompt' (text) or 'prompt_token_ids'")
+            prompt = prompt["prompt"]
+            special = False  # chat templates already carry their special tokens
+        else:
+            special = True
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompts must be strings or dicts, got {type(prompt).__name__}")
+        if self.tokenizer is None:
+            raise ValueError(f"{self.model_path} has no tokenizer: pass {{'prompt_token_ids': [...]}} instead of text")
+        return prompt, self.tokenizer.encode(prompt, add_special_tokens=special)
+
+    @staticmethod
+    def _params_list(sampling_params, n: int) -> list[SamplingParams]:
+        if sampling_params is None:
+            return [SamplingParams()] * n
+        if isinstance(sampling_params, SamplingParams):
+            return [sampling_params] * n
+        sampling_params = list(sampling_params)
+        if len(sampling_params) != n:
+            raise ValueError(f"got {len(sampling_params)} SamplingParams for {n} prompts: give one, or one per prompt")
+        return sampling_params
+
+
+def _eos_token_ids(path: Path, config: Any, tokenizer) -> set[int]:
+    ids: set[int] = set()
+
+    def add(value):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(v for v in value if isinstance(v, int))
+
+    gen = path / "generation_config.json"
+    if gen.is_file():
+        add(json.loads(gen.read_text()).get("eos_token_id"))
+    add(getattr(config, "eos_token_id", None))
+    if tokenizer is not None:
+        add(tokenizer.eos_token_id)
+    return ids

@@ -1,0 +1,53 @@
+"""One request's state inside the engine (pure Python bookkeeping)."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from .sampling_params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    request_id: str
+    prompt: Optional[str]
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_index: int = 0
+    output_token_ids: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    slot: int = -1
+    finish_reason: Optional[str] = None
+    stop_reason: Optional[object] = None
+    generator: Optional[torch.Generator] = None
+    output_text: str = ""
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def last_token_id(self) -> int:
+        return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
+
+    @property
+    def num_cached(self) -> int:
+        """Tokens whose keys/values are in the target cache: all but the last one."""
+        return self.num_tokens - 1
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED

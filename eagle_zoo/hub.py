@@ -1,0 +1,128 @@
+"""An id or a path -> a local checkpoint directory.
+
+A local directory is used as it is. Anything else is a Hugging Face repo id (a
+catalog id is one, and may pin a revision) fetched through huggingface_hub's own
+cache, so a snapshot downloaded once (by us, `hf download` or transformers) is found
+again offline. The environment is read at call time, not when huggingface_hub was
+imported, so HF_HOME / HF_HUB_CACHE / HF_HUB_OFFLINE set later still count.
+Every failure comes out as a HubError that says what to download and how.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+# Files a head needs; nothing else in a repo is downloaded (never *.py: no remote code).
+ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.bin"]
+TRUE_VALUES = ("1", "on", "yes", "true")
+
+
+class HubError(RuntimeError):
+    """An id could not be turned into a local directory; the message says what to do."""
+
+
+def offline() -> bool:
+    return any(os.environ.get(v, "").strip().lower() in TRUE_VALUES for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def cache_dir() -> Path:
+    """huggingface_hub's cache directory, by the same precedence huggingface_hub uses."""
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(var):
+            return Path(os.path.expandvars(os.environ[var])).expanduser()
+    if os.environ.get("HF_HOME"):
+        home = Path(os.path.expandvars(os.environ["HF_HOME"])).expanduser()
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        home = Path(xdg) / "huggingface"
+    return home / "hub"
+
+
+def _looks_like_path(text: str) -> bool:
+    # Hub ids are "org/name" or "name"; these can only be meant as paths.
+    return text.startswith(("/", "./", "../", "~")) or text in (".", "..") or text.count("/") > 1
+
+
+def _download_hint(repo_id: str, revision: Optional[str]) -> str:
+    rev = f" --revision {revision}" if revision else ""
+    return f"`hf download {repo_id}{rev}` (or `huggingface-cli download {repo_id}{rev}`)"
+
+
+def _catalog_revision(repo_id: str) -> Optional[str]:
+    from .plugins import get_registry
+
+    entry = get_registry().catalog.get(repo_id)
+    return getattr(entry, "revision", None) if entry is not None else None
+
+
+def resolve(id_or_path, revision: Optional[str] = None) -> Path:
+    """A local directory holding the checkpoint named by ``id_or_path``."""
+    text = str(id_or_path)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise HubError(f"{path} is a file; pass the checkpoint directory that holds config.json")
+    if isinstance(id_or_path, Path) or _looks_like_path(text):
+        raise HubError(f"{path}: no such directory")
+    return _snapshot(text, revision or _catalog_revision(text))
+
+
+def _snapshot(repo_id: str, revision: Optional[str]) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HFValidationError,
+        IncompleteSnapshotError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    cache = cache_dir()
+    is_offline = offline()
+    where = f"{repo_id!r} (revision {revision or 'main'!r})"
+    hint = _download_hint(repo_id, revision)
+    try:
+        return Path(
+            snapshot_download(
+                repo_id,
+                revision=revision,
+                cache_dir=str(cache),
+                local_files_only=is_offline,
+                allow_patterns=ALLOW_PATTERNS,
+            )
+        )
+    except HFValidationError as exc:
+        raise HubError(
+            f"{repo_id!r} is neither a local directory nor a valid Hugging Face repo id "
+            f"(org/name): {exc}"
+        ) from None
+    except IncompleteSnapshotError:
+        raise HubError(
+            f"the cached snapshot of {where} in {cache} is incomplete. Complete it with "
+            f"{hint} while online."
+        ) from None
+    except LocalEntryNotFoundError:
+        if is_offline:
+            why = "HF_HUB_OFFLINE is set, so nothing may be downloaded"
+            fix = f"Download it first with {hint}, or unset HF_HUB_OFFLINE"
+        else:
+            why = "the Hub could not be reached"
+            fix = f"Check the network, or download it elsewhere with {hint} and copy the cache"
+        raise HubError(f"{where} is not in the Hugging Face cache at {cache} and {why}. {fix}.") from None
+    except GatedRepoError:
+        raise HubError(
+            f"{where} is gated: accept its terms on huggingface.co and log in (`hf auth login`), "
+            f"then {hint}"
+        ) from None
+    except RevisionNotFoundError:
+        raise HubError(f"{repo_id!r} has no revision {revision!r}; pass an existing branch, tag or commit") from None
+    except RepositoryNotFoundError:
+        raise HubError(
+            f"{repo_id!r} is neither a local directory nor a Hugging Face repo that exists (or you "
+            f"lack access to it); check the id or pass a path"
+        ) from None
+    except Exception as exc:  # the boundary: nothing from huggingface_hub leaks out bare
+        raise HubError(f"could not fetch {where} into {cache}: {type(exc).__name__}: {exc}. Try {hint}.") from exc

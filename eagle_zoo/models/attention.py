@@ -1,0 +1,115 @@
+"""Core attention (after projections and rope) and the context that says where k/v live.
+
+Model code stays ``forward(input_ids, positions)``: the engine wraps a step in
+``with use_context(AttentionContext(...))`` and every Attention layer reads it.
+Without a context, attention is plain causal attention over the T given tokens
+(parity tests, training).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(slots=True)
+class AttentionContext:
+    """Where the keys and values of one step live.
+
+    kv_caches[layer_idx] = (k [num_slots, max_len, kv_heads, d_k], v [..., d_v]).
+    slot_ids [B]: the cache row of each sequence.
+    cache_positions [B,T]: where each token's k/v is written in its row (differs
+        from the rope position for tree drafts). Padding tokens should write to a
+        scratch slot or position that no real query attends to.
+    kv_len: attend over cache columns [:kv_len] (a host int: fixed per CUDA graph).
+    attn_mask [B,T,kv_len] bool (True = may attend) or None: key index <= the
+        query's cache position, and within the layer's sliding window.
+    """
+
+    kv_caches: list
+    slot_ids: torch.Tensor
+    cache_positions: torch.Tensor
+    kv_len: int
+    attn_mask: Optional[torch.Tensor] = None
+
+
+_context: Optional[AttentionContext] = None
+
+
+def get_context() -> Optional[AttentionContext]:
+    return _context
+
+
+@contextmanager
+def use_context(ctx: Optional[AttentionContext]):
+    global _context
+    saved, _context = _context, ctx
+    try:
+        yield ctx
+    finally:
+        _context = saved
+
+
+def _window_mask(query_pos: torch.Tensor, key_pos: torch.Tensor, window: Optional[int]) -> torch.Tensor:
+    """Causal (+ sliding window) visibility: key j seen by query i iff j <= i and i - j < window."""
+    diff = query_pos.unsqueeze(-1) - key_pos
+    mask = diff >= 0
+    if window is not None:
+        mask &= diff < window
+    return mask
+
+
+class Attention(nn.Module):
+    """softmax(q k^T * scale + mask) v over heads; GQA when num_kv_heads < num_heads.
+
+    forward(q [B,T,heads,d], k [B,T,kv_heads,d], v [B,T,kv_heads,d_v]) -> [B,T,heads*d_v].
+    Head counts are this rank's. ``layer_idx`` picks the cache in ``kv_caches``; it
+    numbers the Attention layers of one model 0..N-1.
+    """
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: Optional[float] = None,
+                 layer_idx: int = 0, sliding_window: Optional[int] = None, v_head_dim: Optional[int] = None):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.v_head_dim = v_head_dim or head_dim
+        self.scale = head_dim ** -0.5 if scale is None else scale
+        self.layer_idx, self.sliding_window = layer_idx, sliding_window
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        ctx = _context
+        if ctx is None:
+            keys, values, mask = k, v, None
+            if self.sliding_window is not None:
+                pos = torch.arange(q.shape[1], device=q.device)
+                mask = _window_mask(pos, pos, self.sliding_window)
+        else:
+            keys, values, mask = self._use_cache(ctx, k, v)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys.transpose(1, 2).to(q.dtype), values.transpose(1, 2).to(q.dtype),
+            attn_mask=mask, is_causal=ctx is None and mask is None, scale=self.scale,
+            enable_gqa=self.num_kv_heads != self.num_heads,
+        )
+        return out.transpose(1, 2).flatten(2)
+
+    def _use_cache(self, ctx: AttentionContext, k, v):
+        k_cache, v_cache = ctx.kv_caches[self.layer_idx]
+        B, T = k.shape[:2]
+        rows = ctx.slot_ids.view(B, 1).expand(B, T)
+        # Index writes: no host sync, fixed shapes (CUDA-graph friendly).
+        k_cache[rows, ctx.cache_positions] = k.to(k_cache.dtype)
+        v_cache[rows, ctx.cache_positions] = v.to(v_cache.dtype)
+        keys, values = k_cache[ctx.slot_ids, : ctx.kv_len], v_cache[ctx.slot_ids, : ctx.kv_len]
+        if ctx.attn_mask is not None:
+            mask = ctx.attn_mask
+        else:
+            key_pos = torch.arange(ctx.kv_len, device=k.device)
+            mask = _window_mask(ctx.cache_positions, key_pos, self.sliding_window)
+        return keys, values, mask.unsqueeze(1)  # [B,1,T,L]: same for every head
+
+    def extra_repr(self) -> str:
+        return (f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
+                f"v_head_dim={self.v_head_dim}, layer_idx={self.layer_idx}, window={self.sliding_window}")

@@ -1,0 +1,404 @@
+"""Shared building blocks: tensor-parallel linear layers, vocab embedding / lm head,
+RMSNorm, rotary embedding and SiluAndMul.
+
+Every parameter carries ``weight_loader(param, loaded, shard_id=None)``: it checks
+the checkpoint tensor's (full, unsharded) shape, takes this rank's slice and, for
+fused layers, copies it into the shard's rows. Shape problems raise ShapeMismatch,
+which the loader turns into an error naming the file and key.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import parallel_state as ps
+
+
+class ShapeMismatch(ValueError):
+    def __init__(self, expected, got, what: str = "tensor"):
+        self.expected, self.got = tuple(expected), tuple(got)
+        super().__init__(f"{what}: expected shape {self.expected}, got {self.got}")
+
+
+def check_shape(loaded: torch.Tensor, expected: Sequence[int], what: str = "tensor") -> None:
+    if tuple(loaded.shape) != tuple(expected):
+        raise ShapeMismatch(expected, loaded.shape, what)
+
+
+@torch.no_grad()
+def default_weight_loader(param: torch.Tensor, loaded: torch.Tensor, shard_id: Any = None) -> None:
+    """Plain copy for parameters and buffers that are neither sharded nor fused."""
+    if shard_id is not None:
+        raise ValueError(f"this parameter is not fused, but shard {shard_id!r} was given")
+    check_shape(loaded, param.shape)
+    param.data.copy_(loaded)
+
+
+def _param(*shape: int) -> nn.Parameter:
+    # Uninitialised like nano-vllm: weights come from a checkpoint (training code
+    # initialises explicitly).
+    return nn.Parameter(torch.empty(*shape))
+
+
+# -- linear layers -------------------------------------------------------------
+
+
+class LinearBase(nn.Module):
+    """y = x W^T + b with per-rank sizes; subclasses say how the full matrix is split."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False):
+        super().__init__()
+        self.tp_rank, self.tp_size = ps.get_tp_rank(), ps.get_tp_size()
+        self.input_size, self.output_size = input_size, output_size  # this rank's sizes
+        self.weight = _param(output_size, input_size)
+        self.weight.weight_loader = self.weight_loader
+        if bias:
+            self.bias = _param(output_size)
+            self.bias.weight_loader = self.weight_loader
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}, tp={self.tp_size}"
+
+
+class ReplicatedLinear(LinearBase):
+    """Same full matrix on every rank (EAGLE fc layers)."""
+
+    @torch.no_grad()
+    def weight_loader(self, param, loaded, shard_id=None):
+        default_weight_loader(param, loaded, shard_id)
+
+
+class ColumnParallelLinear(LinearBase):
+    """Output features split across ranks (rows of W)."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False):
+        super().__init__(input_size, ps.divide(output_size, ps.get_tp_size(), "output size"), bias)
+
+    @torch.no_grad()
+    def weight_loader(self, param, loaded, shard_id=None):
+        if shard_id is not None:
+            raise ValueError(f"{type(self).__name__} is not fused, but shard {shard_id!r} was given")
+        n = param.shape[0]
+        check_shape(loaded, (n * self.tp_size, *param.shape[1:]))
+        param.data.copy_(loaded.narrow(0, self.tp_rank * n, n))
+
+
+class RowParallelLinear(LinearBase):
+    """Input features split across ranks (columns of W); partial sums are all-reduced."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False):
+        super().__init__(ps.divide(input_size, ps.get_tp_size(), "input size"), output_size, bias)
+
+    @torch.no_grad()
+    def weight_loader(self, param, loaded, shard_id=None):
+        if shard_id is not None:
+            raise ValueError(f"{type(self).__name__} is not fused, but shard {shard_id!r} was given")
+        if param.dim() == 1:  # the bias is not split; only rank 0 adds it
+            check_shape(loaded, param.shape)
+            param.data.copy_(loaded)
+            return
+        n = param.shape[1]
+        check_shape(loaded, (param.shape[0], n * self.tp_size))
+        param.data.copy_(loaded.narrow(1, self.tp_rank * n, n))
+
+    def forward(self, x):
+        y = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
+        return ps.all_reduce(y)
+
+
+class FusedColumnLinear(LinearBase):
+    """Several column-parallel matrices stacked in one (q/k/v, gate/up).
+
+    shards: shard_id -> (full_rows, local_rows, tp_index). A rank holds rows
+    [tp_index * local_rows, +local_rows) of each full matrix, stacked in order.
+    """
+
+    def __init__(self, input_size: int, shards: dict[Any, tuple[int, int, int]], bias: bool):
+        super().__init__(input_size, sum(local for _, local, _ in shards.values()), bias)
+        self.shards, self.offsets, offset = shards, {}, 0
+        for sid, (_, local, _) in shards.items():
+            self.offsets[sid] = offset
+            offset += local
+        self.weight.shard_ids = tuple(shards)  # the loader reports shards never loaded
+        if self.bias is not None:
+            self.bias.shard_ids = tuple(shards)
+
+    @torch.no_grad()
+    def weight_loader(self, param, loaded, shard_id=None):
+        if shard_id is None:  # an already-fused checkpoint tensor: split it into its shards
+            full = [self.shards[s][0] for s in self.shards]
+            check_shape(loaded, (sum(full), *param.shape[1:]), "fused tensor")
+            for sid, part in zip(self.shards, loaded.split(full, 0)):
+                self.weight_loader(param, part, sid)
+            return
+        if shard_id not in self.shards:
+            raise ValueError(f"unknown shard {shard_id!r}; this layer has shards {list(self.shards)}")
+        full, local, index = self.shards[shard_id]
+        check_shape(loaded, (full, *param.shape[1:]), f"shard {shard_id!r}")
+        param.data.narrow(0, self.offsets[shard_id], local).copy_(loaded.narrow(0, index * local, local))
+
+
+class MergedColumnParallelLinear(FusedColumnLinear):
+    """gate_up_proj: shards 0, 1, ... of the given full output sizes."""
+
+    def __init__(self, input_size: int, output_sizes: Sequence[int], bias: bool = False):
+        tp, rank = ps.get_tp_size(), ps.get_tp_rank()
+        shards = {i: (n, ps.divide(n, tp, "output size"), rank) for i, n in enumerate(output_sizes)}
+        super().__init__(input_size, shards, bias)
+
+
+class QKVParallelLinear(FusedColumnLinear):
+    """Fused q, k, v projections (shards "q", "k", "v").
+
+    input_size may differ from the model's hidden size (EAGLE-3 attention reads 2H).
+    With fewer kv heads than ranks, kv heads are replicated: each rank keeps one.
+    """
+
+    def __init__(self, input_size: int, head_size: int, total_num_heads: int,
+                 total_num_kv_heads: Optional[int] = None, bias: bool = False):
+        tp, rank = ps.get_tp_size(), ps.get_tp_rank()
+        total_kv = total_num_kv_heads or total_num_heads
+        self.head_size = head_size
+        self.num_heads = ps.divide(total_num_heads, tp, "number of attention heads")
+        if total_kv >= tp:
+            self.num_kv_heads, kv_index = ps.divide(total_kv, tp, "number of kv heads"), rank
+        else:
+            self.num_kv_heads, kv_index = 1, rank // ps.divide(tp, total_kv, "tp size over kv heads")
+        q, kv = self.num_heads * head_size, self.num_kv_heads * head_size
+        shards = {
+            "q": (total_num_heads * head_size, q, rank),
+            "k": (total_kv * head_size, kv, kv_index),
+            "v": (total_kv * head_size, kv, kv_index),
+        }
+        super().__init__(input_size, shards, bias)
+        self.q_size, self.kv_size = q, kv
+
+    def split(self, qkv: torch.Tensor):
+        """[..., q+2kv] -> q [..., heads, d], k, v [..., kv_heads, d]."""
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], -1)
+        d = self.head_size
+        return q.unflatten(-1, (-1, d)), k.unflatten(-1, (-1, d)), v.unflatten(-1, (-1, d))
+
+
+# -- vocabulary ------------------------------------------------------------------
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Embedding rows split across ranks (padded to equal parts); lookups are all-reduced."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int):
+        super().__init__()
+        self.tp_rank, self.tp_size = ps.get_tp_rank(), ps.get_tp_size()
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.per_rank = -(-num_embeddings // self.tp_size)
+        self.start = self.tp_rank * self.per_rank
+        self.weight = _param(self.per_rank, embedding_dim)
+        self.weight.weight_loader = self.weight_loader
+
+    @torch.no_grad()
+    def weight_loader(self, param, loaded, shard_id=None):
+        if shard_id is not None:
+            raise ValueError(f"{type(self).__name__} is not fused, but shard {shard_id!r} was given")
+        check_shape(loaded, (self.num_embeddings, self.embedding_dim))
+        rows = loaded[self.start: self.start + self.per_rank]
+        param.data.zero_()
+        param.data[: rows.shape[0]].copy_(rows)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return F.embedding(ids, self.weight)
+        local = ids - self.start
+        inside = (local >= 0) & (local < self.per_rank)
+        out = F.embedding(local.clamp(0, self.per_rank - 1), self.weight) * inside.unsqueeze(-1)
+        return ps.all_reduce(out)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, tp={self.tp_size}"
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """Logits over the vocabulary; each rank computes its rows, then they are gathered."""
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(h, self.weight)
+        if self.tp_size == 1:
+            return logits
+        return ps.all_gather(logits, -1)[..., : self.num_embeddings]
+
+
+# -- norms and activations --------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32, scale in the input dtype (the convention of Llama checkpoints).
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+class SiluAndMul(nn.Module):
+    """silu(gate) * up for a [..., 2I] tensor holding gate then up."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, -1)
+        return F.silu(gate) * up
+
+
+# -- rotary embedding ---------------------------------------------------------------
+
+
+def rope_parameters(config) -> dict:
+    """The rope settings of a config as one flat dict with rope_type and rope_theta.
+
+    Reads transformers-5 ``rope_parameters`` and the older ``rope_theta`` +
+    ``rope_scaling`` (whose type key may be ``type``).
+    """
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    params = dict(params)
+    params.setdefault("rope_type", params.get("type") or "default")
+    if params.get("rope_theta") is None:
+        params["rope_theta"] = getattr(config, "rope_theta", None) or 10000.0
+    if params.get("partial_rotary_factor") is None and getattr(config, "partial_rotary_factor", None):
+        params["partial_rotary_factor"] = config.partial_rotary_factor
+    return params
+
+
+def _base_inv_freq(p: dict, dim: int, factor: float = 1.0) -> torch.Tensor:
+    return 1.0 / (factor * p["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+
+
+def _rope_default(p, dim, max_pos):
+    return _base_inv_freq(p, dim), 1.0
+
+
+def _rope_linear(p, dim, max_pos):
+    return _base_inv_freq(p, dim) / p["factor"], 1.0
+
+
+def _rope_llama3(p, dim, max_pos):
+    # Llama 3.1: long wavelengths slowed down by `factor`, short ones kept, a smooth
+    # blend in between (bounds from low/high_freq_factor of the original context).
+    inv_freq = _base_inv_freq(p, dim)
+    factor, low, high = p["factor"], p["low_freq_factor"], p["high_freq_factor"]
+    old_len = p.get("original_max_position_embeddings") or max_pos
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (old_len / wavelen - low) / (high - low)
+    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    out = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return torch.where(medium, blended, out), 1.0
+
+
+def _rope_yarn(p, dim, max_pos):
+    # YaRN: per-frequency blend of interpolated and original frequencies, with the
+    # blend ramp given by beta_fast / beta_slow rotations over the original context.
+    old_len = p["original_max_position_embeddings"]
+    factor = p.get("factor") or max_pos / old_len
+    base = p["rope_theta"]
+
+    def mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attn = p.get("attention_factor")
+    if attn is None:
+        m, m_all = p.get("mscale"), p.get("mscale_all_dim")
+        attn = mscale(factor, m) / mscale(factor, m_all) if (m and m_all) else mscale(factor)
+
+    def corr_dim(rotations):
+        return dim * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    lo, hi = corr_dim(p.get("beta_fast") or 32), corr_dim(p.get("beta_slow") or 1)
+    if p.get("truncate", True):
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, dim - 1)
+    if lo == hi:
+        hi += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float) - lo) / (hi - lo)).clamp(0, 1)
+    extrapolate = 1 - ramp
+    inv_freq = _base_inv_freq(p, dim, factor) * (1 - extrapolate) + _base_inv_freq(p, dim) * extrapolate
+    return inv_freq, float(attn)
+
+
+ROPE_TYPES: dict[str, Callable[[dict, int, int], tuple[torch.Tensor, float]]] = {
+    "default": _rope_default,
+    "linear": _rope_linear,
+    "llama3": _rope_llama3,
+    "yarn": _rope_yarn,
+}
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotates the first ``rotary_dim`` features of each head by position * inv_freq.
+
+    interleaved=False: pairs are (i, i + rotary_dim/2) ("neox", Llama checkpoints);
+    interleaved=True: pairs are (2i, 2i+1) (GPT-J style).
+    Angles are computed from the positions on the device each call: no table, no sync.
+    """
+
+    def __init__(self, inv_freq: torch.Tensor, scaling: float = 1.0, interleaved: bool = False):
+        super().__init__()
+        self.rotary_dim, self.scaling, self.interleaved = 2 * inv_freq.numel(), scaling, interleaved
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        # model.to(bfloat16) must not round the frequencies (angles grow with the
+        # position): move them, but keep them float32.
+        inv_freq = self.inv_freq
+        super()._apply(fn, recurse)
+        self.inv_freq = inv_freq.to(self.inv_freq.device)
+        return self
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        """positions [B,T]; q [B,T,heads,d], k [B,T,kv_heads,d] -> rotated q, k."""
+        angles = positions.unsqueeze(-1).float() * self.inv_freq  # [B,T,rot/2]
+        cos = (angles.cos() * self.scaling).unsqueeze(-2)
+        sin = (angles.sin() * self.scaling).unsqueeze(-2)
+        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+
+    def _rotate(self, x, cos, sin):
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim:]
+        if self.interleaved:
+            x1, x2 = rot[..., 0::2], rot[..., 1::2]
+            out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1).flatten(-2)
+        else:
+            x1, x2 = rot.chunk(2, -1)
+            out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1)
+        return torch.cat((out, rest), -1) if rest.shape[-1] else out
+
+    def extra_repr(self) -> str:
+        return f"rotary_dim={self.rotary_dim}, scaling={self.scaling}, interleaved={self.interleaved}"
+
+
+def get_rope(config, head_dim: int, rotary_dim: Optional[int] = None, interleaved: bool = False) -> RotaryEmbedding:
+    """Build the rotary embedding a config asks for (rope_type in ROPE_TYPES)."""
+    p = rope_parameters(config)
+    kind = p["rope_type"]
+    if kind not in ROPE_TYPES:
+        raise ValueError(
+            f"rope_type {kind!r} is not supported; supported: {', '.join(ROPE_TYPES)}. "
+            f"Add a function to eagle_zoo.models.layers.ROPE_TYPES."
+        )
+    if rotary_dim is None:
+        rotary_dim = int(head_dim * p.get("partial_rotary_factor", 1.0))
+    max_pos = getattr(config, "max_position_embeddings", None) or 2048
+    inv_freq, scaling = ROPE_TYPES[kind](p, rotary_dim, max_pos)
+    return RotaryEmbedding(inv_freq, scaling, interleaved)

@@ -1,0 +1,117 @@
+"""Request body -> (prompt token ids, SamplingParams) per choice, or an APIError.
+
+Everything the engine would refuse is checked here first, so a bad request gets a
+400 before any streaming starts. Prompts are encoded exactly as the offline ``LLM``
+encodes them (text: with the tokenizer's special tokens; chat: the chat template
+rendered to text, then encoded without adding special tokens again), so a server
+answer equals ``LLM.generate`` / ``LLM.chat`` for the same prompt and parameters.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Optional
+
+from ..engine.sampling_params import SamplingParams
+from .protocol import APIError, ChatCompletionRequest, CompletionRequest, _SamplingRequest
+
+Prepared = list[tuple[list[int], SamplingParams]]
+
+
+class RequestPreparer:
+    def __init__(self, tokenizer, *, max_model_len: int, vocab_size: int, served_model_names: list[str]):
+        # The engine thread detokenizes with the engine's tokenizer; handlers get
+        # their own copy so the two threads never share one Rust tokenizer object.
+        self.tokenizer = copy.deepcopy(tokenizer) if tokenizer is not None else None
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.served_model_names = list(served_model_names)
+
+    def model_name(self, requested: Optional[str]) -> str:
+        if requested is None:
+            return self.served_model_names[0]
+        if requested not in self.served_model_names:
+            raise APIError(f"model {requested!r} is not served here; use one of {self.served_model_names} "
+                           "(see /v1/models)", param="model", code="model_not_found")
+        return requested
+
+    # -- per endpoint ------------------------------------------------------------
+    def completion(self, req: CompletionRequest) -> Prepared:
+        req.check_supported()
+        prompts = req.prompt
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if not prompts:
+            raise APIError("prompt is empty: give a string, a list of strings or token ids", param="prompt")
+        explicit = "max_tokens" in req.model_fields_set
+        out = []
+        for prompt in prompts:
+            ids = self._encode(prompt, add_special_tokens=True) if isinstance(prompt, str) else list(prompt)
+            self._check_prompt(ids, "prompt")
+            out.append((ids, self._params(req, len(ids), req.max_tokens, explicit, "max_tokens")))
+        return out
+
+    def chat(self, req: ChatCompletionRequest) -> Prepared:
+        req.check_supported()
+        tok = self._need_tokenizer()
+        if not getattr(tok, "chat_template", None):
+            raise APIError("this model has no chat template: use /v1/completions", param="messages")
+        conversation = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+                        for m in req.messages]
+        try:
+            text = tok.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+        except Exception as exc:  # templates raise on role orders they do not accept
+            raise APIError(f"the chat template rejected these messages: {exc}", param="messages") from exc
+        ids = self._encode(text, add_special_tokens=False)
+        self._check_prompt(ids, "messages")
+        max_tokens = req.requested_max_tokens
+        param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
+        return [(ids, self._params(req, len(ids), max_tokens, max_tokens is not None, param))]
+
+    # -- helpers -----------------------------------------------------------------
+    def _need_tokenizer(self):
+        if self.tokenizer is None:
+            raise APIError("this model has no tokenizer: send prompts as token ids to /v1/completions",
+                           param="prompt")
+        return self.tokenizer
+
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return list(self._need_tokenizer().encode(text, add_special_tokens=add_special_tokens))
+
+    def _check_prompt(self, ids: list[int], param: str) -> None:
+        if not ids:
+            raise APIError("the prompt is empty: give at least one token", param=param)
+        if len(ids) >= self.max_model_len:
+            raise APIError(f"the prompt has {len(ids)} tokens but max_model_len is {self.max_model_len}, "
+                           "which leaves no room to generate: shorten the prompt", param=param,
+                           code="context_length_exceeded")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise APIError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})",
+                           param=param)
+
+    def _params(self, req: _SamplingRequest, prompt_len: int, max_tokens: Optional[int], explicit: bool,
+                param: str) -> SamplingParams:
+        room = self.max_model_len - prompt_len
+        if max_tokens is None:
+            max_tokens = room  # chat default: the rest of the context (as vLLM)
+        elif max_tokens > room:
+            if explicit:
+                raise APIError(f"{param}={max_tokens} plus the prompt's {prompt_len} tokens exceeds "
+                               f"max_model_len={self.max_model_len}: ask for at most {room}", param=param,
+                               code="context_length_exceeded")
+            max_tokens = room  # the completions default (16) shrinks to fit
+        kwargs = dict(
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            max_tokens=max_tokens,
+            seed=req.seed,
+            stop=req.stop_list,
+            stop_token_ids=list(req.stop_token_ids or []),
+            ignore_eos=req.ignore_eos,
+        )
+        if req.top_k is not None:
+            kwargs["top_k"] = req.top_k
+        try:
+            return SamplingParams(**kwargs)
+        except (ValueError, TypeError) as exc:  # the engine's own checks, in its words
+            raise APIError(str(exc)) from exc

@@ -1,0 +1,219 @@
+"""Decode / verification attention over the KV cache (flash-decoding with fixed splits).
+
+cache_attention(q [B,T,H,d_k], k_cache [S,max_len,n_kv,d_k], v_cache [S,max_len,n_kv,d_v],
+slot_ids [B], cache_positions [B,T], kv_len, scale, attn_mask=None, window=None)
+-> [B,T,H,d_v] in q's dtype. Query (b, t) attends to row slot_ids[b], keys [0, kv_len):
+  attn_mask None: key j visible iff j <= cache_positions[b,t] and, with a window,
+                  cache_positions[b,t] - j < window;
+  attn_mask [B,T,L>=kv_len] bool: exactly the True keys (the caller folds causality and
+                  any window into it; the contract of eagle_zoo/models/attention.py).
+Head h reads kv head h // (H // n_kv) (GQA). A query that sees no key gets zeros.
+The cache must hold finite values in [0, kv_len) (it is allocated with zeros): a
+masked key's value still enters the product with weight 0, and 0 * nan = nan.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ._triton import tl, triton, use_triton
+
+
+def _check(q, k_cache, v_cache, attn_mask, kv_len):
+    B, T, H, d = q.shape
+    n_kv = k_cache.shape[2]
+    if H % n_kv or k_cache.shape[-1] != d or v_cache.shape[:3] != k_cache.shape[:3]:
+        raise ValueError(f"cache_attention: q {tuple(q.shape)} needs heads a multiple of k_cache's kv heads and "
+                         f"the same head dim; k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}")
+    if attn_mask is not None and (attn_mask.dtype != torch.bool or attn_mask.shape[:2] != (B, T)
+                                  or attn_mask.shape[2] < min(kv_len, k_cache.shape[1])):
+        raise ValueError(f"cache_attention: attn_mask must be bool [B={B}, T={T}, L>=kv_len={kv_len}], "
+                         f"got {attn_mask.dtype} {tuple(attn_mask.shape)}")
+
+
+def visible_keys(cache_positions, kv_len: int, attn_mask=None, window: Optional[int] = None):
+    """[B,T,kv_len] bool: which keys each query may attend to (the rule in the module doc)."""
+    if attn_mask is not None:
+        return attn_mask[:, :, :kv_len]
+    diff = cache_positions.unsqueeze(-1) - torch.arange(kv_len, device=cache_positions.device)
+    vis = diff >= 0
+    return vis & (diff < window) if window is not None else vis
+
+
+def cache_attention_torch(q, k_cache, v_cache, slot_ids, cache_positions, kv_len, scale,
+                          attn_mask=None, window=None):
+    """Reference: gather the rows, dense masked softmax in fp32."""
+    _check(q, k_cache, v_cache, attn_mask, kv_len)
+    G = q.shape[2] // k_cache.shape[2]
+    k = k_cache[slot_ids, :kv_len].float().repeat_interleave(G, dim=2)  # [B,L,H,d]
+    v = v_cache[slot_ids, :kv_len].float().repeat_interleave(G, dim=2)
+    vis = visible_keys(cache_positions, k.shape[1], attn_mask, window).unsqueeze(1)  # [B,1,T,L]
+    scores = torch.einsum("bthd,blhd->bhtl", q.float(), k) * scale
+    probs = torch.softmax(scores.masked_fill(~vis, float("-inf")), dim=-1)
+    probs = torch.where(vis.any(-1, keepdim=True), probs, 0.0)  # no visible key: zeros, not nan
+    return torch.einsum("bhtl,blhd->bthd", probs, v).to(q.dtype)
+
+
+# --- Triton -------------------------------------------------------------------------
+# How the reduction order is fixed (batch invariance). A query row's result must not
+# depend on B, T, the other rows, or kv_len (the batch's longest sequence):
+# * Keys are cut into splits at absolute offsets s*SPLIT (SPLIT a constant, never chosen
+#   from B or the GPU's occupancy as adaptive flash-decoding does); each split is walked
+#   block by block (BLOCK_N keys, from its start) with an online softmax in fp32.
+# * Splits are merged by a second kernel in index order 0, 1, 2, ... sequentially.
+# * Every tile has the same shape (BLOCK_M query rows of one kv head, rows = (t, group
+#   head) flattened, padded) and the same num_warps, so each row's dot products and
+#   row reductions run the same instructions whichever tile or position it sits in.
+# * A block or split with no key visible to a row is an exact no-op for that row:
+#   m stays, alpha = exp2(0) = 1, p = 0, l + 0 = l, acc + 0 = acc. So blocks skipped for
+#   the whole tile, extra masked blocks kept because another row needs them, and extra
+#   empty splits from a larger kv_len change no bit.
+# Not invariant across dtypes, head dims, SPLIT / BLOCK_* / num_warps, or GPU models.
+_BLOCK_M, _BLOCK_N, _SPLIT, _NUM_WARPS = 16, 64, 256, 4
+
+
+@triton.jit(do_not_specialize=["T", "n_split", "kv_len", "window"])
+def _attn_split_kernel(Q, K, V, SLOT, POS, MASK, ACC, M, L,
+                       T, H, G, n_kv, n_mtiles, n_split, kv_len, window, scale_log2e,
+                       sqb, sqt, sqh, sqd, sks, skl, skh, skd, svs, svl, svh, svd,
+                       ssb, spb, spt, smb, smt, sml,
+                       HAS_MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr,
+                       DK: tl.constexpr, DV: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):
+    pid = tl.program_id(0)  # (b, kv head, row tile)
+    s = tl.program_id(1)    # key split
+    mt = pid % n_mtiles
+    kvh = (pid // n_mtiles) % n_kv
+    b = pid // (n_mtiles * n_kv)
+    rows = mt * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < T * G
+    t = rows // G
+    h = kvh * G + rows % G
+    pos = tl.load(POS + b * spb + t * spt, mask=row_ok, other=-1).to(tl.int32)
+    slot = tl.load(SLOT + b * ssb).to(tl.int64)
+    dk = tl.arange(0, BLOCK_DK)
+    dv = tl.arange(0, BLOCK_DV)
+    q = tl.load(Q + b * sqb + t[:, None] * sqt + h[:, None] * sqh + dk[None, :] * sqd,
+                mask=row_ok[:, None] & (dk[None, :] < DK), other=0.0)
+    k_base = K + slot * sks + kvh * skh
+    v_base = V + slot * svs + kvh * svh
+
+    lo = s * SPLIT
+    hi = tl.minimum(lo + SPLIT, kv_len)
+    if not HAS_MASK:  # skip blocks no row of the tile can see (exact no-ops, see above)
+        hi = tl.minimum(hi, tl.max(pos) + 1)
+        if HAS_WINDOW:
+            first = tl.min(tl.where(row_ok, pos, 2147483647)) - window + 1
+            lo = lo + (tl.maximum(first - lo, 0) // BLOCK_N) * BLOCK_N
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    for n0 in range(lo, hi, BLOCK_N):
+        cols = n0 + tl.arange(0, BLOCK_N)
+        col_ok = cols < kv_len
+        k = tl.load(k_base + cols[None, :] * skl + dk[:, None] * skd,
+                    mask=col_ok[None, :] & (dk[:, None] < DK), other=0.0).to(q.dtype)
+        if IEEE:  # fp32 inputs: no tf32 rounding
+            qk = tl.dot(q, k, input_precision="ieee")
+        else:
+            qk = tl.dot(q, k)
+        vis = row_ok[:, None] & col_ok[None, :]
+        if HAS_MASK:
+            vis &= tl.load(MASK + b * smb + t[:, None] * smt + cols[None, :] * sml, mask=vis, other=0) != 0
+        else:
+            vis &= cols[None, :] <= pos[:, None]
+            if HAS_WINDOW:
+                vis &= (pos[:, None] - cols[None, :]) < window
+        sc = tl.where(vis, qk * scale_log2e, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key seen yet: keep exp2 finite
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(sc - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + cols[:, None] * svl + dv[None, :] * svd,
+                    mask=col_ok[:, None] & (dv[None, :] < DV), other=0.0).to(q.dtype)
+        if IEEE:
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
+        else:
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+
+    part = ((b * T + t) * H + h) * n_split + s  # partials [B,T,H,n_split(,DV)]
+    tl.store(M + part, m_i, mask=row_ok)
+    tl.store(L + part, l_i, mask=row_ok)
+    tl.store(ACC + part[:, None] * DV + dv[None, :], acc, mask=row_ok[:, None] & (dv[None, :] < DV))
+
+
+@triton.jit(do_not_specialize=["n_split"])
+def _attn_merge_kernel(ACC, M, L, O, T, H, n_split, sob, sot, soh, sod,
+                       DV: tl.constexpr, BLOCK_DV: tl.constexpr):
+    pid = tl.program_id(0)  # (b, t, h)
+    h = pid % H
+    t = (pid // H) % T
+    b = pid // (H * T)
+    dv = tl.arange(0, BLOCK_DV)
+    dmask = dv < DV
+    m = tl.full([], float("-inf"), tl.float32)
+    l = tl.zeros([], tl.float32)
+    acc = tl.zeros([BLOCK_DV], tl.float32)
+    for s in range(0, n_split):  # fixed order; an empty split (m=-inf, l=0, acc=0) is a no-op
+        ms = tl.load(M + pid * n_split + s)
+        ls = tl.load(L + pid * n_split + s)
+        accs = tl.load(ACC + (pid * n_split + s) * DV + dv, mask=dmask, other=0.0)
+        m_new = tl.maximum(m, ms)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        a = tl.exp2(m - m_use)
+        w = tl.exp2(ms - m_use)
+        l = l * a + ls * w
+        acc = acc * a + accs * w
+        m = m_new
+    out = tl.where(l > 0, acc / l, 0.0)
+    tl.store(O + b * sob + t * sot + h * soh + dv * sod, out.to(O.dtype.element_ty), mask=dmask)
+
+
+def cache_attention_triton(q, k_cache, v_cache, slot_ids, cache_positions, kv_len, scale,
+                           attn_mask=None, window=None, *, split_size: int = _SPLIT, block_n: int = _BLOCK_N):
+    """Triton version; split_size / block_n are for tests (each value is its own fixed order)."""
+    _check(q, k_cache, v_cache, attn_mask, kv_len)
+    if split_size % block_n:
+        raise ValueError(f"cache_attention_triton: split_size {split_size} must be a multiple of block_n {block_n}")
+    B, T, H, DK = q.shape
+    n_kv, DV = k_cache.shape[2], v_cache.shape[-1]
+    G = H // n_kv
+    kv_len = min(int(kv_len), k_cache.shape[1])
+    out = q.new_empty(B, T, H, DV)
+    if B * T == 0:
+        return out
+    n_split = max(1, triton.cdiv(kv_len, split_size))
+    acc = torch.empty(B, T, H, n_split, DV, device=q.device, dtype=torch.float32)
+    m = torch.empty(B, T, H, n_split, device=q.device, dtype=torch.float32)
+    l = torch.empty_like(m)
+    n_mtiles = triton.cdiv(T * G, _BLOCK_M)
+    mask = attn_mask.view(torch.uint8) if attn_mask is not None else cache_positions  # dummy when unused
+    msk_strides = mask.stride() if attn_mask is not None else (0, 0, 0)
+    _attn_split_kernel[(B * n_kv * n_mtiles, n_split)](
+        q, k_cache, v_cache, slot_ids, cache_positions, mask, acc, m, l,
+        T, H, G, n_kv, n_mtiles, n_split, kv_len, 0 if window is None else int(window),
+        float(scale) * 1.4426950408889634,  # log2(e): exp2 instead of exp
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), slot_ids.stride(0), *cache_positions.stride(),
+        *msk_strides,
+        HAS_MASK=attn_mask is not None, HAS_WINDOW=window is not None, IEEE=q.dtype == torch.float32,
+        DK=DK, DV=DV, BLOCK_DK=max(16, triton.next_power_of_2(DK)), BLOCK_DV=max(16, triton.next_power_of_2(DV)),
+        BLOCK_M=_BLOCK_M, BLOCK_N=block_n, SPLIT=split_size, num_warps=_NUM_WARPS,
+    )
+    _attn_merge_kernel[(B * T * H,)](
+        acc, m, l, out, T, H, n_split, *out.stride(),
+        DV=DV, BLOCK_DV=triton.next_power_of_2(DV), num_warps=1,
+    )
+    return out
+
+
+def cache_attention(q, k_cache, v_cache, slot_ids, cache_positions, kv_len: int, scale: float,
+                    attn_mask: Optional[torch.Tensor] = None, window: Optional[int] = None) -> torch.Tensor:
+    """Attention of new queries over the KV cache (module doc). Triton on CUDA."""
+    if use_triton(q, k_cache):
+        return cache_attention_triton(q, k_cache, v_cache, slot_ids, cache_positions, kv_len, scale,
+                                      attn_mask, window)
+    return cache_attention_torch(q, k_cache, v_cache, slot_ids, cache_positions, kv_len, scale, attn_mask, window)

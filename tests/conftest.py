@@ -1,0 +1,31 @@
+"""Shared fixtures (keep this file to fixtures every test module may want)."""
+from __future__ import annotations
+
+import pytest
+
+from eagle_zoo import plugins
+
+
+@pytest.fixture
+def reset_plugin_host():
+    """A clean global plugin host before and after the test (env vars are read on load)."""
+    plugins.reset()
+    yield plugins
+    plugins.reset()
+
+
+@pytest.fixture
+def register_plugin(reset_plugin_host):
+    """register_plugin(obj, name=None, host=None) -> name: registers a throwaway plugin
+    object on `host` (default: the global host) and unregisters it after the test."""
+    done = []
+
+    def _register(plugin, name=None, host=None):
+        host = host or plugins.get_host()
+        name = host.register(plugin, name=name)
+        done.append((host, name))
+        return name
+
+    yield _register
+    for host, name in reversed(done):
+        host.unregister(name)

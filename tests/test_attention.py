@@ -1,0 +1,145 @@
+"""Attention with and without a KV cache against the definition of attention."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from eagle_zoo.models.attention import Attention, AttentionContext, get_context, use_context
+
+
+def naive_attention(q, k, v, visible, scale):
+    """softmax(q.k * scale) v written out per query; q [T,h,d], k [L,hk,d], v [L,hk,dv],
+    visible [T,L] bool. GQA: query head i uses kv head i // (h / hk)."""
+    T, h, _ = q.shape
+    group = h // k.shape[1]
+    out = torch.zeros(T, h, v.shape[-1], dtype=torch.float64)
+    for t in range(T):
+        for i in range(h):
+            keys = visible[t].nonzero().flatten()
+            scores = torch.tensor([float(q[t, i] @ k[j, i // group]) * scale for j in keys], dtype=torch.float64)
+            weights = torch.softmax(scores, 0)
+            out[t, i] = sum(w * v[j, i // group].double() for w, j in zip(weights, keys))
+    return out.flatten(1).float()
+
+
+def causal(n, window=None, offset=0):
+    """Visibility of keys 0..n-1 for queries at positions offset..n-1."""
+    qpos, kpos = torch.arange(offset, n)[:, None], torch.arange(n)[None]
+    m = kpos <= qpos
+    return m & (qpos - kpos < window) if window else m
+
+
+CASES = [  # heads, kv_heads, head_dim, v_head_dim, window
+    (4, 4, 8, 8, None),
+    (4, 2, 8, 8, None),  # GQA
+    (4, 1, 8, 6, None),  # MQA + value dim != qk dim (MLA-like)
+    (4, 2, 8, 8, 3),  # sliding window
+]
+
+
+def make_qkv(n_seq, length, heads, kv_heads, d, dv, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(n_seq, length, heads, d, generator=g), torch.randn(n_seq, length, kv_heads, d, generator=g),
+            torch.randn(n_seq, length, kv_heads, dv, generator=g))
+
+
+@pytest.mark.parametrize("heads,kv_heads,d,dv,window", CASES)
+def test_no_context_is_causal_attention(heads, kv_heads, d, dv, window):
+    attn = Attention(heads, kv_heads, d, layer_idx=0, sliding_window=window, v_head_dim=dv)
+    q, k, v = make_qkv(2, 6, heads, kv_heads, d, dv)
+    out = attn(q, k, v)
+    for b in range(2):
+        torch.testing.assert_close(out[b], naive_attention(q[b], k[b], v[b], causal(6, window), d ** -0.5),
+                                   atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("heads,kv_heads,d,dv,window", CASES)
+def test_cache_prefill_decode_and_verify_equal_full_causal(heads, kv_heads, d, dv, window):
+    """Three sequences in slots 2, 0, 3 (of 4) at lengths 5, 3, 7; prefill each, then two
+    batched decode steps (T=1), then a batched 3-token step (verification-like)."""
+    num_slots, max_len, scale = 4, 16, 0.37
+    slots, prompt = torch.tensor([2, 0, 3]), [5, 3, 7]
+    total = [n + 2 + 3 for n in prompt]
+    q, k, v = make_qkv(3, max(total), heads, kv_heads, d, dv, seed=1)
+    other = Attention(heads, kv_heads, d, scale=scale, layer_idx=0, v_head_dim=dv)  # layer 0: untouched
+    attn = Attention(heads, kv_heads, d, scale=scale, layer_idx=1, sliding_window=window, v_head_dim=dv)
+    caches = [(torch.zeros(num_slots, max_len, kv_heads, d), torch.zeros(num_slots, max_len, kv_heads, dv))
+              for _ in range(2)]
+    sentinel = torch.full((), 123.0)
+    caches[0][0].fill_(sentinel)
+
+    def expected(b, start, stop):
+        return naive_attention(q[b, start:stop], k[b, :stop], v[b, :stop], causal(stop, window, start), scale)
+
+    # prefill, one sequence at a time (different T)
+    for b, n in enumerate(prompt):
+        ctx = AttentionContext(caches, slots[b:b + 1], torch.arange(n)[None], kv_len=n)
+        with use_context(ctx):
+            out = attn(q[b:b + 1, :n], k[b:b + 1, :n], v[b:b + 1, :n])
+        torch.testing.assert_close(out[0], expected(b, 0, n), atol=1e-5, rtol=1e-5)
+    lengths = list(prompt)
+    for step in (1, 1, 3):  # two decode steps, then a verification-like step
+        pos = torch.stack([torch.arange(n, n + step) for n in lengths])  # [3, step]
+        idx = pos[..., None, None]
+        take = lambda x: x.gather(1, idx.expand(-1, -1, *x.shape[2:]))  # noqa: E731
+        ctx = AttentionContext(caches, slots, pos, kv_len=max(lengths) + step)
+        with use_context(ctx):
+            out = attn(take(q), take(k), take(v))
+        for b, n in enumerate(lengths):
+            torch.testing.assert_close(out[b], expected(b, n, n + step), atol=1e-5, rtol=1e-5)
+        lengths = [n + step for n in lengths]
+    # keys landed in their slots' rows; slot 1 and the other layer's cache were never written
+    for b, n in enumerate(lengths):
+        torch.testing.assert_close(caches[1][0][slots[b], :n], k[b, :n])
+        torch.testing.assert_close(caches[1][1][slots[b], :n], v[b, :n])
+    assert not caches[1][0][1].any()
+    assert (caches[0][0] == sentinel).all()
+
+
+def test_tree_mask():
+    """Prefix of 4 tokens cached; a 4-node tree (0 <- root, 1 <- 0, 2 <- 0, 3 <- 2) written
+    at cache positions 4..7 with its own mask. Each node must equal causal attention over
+    prefix + its path from the root."""
+    heads, kv_heads, d = 4, 2, 8
+    parents = [-1, 0, 0, 2]
+    attn = Attention(heads, kv_heads, d, layer_idx=0)
+    caches = [(torch.zeros(1, 12, kv_heads, d), torch.zeros(1, 12, kv_heads, d))]
+    pq, pk, pv = make_qkv(1, 4, heads, kv_heads, d, d, seed=2)
+    tq, tk, tv = make_qkv(1, 4, heads, kv_heads, d, d, seed=3)
+    slot = torch.tensor([0])
+    with use_context(AttentionContext(caches, slot, torch.arange(4)[None], kv_len=4)):
+        attn(pq, pk, pv)
+    mask = torch.zeros(1, 4, 8, dtype=torch.bool)
+    mask[0, :, :4] = True
+    paths = []
+    for i in range(4):
+        path, node = [], i
+        while node != -1:
+            path.insert(0, node)
+            node = parents[node]
+        paths.append(path)
+        mask[0, i, [4 + j for j in path]] = True
+    with use_context(AttentionContext(caches, slot, torch.arange(4, 8)[None], kv_len=8, attn_mask=mask)):
+        out = attn(tq, tk, tv)
+    for i, path in enumerate(paths):
+        seq_q = torch.cat([pq[0], tq[0, path]])
+        seq_k, seq_v = torch.cat([pk[0], tk[0, path]]), torch.cat([pv[0], tv[0, path]])
+        n = len(seq_q)
+        ref = naive_attention(seq_q[n - 1:], seq_k, seq_v, causal(n, None, n - 1), d ** -0.5)
+        torch.testing.assert_close(out[0, i], ref[0], atol=1e-5, rtol=1e-5)
+
+
+def test_context_is_restored():
+    ctx = AttentionContext([], torch.zeros(1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long), kv_len=1)
+    assert get_context() is None
+    with pytest.raises(RuntimeError):
+        with use_context(ctx):
+            assert get_context() is ctx
+            raise RuntimeError
+    assert get_context() is None
+
+
+def test_scale_default():
+    assert math.isclose(Attention(2, 2, 16).scale, 0.25)
