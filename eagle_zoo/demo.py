@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 
@@ -47,12 +48,13 @@ def run(args) -> int:
     from .engine.llm import LLM
     from .engine.sampling_params import SamplingParams
 
-    print("== eagle-zoo list (catalog of published heads)")
-    catalog_cli.print_table(catalog_cli.filter_entries())
+    print("== eagle-zoo list --target SmolLM2 (the catalog's heads for the embedded default)")
+    catalog_cli.run_list(argparse.Namespace(family=None, method=None, target="SmolLM2"))
     entry = best_head_for(DEFAULT_TARGET)
+    info_id = entry.id if entry is not None else "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
+    print(f"\n== eagle-zoo info {info_id}")
+    catalog_cli.run_info(argparse.Namespace(id=info_id))
     if entry is not None:
-        print(f"\n== eagle-zoo info {entry.id}")
-        catalog_cli.print_entry(entry)
         spec = {"model": entry.id, "method": entry.method, "num_speculative_tokens": 3}
     else:
         spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
@@ -83,8 +85,6 @@ def run(args) -> int:
 
 
 if __name__ == "__main__":
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m eagle_zoo.demo")
     add_arguments(parser)
     sys.exit(run(parser.parse_args()))

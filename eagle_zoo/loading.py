@@ -2,8 +2,8 @@
 
 resolve (hub.py) -> detect the format and read it (checkpoints/formats.py) -> the
 renamed architecture picks the family plugin and head class (the registry) -> build,
-load the weights -> embeddings / lm_head shared from the target where the checkpoint
-has none -> dtype / device. Given a target, its config is checked against the head's
+load the weights -> dtype / device -> embeddings / lm_head shared from the target
+where the checkpoint has none. Given a target, its config is checked against the head's
 before anything is built, so a head for another model fails with a readable message.
 """
 from __future__ import annotations
@@ -61,12 +61,14 @@ def load(
 
     head = family.head_class(method)(raw.config)
     loaded = head.load_weights(raw.weights, source=source)
+    head.to(device=device, dtype=dtype).eval()
+    # Shared after the cast: the target's modules are tied in as they are, never
+    # converted behind the target's back.
     missing = [m for m in SHARED_FROM_TARGET if f"{m}.weight" not in loaded]
     shared = []
     if missing:
         _check_can_share(target, missing, path)
         shared = head.share_from_target(target)
-    head.to(device=device, dtype=dtype).eval()
     return LoadedHead(head, raw.config, method, fmt.name, path, family.name, shared)
 
 

@@ -33,14 +33,16 @@ def _write_kv_kernel(K, V, KC, VC, SLOT, POS, T, n_kv, max_len,
     t = pid % T
     slot = tl.load(SLOT + b * ssb).to(tl.int64)  # int64: slot * row stride can pass 2**31
     pos = tl.load(POS + b * spb + t * spt).to(tl.int64)
-    ok = (pos >= 0) & (pos < max_len)
+    # Masks are built from vector comparisons only: triton 3.9's interpreter mis-types a
+    # scalar comparison broadcast into a load/store mask.
+    heads = tl.where((pos >= 0) & (pos < max_len), n_kv, 0)
     h = tl.arange(0, BLOCK_H)[:, None]
     dk = tl.arange(0, BLOCK_DK)[None, :]
-    mk = ok & (h < n_kv) & (dk < DK)
+    mk = (h < heads) & (dk < DK)
     x = tl.load(K + b * skb + t * skt + h * skh + dk * skd, mask=mk)
     tl.store(KC + slot * sks + pos * skl + h * skch + dk * skcd, x.to(KC.dtype.element_ty), mask=mk)
     dv = tl.arange(0, BLOCK_DV)[None, :]
-    mv = ok & (h < n_kv) & (dv < DV)
+    mv = (h < heads) & (dv < DV)
     y = tl.load(V + b * svb + t * svt + h * svh + dv * svd, mask=mv)
     tl.store(VC + slot * svs + pos * svl + h * svch + dv * svcd, y.to(VC.dtype.element_ty), mask=mv)
 

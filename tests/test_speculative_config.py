@@ -196,12 +196,25 @@ def test_injected_reader_sees_hub_ids():
     assert infer_method("org/some-draft", config_reader=reader).parallel_drafting
 
 
-def test_reader_not_called_when_nothing_to_infer():
+def test_reader_not_called_for_ngram():
     def reader(model):
         raise AssertionError("read")
 
     parse({"model": "ngram"}, config_reader=reader)
-    parse({"method": "eagle", "model": "x", "num_speculative_tokens": 2}, config_reader=reader)
+    parse({"method": "ngram", "model": "[ngram]"}, config_reader=reader)
+    parse({"method": "mtp"}, config_reader=reader)
+
+
+def test_explicit_method_still_takes_the_checkpoint_defaults():
+    calls = []
+
+    def reader(model):
+        calls.append(model)
+        return {**SPECULATORS, "speculators_model_type": "peagle"}
+
+    cfg = parse({"method": "eagle3", "model": "org/p-eagle"}, config_reader=reader)
+    assert calls == ["org/p-eagle"] and cfg.inferred_from is None
+    assert cfg.parallel_drafting is True and cfg.num_speculative_tokens == 4
 
 
 def test_reader_returning_none_means_name_rules():

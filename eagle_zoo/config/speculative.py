@@ -11,6 +11,7 @@ import difflib
 import json
 import os
 import re
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
@@ -61,6 +62,9 @@ INTERNAL_KEYS = (
 TREE_KEYS = ("top_k", "depth", "total_tokens")
 
 ConfigReader = Callable[[str], Optional[dict]]
+# The reader parse() was given; a context variable because pydantic does not pass
+# validation context through a model with its own __init__.
+_READER: ContextVar[Optional[ConfigReader]] = ContextVar("eagle_zoo_config_reader", default=None)
 
 
 def _error(message: str) -> SpeculativeConfigError:
@@ -157,8 +161,10 @@ def _infer_from_config(config: dict) -> Optional[Inference]:
     return None
 
 
-# eagle3 / eagle-3 / eagle_3, not followed by a digit (EAGLE-34B is no EAGLE-3 name).
-_EAGLE3_NAME = re.compile(r"eagle[-_]?3(?!\d)", re.IGNORECASE)
+# Markers start a word ("seagle-" is no EAGLE name); eagle3 / eagle-3 / eagle_3 must not
+# run on into a digit ("EAGLE-34B" is no EAGLE-3 name).
+_EAGLE3_NAME = re.compile(r"(?<![a-z])eagle[-_]?3(?!\d)", re.IGNORECASE)
+_EAGLE_NAME = re.compile(r"^eagle|(?<![a-z])eagle-", re.IGNORECASE)
 
 
 def _infer_from_name(model: str, had_config: bool) -> Inference:
@@ -167,10 +173,9 @@ def _infer_from_name(model: str, had_config: bool) -> Inference:
     match = _EAGLE3_NAME.search(name)
     if match:
         return Inference("eagle3", False, f"{prefix}the name {name!r} contains {match.group()!r}")
-    lower = name.lower()
-    if "eagle-" in lower or lower.startswith("eagle"):
-        marker = "starts with 'eagle'" if lower.startswith("eagle") else "contains 'eagle-'"
-        return Inference("eagle", False, f"{prefix}the name {name!r} {marker}")
+    match = _EAGLE_NAME.search(name)
+    if match:
+        return Inference("eagle", False, f"{prefix}the name {name!r} contains {match.group()!r}")
     return Inference(
         "draft_model", False,
         f"{prefix}the name {name!r} has no EAGLE marker: a separate draft model "
@@ -249,15 +254,20 @@ class SpeculativeConfig(BaseModel):
                     f"not valid JSON ({exc.msg} at column {exc.colno}); write a JSON object such as "
                     "'{\"method\": \"eagle3\", \"model\": \"<draft>\", \"num_speculative_tokens\": 3}'"
                 ) from None
+        if not isinstance(obj, dict):
+            raise _error(f"expected a JSON object (dict) of options, got {type(obj).__name__}")
+        if not all(isinstance(key, str) for key in obj):
+            raise _error(f"option names are strings, got {[k for k in obj if not isinstance(k, str)]!r}")
+        token = _READER.set(config_reader)
         try:
-            return cls.model_validate(obj, context={"config_reader": config_reader})
-        except ValidationError as exc:
-            raise SpeculativeConfigError(_describe(exc)) from None
+            return cls(**obj)
+        finally:
+            _READER.reset(token)
 
     # -- before field validation: keys, inference, defaults -----------------------
     @model_validator(mode="before")
     @classmethod
-    def _prepare(cls, data: Any, info: ValidationInfo) -> dict:
+    def _prepare(cls, data: Any) -> dict:
         if not isinstance(data, dict):
             raise _error(f"expected a JSON object (dict) of options, got {type(data).__name__}")
         _check_keys(data)
@@ -270,18 +280,19 @@ class SpeculativeConfig(BaseModel):
         elif model is None:
             raise _error("give 'method' or 'model' (the draft checkpoint); e.g. {\"method\": \"ngram\"}")
 
+        # The checkpoint's config decides the method (when absent) and the defaults
+        # that speculators configs carry.
         config = None
-        needs_config = method is None or data.get("num_speculative_tokens") is None
-        if needs_config and isinstance(model, str) and model.strip() not in NGRAM_MODELS:
-            reader = (info.context or {}).get("config_reader") or read_local_config
-            config = reader(model)
+        if isinstance(model, str) and model.strip() not in NGRAM_MODELS and method != "ngram":
+            config = (_READER.get() or read_local_config)(model)
         if method is None:
             found = _infer(str(model), config)
             data["method"], data["inferred_from"] = found.method, found.reason
-            if found.parallel_drafting and data.get("parallel_drafting") is None:
-                data["parallel_drafting"] = True
         if data.get("num_speculative_tokens") is None:
             data["num_speculative_tokens"] = _speculators_default_k(config)
+        if data.get("parallel_drafting") is None and data["method"] == "eagle3":
+            # A P-EAGLE head is trained to draft in parallel; the user may still say false.
+            data["parallel_drafting"] = bool(config and config.get("speculators_model_type") == "peagle")
 
         lookup = ("prompt_lookup_min", "prompt_lookup_max")
         if data["method"] == "ngram":

@@ -107,6 +107,8 @@ class _Run:
 
     def __init__(self, loop: EngineLoop, metrics: ServerMetrics, request_id: str, prompts: Prepared,
                  request: Request):
+        if not loop.is_alive():
+            raise APIError("the engine is not running: see the server log", status=503, type="internal_error")
         self.loop, self.metrics, self.id, self.prompts, self.request = loop, metrics, request_id, prompts, request
         self.created = now()
         self.usage = Usage()
@@ -114,12 +116,16 @@ class _Run:
         self._t0 = time.perf_counter()
         self._first_token_seen = False
 
-    async def updates(self) -> AsyncIterator[Update]:
-        finished = 0
+    async def updates(self, watch_disconnect: bool = False) -> AsyncIterator[Update]:
+        # Streaming responses are cancelled by Starlette when the client goes away;
+        # plain ones are not, so those poll for the disconnect themselves.
+        watch = self.request.is_disconnected if watch_disconnect else None
+        finished, failed = 0, False
         try:
-            async with aclosing(self.loop.generate(self.id, self.prompts, self.request.is_disconnected)) as it:
+            async with aclosing(self.loop.generate(self.id, self.prompts, watch)) as it:
                 async for u in it:
                     if u.error:
+                        failed = True
                         self.metrics.failed("error")
                         raise APIError(f"request failed: {u.error}", status=500, type="internal_error")
                     if u.num_tokens and not self._first_token_seen:
@@ -127,22 +133,17 @@ class _Run:
                         self.metrics.ttft.observe(time.perf_counter() - self._t0)
                     if u.finish_reason:
                         finished += 1
-                        self.usage.add(len(self.prompts[u.index][0]), u.num_tokens)
-                        self.metrics.finished(u.finish_reason, len(self.prompts[u.index][0]), u.num_tokens,
-                                              time.perf_counter() - self._t0)
+                        n_prompt = len(self.prompts[u.index][0])
+                        self.usage.add(n_prompt, u.num_tokens)
+                        self.metrics.finished(u.finish_reason, n_prompt, u.num_tokens, time.perf_counter() - self._t0)
                     yield u
         finally:
-            if finished < len(self.prompts) and not self._failed_already():
+            if finished < len(self.prompts) and not failed:
                 self.metrics.failed("aborted")
-
-    def _failed_already(self) -> bool:
-        import sys
-
-        return isinstance(sys.exc_info()[1], APIError)
 
     async def collect(self) -> list[Update]:
         final: dict[int, Update] = {}
-        async with aclosing(self.updates()) as it:
+        async with aclosing(self.updates(watch_disconnect=True)) as it:
             async for u in it:
                 if u.finish_reason:
                     final[u.index] = u
@@ -197,8 +198,11 @@ async def _stream(run: _Run, chunk, first=None, usage_chunk=None) -> AsyncIterat
                     yield _data(chunk(u.index, text, u.finish_reason))
         if usage_chunk is not None:
             yield _data(usage_chunk())
-    except APIError as exc:
-        yield _data(exc.body())
+    except Exception as exc:  # the 200 has gone out: report in the stream
+        if not isinstance(exc, APIError):
+            log.exception("stream %s failed", run.id)
+        body = exc.body() if isinstance(exc, APIError) else error_body(f"internal error: {exc}", "internal_error")
+        yield _data(body)
     yield "data: [DONE]\n\n"
 
 

@@ -165,10 +165,9 @@ class EngineLoop:
         log.debug("step %d: %.1f ms", self.steps, 1e3 * (time.perf_counter() - t0))
 
     def _take_snapshot(self) -> None:
-        sched = self.engine.scheduler
-        metrics = getattr(self.engine, "metrics", None)
-        spec = metrics.get_metrics() if metrics is not None and getattr(self.engine, "k", 0) else None
-        self.snapshot = {"running": len(sched.running), "waiting": len(sched.waiting), "spec": spec}
+        sched, spec = self.engine.scheduler, self.engine.metrics
+        self.snapshot = {"running": len(sched.running), "waiting": len(sched.waiting),
+                         "spec": spec.get_metrics(), "mean_acceptance_length": spec.mean_acceptance_length}
 
     def _fail_all(self, message: str) -> None:
         for rid, live in list(self._live.items()):

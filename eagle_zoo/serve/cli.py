@@ -1,0 +1,64 @@
+"""`eagle-zoo serve MODEL`: the OpenAI-compatible server (docs/serving.md)."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+API_KEY_ENV = "EAGLE_ZOO_API_KEY"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="target model: a hub id, a local directory, or 'default' (SmolLM2-135M-Instruct)")
+    p.add_argument("--speculative-config", metavar="JSON",
+                   help='speculative decoding, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\' '
+                        "or '{\"model\": \"<eagle head>\"}' (docs/speculative-config.md)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--max-num-seqs", type=int, help="requests decoded together (default 64 on CUDA, 8 on CPU)")
+    p.add_argument("--max-model-len", type=int, help="context length: prompt + output (default min(model's, 2048))")
+    p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                   help=f"require 'Authorization: Bearer KEY' on every route but /health (default ${API_KEY_ENV})")
+    p.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                   help="names clients use for the model (default: MODEL); the first is reported")
+    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
+    p.add_argument("--device", default=None, help="cuda | cpu (default: cuda when available)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        import uvicorn
+    except ImportError:
+        return _fail("the server needs the 'serve' extra: pip install 'eagle-zoo[serve]'")
+    spec = None
+    if args.speculative_config:
+        try:
+            spec = json.loads(args.speculative_config)
+        except json.JSONDecodeError as exc:
+            return _fail(f"--speculative-config is not valid JSON ({exc}); "
+                         'example: --speculative-config \'{"method": "ngram", "num_speculative_tokens": 3}\'')
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
+        logging.warning("binding to %s without --api-key: anyone who can reach it can use it", args.host)
+
+    from ..engine.llm import LLM
+    from .app import create_app
+
+    try:
+        llm = LLM(args.model, spec, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
+                  max_num_seqs=args.max_num_seqs, seed=args.seed, tensor_parallel_size=args.tensor_parallel_size)
+    except (ValueError, NotImplementedError, FileNotFoundError) as exc:
+        return _fail(str(exc))
+    app = create_app(llm, served_model_names=args.served_model_name or [args.model], api_key=args.api_key)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def _fail(message: str) -> int:
+    print(f"eagle-zoo serve: error: {message}", file=sys.stderr)
+    return 2

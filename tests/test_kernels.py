@@ -1,0 +1,348 @@
+"""kernels/: each Triton kernel against its torch reference, each reference against an
+independent definition (python loops, scaled_dot_product_attention, the target
+distribution of speculative sampling).
+
+Triton runs on CPU tensors only under TRITON_INTERPRET=1, which triton reads when a
+kernel is defined; so test_triton_in_interpreter re-runs this file's "interp" cases in
+a subprocess with the variable set. "cuda" cases run on a GPU (marked gpu).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import (cache_attention, cache_attention_torch, cache_attention_triton, rejection_sample,
+                     rejection_sample_torch, rejection_sample_triton, write_kv, write_kv_torch, write_kv_triton)
+from kernels._triton import HAS_TRITON
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+HAS_CUDA = torch.cuda.is_available()
+DEVICES = [
+    pytest.param("interp", marks=pytest.mark.skipif(not INTERPRET, reason="runs in test_triton_in_interpreter")),
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+        INTERPRET or not HAS_CUDA or not HAS_TRITON, reason="needs CUDA and triton")]),
+]
+
+
+def _dev(name):
+    return "cpu" if name == "interp" else "cuda"
+
+
+@pytest.mark.skipif(INTERPRET or not HAS_TRITON, reason="this is the launcher of the interpreter run")
+def test_triton_in_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
+                          "-k", "interp and not in_interpreter"],
+                         env=env, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    assert " passed" in run.stdout, run.stdout[-2000:]
+
+
+# --- write_kv -------------------------------------------------------------------------
+
+def _kv_problem(device, cache_dtype, in_dtype, n_kv=3, dk=6, dv=5):
+    g = torch.Generator().manual_seed(0)
+    k_cache = torch.randn(4, 12, n_kv, dk, generator=g).to(device, cache_dtype)
+    v_cache = torch.randn(4, 12, n_kv, dv, generator=g).to(device, cache_dtype)
+    qkv = torch.randn(2, 3, n_kv, dk + dk + dv, generator=g).to(device, in_dtype)
+    k, v = qkv[..., dk:2 * dk], qkv[..., 2 * dk:]  # strided views, as sliced from a fused projection
+    slot_ids = torch.tensor([3, 1], device=device)
+    positions = torch.tensor([[0, 5, 11], [2, 3, 4]], device=device)
+    return k_cache, v_cache, k, v, slot_ids, positions
+
+
+def test_write_kv_reference_matches_loop():
+    k_cache, v_cache, k, v, slots, pos = _kv_problem("cpu", torch.float32, torch.float32)
+    ek, ev = k_cache.clone(), v_cache.clone()
+    for b in range(2):
+        for t in range(3):
+            ek[slots[b], pos[b, t]] = k[b, t]
+            ev[slots[b], pos[b, t]] = v[b, t]
+    write_kv_torch(k_cache, v_cache, k, v, slots, pos)
+    assert torch.equal(k_cache, ek) and torch.equal(v_cache, ev)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cache_dtype,in_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                                  (torch.bfloat16, torch.float32)])
+def test_write_kv_triton_matches_reference(device, cache_dtype, in_dtype):
+    if device == "interp" and cache_dtype != in_dtype:
+        pytest.skip("the interpreter truncates fp32 -> bf16; the GPU rounds to nearest like torch")
+    dev = _dev(device)
+    k_cache, v_cache, k, v, slots, pos = _kv_problem(dev, cache_dtype, in_dtype)
+    ek, ev = k_cache.clone(), v_cache.clone()
+    write_kv_torch(ek, ev, k, v, slots, pos)
+    write_kv_triton(k_cache, v_cache, k, v, slots, pos)
+    assert torch.equal(k_cache, ek) and torch.equal(v_cache, ev)
+    # An out-of-range position is dropped by the kernel, never written elsewhere.
+    before = k_cache.clone()
+    write_kv_triton(k_cache, v_cache, k[:, :1], v[:, :1], slots, torch.full((2, 1), 12, device=dev))
+    assert torch.equal(k_cache, before)
+
+
+# --- attention ------------------------------------------------------------------------
+
+def _attn_problem(device, *, B=2, T=3, H=4, n_kv=2, dk=16, dv=16, max_len=48, kv_len=40, tree=False,
+                  dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, dk, generator=g)
+    k_cache = torch.randn(B + 2, max_len, n_kv, dk, generator=g)
+    v_cache = torch.randn(B + 2, max_len, n_kv, dv, generator=g)
+    slot_ids = torch.randperm(B + 2, generator=g)[:B]
+    start = torch.randint(0, kv_len - T + 1, (B,), generator=g)
+    pos = start[:, None] + torch.arange(T)
+    mask = None
+    if tree:  # any pattern, keys after the query included: the mask alone decides
+        mask = torch.rand(B, T, kv_len, generator=g) < 0.5
+        mask[torch.arange(B)[:, None], torch.arange(T), pos] = True  # every query sees a key
+    to = dict(device=device)
+    return (q.to(device, dtype), k_cache.to(device, dtype), v_cache.to(device, dtype), slot_ids.to(**to),
+            pos.to(**to), mask if mask is None else mask.to(**to))
+
+
+def _sdpa_loops(q, k_cache, v_cache, slot_ids, pos, kv_len, scale, mask, window):
+    """Independent reference: dense K/V and the mask built one entry at a time, then SDPA."""
+    B, T, H, _ = q.shape
+    G = H // k_cache.shape[2]
+    heads = [h // G for h in range(H)]
+    k = torch.stack([k_cache[int(slot_ids[b]), :kv_len][:, heads] for b in range(B)])  # [B,L,H,d]
+    v = torch.stack([v_cache[int(slot_ids[b]), :kv_len][:, heads] for b in range(B)])
+    vis = torch.zeros(B, 1, T, kv_len, dtype=torch.bool)
+    for b in range(B):
+        for t in range(T):
+            p = int(pos[b, t])
+            for j in range(kv_len):
+                vis[b, 0, t, j] = bool(mask[b, t, j]) if mask is not None else (
+                    j <= p and (window is None or p - j < window))
+    out = F.scaled_dot_product_attention(q.transpose(1, 2).double(), k.transpose(1, 2).double(),
+                                         v.transpose(1, 2).double(), attn_mask=vis, scale=scale)
+    return out.transpose(1, 2)
+
+
+ATTN_CASES = {  # name: (problem kwargs, window)
+    "causal_gqa": (dict(), None),
+    "window": (dict(kv_len=40), 7),
+    "tree_mask": (dict(tree=True), None),
+    "mha_dv": (dict(H=2, n_kv=2, dk=16, dv=8), None),
+    "gqa4_short": (dict(H=8, n_kv=2, kv_len=20, max_len=24), 5),
+}
+
+
+@pytest.mark.parametrize("case", list(ATTN_CASES))
+def test_attention_reference_vs_sdpa(case):
+    kwargs, window = ATTN_CASES[case]
+    q, kc, vc, slots, pos, mask = _attn_problem("cpu", **kwargs)
+    kv_len = kwargs.get("kv_len", 40)
+    ref = cache_attention_torch(q, kc, vc, slots, pos, kv_len, 0.3, attn_mask=mask, window=window)
+    exp = _sdpa_loops(q, kc, vc, slots, pos, kv_len, 0.3, mask, window)
+    torch.testing.assert_close(ref.double(), exp, atol=2e-6, rtol=1e-5)
+
+
+def test_attention_reference_no_visible_key_gives_zeros():
+    q, kc, vc, slots, pos, _ = _attn_problem("cpu")
+    mask = torch.zeros(2, 3, 40, dtype=torch.bool)
+    mask[0, 1, 3] = True
+    out = cache_attention_torch(q, kc, vc, slots, pos, 40, 0.3, attn_mask=mask)
+    assert out[1].abs().sum() == 0 and out[0, 0].abs().sum() == 0
+    torch.testing.assert_close(out[0, 1], vc[slots[0], 3].repeat_interleave(2, 0))  # one key: its value
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", list(ATTN_CASES) + ["no_visible_key"])
+def test_attention_triton_matches_reference(device, case):
+    kwargs, window = ATTN_CASES.get(case, (dict(tree=True), None))
+    q, kc, vc, slots, pos, mask = _attn_problem(_dev(device), **kwargs)
+    if case == "no_visible_key":
+        mask[1] = False
+    kv_len = kwargs.get("kv_len", 40)
+    ref = cache_attention_torch(q, kc, vc, slots, pos, kv_len, 0.3, attn_mask=mask, window=window)
+    for split, block in ((16, 16), (256, 64)):  # several splits, then one
+        out = cache_attention_triton(q, kc, vc, slots, pos, kv_len, 0.3, attn_mask=mask, window=window,
+                                     split_size=split, block_n=block)
+        torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("window", [None, 9])
+def test_attention_triton_batch_invariant(device, window):
+    """A query row gives the same bits alone (decode, T=1, B=1, kv_len = its length) as
+    inside a verification batch (T=4, other sequences, larger kv_len, more splits)."""
+    dev = _dev(device)
+    small = device == "interp"
+    kw = dict(split_size=16, block_n=16) if small else {}
+    L = 60 if small else 700
+    for dtype in (torch.float32,) if small else (torch.float32, torch.bfloat16):
+        q, kc, vc, slots, pos, _ = _attn_problem(dev, B=3, T=4, H=16, n_kv=2, dk=16 if small else 128,
+                                                 dv=16 if small else 128, max_len=L + 4, kv_len=L, dtype=dtype)
+        batch = cache_attention_triton(q, kc, vc, slots, pos, L, 0.3, window=window, **kw)
+        b = 1
+        verify = cache_attention_triton(q[b:b + 1], kc, vc, slots[b:b + 1], pos[b:b + 1], int(pos[b, -1]) + 1, 0.3,
+                                        window=window, **kw)
+        assert torch.equal(verify[0], batch[b])
+        for t in (0, 3):
+            alone = cache_attention_triton(q[b:b + 1, t:t + 1], kc, vc, slots[b:b + 1], pos[b:b + 1, t:t + 1],
+                                           int(pos[b, t]) + 1, 0.3, window=window, **kw)
+            assert torch.equal(alone[0, 0], batch[b, t])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA or INTERPRET or not HAS_TRITON, reason="needs CUDA and triton")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_attention_triton_cuda_realistic(dtype):
+    q, kc, vc, slots, pos, _ = _attn_problem("cuda", B=5, T=4, H=32, n_kv=8, dk=128, dv=128, max_len=1100,
+                                             kv_len=1000, dtype=dtype)
+    for window in (None, 300):
+        ref = cache_attention_torch(q, kc, vc, slots, pos, 1000, 128 ** -0.5, window=window)
+        out = cache_attention(q, kc, vc, slots, pos, 1000, 128 ** -0.5, window=window)
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
+
+
+# --- rejection sampler ----------------------------------------------------------------
+
+def test_rejection_greedy_by_hand():
+    # target argmax per position: 2, 1, 3, 0 (position 1 has a tie between 1 and 3: lowest id wins)
+    p = torch.tensor([[.1, .2, .6, .1], [.1, .4, .1, .4], [.2, .1, .2, .5], [.7, .1, .1, .1]])
+    B = 6
+    tp = p.expand(B, 4, 4).contiguous()
+    drafts = torch.tensor([[2, 1, 3], [2, 3, 3], [1, 1, 3], [2, 1, 0], [0, 0, 0], [2, 1, -1]])
+    nd = torch.tensor([3, 3, 3, 2, 0, 2])
+    out, acc = rejection_sample_torch(drafts, tp, None, nd, torch.ones(B, dtype=torch.bool),
+                                      torch.full((B, 4), .999), torch.full((B, 4), 1e-3))  # noise must not matter
+    assert out.tolist() == [[2, 1, 3, 0], [2, 1, -1, -1], [2, -1, -1, -1], [2, 1, 3, -1], [2, -1, -1, -1],
+                            [2, 1, 3, -1]]
+    assert acc.tolist() == [3, 1, 0, 2, 0, 2]
+
+
+def test_rejection_random_rows_one_hot_by_hand():
+    """With one-hot targets random rows are deterministic: accept x iff it is the target
+    token (u <= 1/q), else recover max(p - q, 0), which is the target token."""
+    onehot = F.one_hot(torch.tensor([2, 1, 3, 0]), 4).float()
+    tp = onehot.expand(3, 4, 4).contiguous()
+    drafts = torch.tensor([[2, 0, 3], [2, 1, 3], [2, 1, 3]])
+    nd = torch.tensor([3, 3, 1])
+    u = torch.full((3, 4), 0.999)
+    noise = torch.rand(3, 4) + 0.1
+    for dp in (torch.full((3, 3, 4), .25), None):
+        out, acc = rejection_sample_torch(drafts, tp, dp, nd, torch.zeros(3, dtype=torch.bool), u, noise)
+        assert out.tolist() == [[2, 1, -1, -1], [2, 1, 3, 0], [2, 1, -1, -1]]
+        assert acc.tolist() == [1, 3, 1]
+
+
+def _max_z(tokens, p):
+    """Largest |count - n p| / sqrt(n p (1-p)) over the vocabulary."""
+    n = tokens.numel()
+    counts = torch.bincount(tokens, minlength=p.numel()).double()
+    return ((counts - n * p) / (n * p * (1 - p)).sqrt()).abs().max().item()
+
+
+P = torch.tensor([[.05, .40, .10, .25, .20], [.25, .05, .30, .20, .20], [.10, .20, .30, .15, .25]]).double()
+Q = torch.tensor([[.30, .10, .30, .10, .20], [.10, .30, .10, .40, .10]]).double()
+
+
+def _random_batch(n, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    drafts = torch.stack([torch.multinomial(Q[i].float(), n, replacement=True, generator=g) for i in range(2)], 1)
+    u = torch.rand(n, 3, generator=g)
+    noise = torch.empty(n, 5).exponential_(generator=g)
+    tp = P.float().expand(n, 3, 5).contiguous()
+    dp = Q.float().expand(n, 2, 5).contiguous()
+    return [t.to(device) for t in (drafts, tp, dp, u, noise)]
+
+
+# A correct sampler emits, at every position it reaches, a token distributed as p at that
+# position. Each vocabulary count is Binomial(n, p_v), so z = (count - n p_v)/sqrt(n p_v (1-p_v))
+# is ~N(0,1): |z| > 5 has probability 5.7e-7, < 1e-5 over the 15 cells checked (and the
+# seed is fixed, so the test is deterministic). A wrong sampler that is off by delta in one
+# cell gives |z| ~ delta sqrt(n / (p(1-p))): with n = 40000 and delta >= 0.02, above 9.
+Z_BOUND, N_ROWS = 5.0, 40000
+
+
+@pytest.mark.parametrize("with_q", [True, False])
+def test_rejection_random_path_matches_target_distribution(with_q):
+    drafts, tp, dp, u, noise = _random_batch(N_ROWS, "cpu")
+    out, acc = rejection_sample_torch(drafts, tp, dp if with_q else None, torch.full((N_ROWS,), 2),
+                                      torch.zeros(N_ROWS, dtype=torch.bool), u, noise)
+    for j in range(3):  # rows that reach position j emit there a token ~ p_j
+        reached = acc >= j
+        assert reached.sum() > 500
+        assert _max_z(out[reached, j], P[j]) < Z_BOUND, j
+    # a row without drafts emits its bonus token ~ p_0
+    out0, _ = rejection_sample_torch(drafts, tp, dp if with_q else None, torch.zeros(N_ROWS, dtype=torch.long),
+                                     torch.zeros(N_ROWS, dtype=torch.bool), u, noise)
+    assert _max_z(out0[:, 0], P[0]) < Z_BOUND
+    assert (out0[:, 1:] == -1).all()
+
+
+def test_rejection_wrong_variants_fail_the_bound():
+    """The bound has power: recovering from p instead of max(p - q, 0), or accepting every
+    draft, miss the target by far more than Z_BOUND on the same randomness."""
+    drafts, tp, dp, u, noise = _random_batch(N_ROWS, "cpu")
+    x = drafts[:, 0]
+    accept = u[:, 0] <= tp[:, 0].gather(1, x[:, None])[:, 0] / dp[:, 0].gather(1, x[:, None])[:, 0]
+    recover_from_p = torch.where(accept, x, (tp[:, 0] / noise).argmax(-1))
+    assert _max_z(recover_from_p, P[0]) > 3 * Z_BOUND
+    assert _max_z(x, P[0]) > 3 * Z_BOUND
+
+
+def _rejection_inputs(device, B=7, K=3, V=37, seed=0, noise_per_pos=False):
+    g = torch.Generator().manual_seed(seed)
+    tp = torch.softmax(torch.randn(B, K + 1, V, generator=g) * 3, -1)
+    dp = torch.softmax(torch.randn(B, K, V, generator=g) * 3, -1)
+    drafts = torch.multinomial(tp[:, :K].reshape(-1, V), 1, generator=g).view(B, K)  # often accepted
+    drafts[1] = torch.randint(0, V, (K,), generator=g)
+    drafts[6, :2] = tp[6, :2].argmax(-1)  # a greedy row that accepts
+    nd = torch.tensor([3, 3, 0, 2, 3, 1, 3])[:B]
+    drafts[3, 2] = -1  # padding past num_draft
+    greedy = torch.tensor([False, True, False, True, False, False, True])[:B]
+    u = torch.rand(B, K + 1, generator=g)
+    noise = torch.empty(*((B, K + 1, V) if noise_per_pos else (B, V))).exponential_(generator=g)
+    tp[4, 1, :4] = tp[4, 1].max()  # a tie: the lowest id wins in both implementations
+    return [t.to(device) for t in (drafts, tp, dp, nd, greedy, u, noise)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("with_q,noise_per_pos", [(True, False), (False, False), (True, True)])
+def test_rejection_triton_matches_reference(device, with_q, noise_per_pos):
+    for seed in range(3):
+        drafts, tp, dp, nd, greedy, u, noise = _rejection_inputs(_dev(device), seed=seed, noise_per_pos=noise_per_pos)
+        dp = dp if with_q else None
+        ref = rejection_sample_torch(drafts, tp, dp, nd, greedy, u, noise)
+        out = rejection_sample_triton(drafts, tp, dp, nd, greedy, u, noise, block_v=8)  # 5 chunks over V
+        assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1]), (seed, out, ref)
+        assert (ref[1] > 0).any() and (ref[1] < nd).any()  # both paths exercised
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA or INTERPRET or not HAS_TRITON, reason="needs CUDA and triton")
+def test_rejection_triton_cuda_distribution_and_no_sync():
+    drafts, tp, dp, u, noise = _random_batch(N_ROWS, "cuda")
+    nd, greedy = torch.full((N_ROWS,), 2, device="cuda"), torch.zeros(N_ROWS, dtype=torch.bool, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any host sync inside raises
+    try:
+        out, acc = rejection_sample(drafts, tp, dp, nd, greedy, u, noise)
+        ref = rejection_sample_torch(drafts, tp, dp, nd, greedy, u, noise)
+        q, kc, vc, slots, pos, _ = _attn_problem("cuda", dtype=torch.bfloat16)
+        write_kv(kc, vc, q[:, :, :2], q[:, :, 2:], slots, pos)
+        cache_attention(q, kc, vc, slots, pos, 40, 0.3, window=8)
+        cache_attention_torch(q, kc, vc, slots, pos, 40, 0.3, window=8)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(out, ref[0]) and torch.equal(acc, ref[1])
+    for j in range(3):
+        assert _max_z(out[acc >= j, j].cpu(), P[j]) < Z_BOUND
+
+
+def test_dispatchers_use_the_reference_on_cpu():
+    q, kc, vc, slots, pos, mask = _attn_problem("cpu", tree=True)
+    assert torch.equal(cache_attention(q, kc, vc, slots, pos, 40, 0.3, attn_mask=mask),
+                       cache_attention_torch(q, kc, vc, slots, pos, 40, 0.3, attn_mask=mask))
+    args = _rejection_inputs("cpu")
+    assert all(torch.equal(a, b) for a, b in zip(rejection_sample(*args), rejection_sample_torch(*args)))

@@ -1,0 +1,58 @@
+"""SpecDecodingMetrics arithmetic against hand-computed examples."""
+import math
+
+import pytest
+import torch
+
+from eagle_zoo.engine.metrics import Metric, SpecDecodingMetrics
+
+
+def test_hand_computed_example():
+    m = SpecDecodingMetrics(num_speculative_tokens=3)
+    m.observe([3, 3, 3], [3, 1, 0])               # step 1: three requests
+    m.observe(torch.tensor([3, 0]), torch.tensor([2, 0]))  # step 2: 2nd request drafted nothing
+    # drafts 4, draft tokens 12, accepted 3 + 1 + 0 + 2 = 6
+    assert (m.num_drafts, m.num_draft_tokens, m.num_accepted_tokens) == (4, 12, 6)
+    # position 0 accepted in drafts with a >= 1 (3, 1, 2); pos 1 needs a >= 2 (3, 2); pos 2: (3)
+    assert m.num_accepted_tokens_per_pos == [3, 2, 1]
+    assert m.mean_acceptance_length == pytest.approx(1 + 6 / 4)   # 2.5
+    assert m.acceptance_rate_per_pos == pytest.approx([0.75, 0.5, 0.25])
+    assert m.acceptance_rate == pytest.approx(0.5)
+    # per-position rates sum to mean acceptance length - 1
+    assert sum(m.acceptance_rate_per_pos) == pytest.approx(m.mean_acceptance_length - 1)
+
+
+def test_as_dict_and_get_metrics():
+    m = SpecDecodingMetrics(num_speculative_tokens=2)
+    m.observe([2, 2], [2, 1])
+    m.observe_request(num_prompt_tokens=5, num_generation_tokens=7)
+    d = m.as_dict()
+    assert d["eagle_zoo:spec_decode_num_drafts"] == 2
+    assert d["eagle_zoo:spec_decode_num_draft_tokens"] == 4
+    assert d["eagle_zoo:spec_decode_num_accepted_tokens"] == 3
+    assert d["eagle_zoo:spec_decode_num_accepted_tokens_per_pos"] == [2, 1]
+    assert (d["eagle_zoo:num_requests"], d["eagle_zoo:prompt_tokens"], d["eagle_zoo:generation_tokens"]) == (1, 5, 7)
+    assert d["mean_acceptance_length"] == pytest.approx(2.5)
+    metrics = m.get_metrics()
+    assert Metric("eagle_zoo:spec_decode_num_drafts", 2) in metrics
+    per_pos = [x for x in metrics if x.name == "eagle_zoo:spec_decode_num_accepted_tokens_per_pos"]
+    assert [(x.labels["position"], x.value) for x in per_pos] == [("0", 2), ("1", 1)]
+
+
+def test_empty_and_growing_and_reset():
+    m = SpecDecodingMetrics()
+    assert math.isnan(m.mean_acceptance_length) and m.acceptance_rate_per_pos == []
+    m.observe([4], [4])  # positions grow to the longest draft seen
+    assert m.num_accepted_tokens_per_pos == [1, 1, 1, 1]
+    m.reset()
+    assert m.num_drafts == 0 and m.num_accepted_tokens_per_pos == []
+
+
+@pytest.mark.parametrize("drafted, accepted, words", [
+    ([2, 2], [1], "2 draft counts but 1 accepted"),
+    ([2], [3], "3 tokens accepted out of 2 drafted"),
+    ([-1], [0], "must be >= 0"),
+])
+def test_bad_input(drafted, accepted, words):
+    with pytest.raises(ValueError, match=words):
+        SpecDecodingMetrics().observe(drafted, accepted)
