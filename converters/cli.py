@@ -4,7 +4,10 @@ exit codes) is shared."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+import threading
 import traceback
 from pathlib import Path
 
@@ -73,6 +76,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """`kill` cleans up like Ctrl-C does (the temporary directory is removed)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run(args: argparse.Namespace) -> int:
     prog = f"eagle-zoo convert {args.conversion}"
     try:
@@ -86,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
             print(plan.describe(out))
             print("dry run: nothing written")
             return EXIT_OK
-        plan.execute(out, force=args.force, progress=False if args.quiet else None)
+        with _sigterm_as_interrupt():
+            plan.execute(out, force=args.force, progress=False if args.quiet else None)
         size = sum(t.nbytes for t in plan.tensors)
         print(f"{prog}: wrote {out} ({len(plan.tensors)} tensors in {len(plan.groups)} file(s), {size} bytes)")
         return EXIT_OK

@@ -79,7 +79,7 @@ def to_speculators(src: str, verifier: str, verifier_architectures: Optional[Seq
         "speculators_model_type": "eagle3",
         "draft_vocab_size": draft_vocab,
         "target_hidden_size": target_hidden,
-        "norm_before_residual": True,
+        "norm_before_residual": False,
         "transformer_layer_config": layer,
         "speculators_config": {
             "algorithm": "eagle3",

@@ -27,7 +27,7 @@ from eagle_zoo.checkpoints.tensors import (
     read_tensors,
 )
 from eagle_zoo.hookspecs import hookimpl
-from eagle_zoo.plugins import get_host, get_registry
+from eagle_zoo.plugins import get_registry
 from eagle_zoo.specs import CheckpointFormat
 
 # (expected format, writer, writer arguments): every publisher layout, single and sharded.
@@ -196,27 +196,15 @@ class MarkerFormat:
         register(CheckpointFormat("marker", "config.json with my_layout", lambda d, c: "my_layout" in c, _read_marker))
 
 
-@pytest.fixture
-def plugin():
-    names = []
-
-    def add(obj, name):
-        names.append(get_host().register(obj, name=name))
-
-    yield add
-    for name in names:
-        get_host().unregister(name)
-
-
-def test_two_claims_name_both(tmp_path, plugin):
+def test_two_claims_name_both(tmp_path, register_plugin):
     written = cf.write_yuhuili_eagle(tmp_path / "h")
-    plugin(GreedyFormat(), "greedy-plugin")
+    register_plugin(GreedyFormat(), "greedy-plugin")
     with pytest.raises(CheckpointFormatError, match="'yuhuili-eagle' and 'greedy'|'greedy' and 'yuhuili-eagle'"):
         detect_format(written.path)
 
 
-def test_plugins_add_formats(tmp_path, plugin):
-    plugin(MarkerFormat(), "marker-plugin")
+def test_plugins_add_formats(tmp_path, register_plugin):
+    register_plugin(MarkerFormat(), "marker-plugin")
     cf.write_config(tmp_path / "h", {"my_layout": True})
     assert detect_format(tmp_path / "h").name == "marker"
     assert read_checkpoint(tmp_path / "h") == "marker"

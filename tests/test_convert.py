@@ -172,7 +172,7 @@ def test_to_speculators_round_trip(tmp_path):
 
     cfg = config_of(spec)
     assert cfg["speculators_model_type"] == "eagle3" and cfg["architectures"] == ["Eagle3Speculator"]
-    pass  # MUT
+    assert cfg["norm_before_residual"] is False
     assert (cfg["draft_vocab_size"], cfg["target_hidden_size"]) == (cf.DRAFT_VOCAB, 48)
     assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 3, 5]
     assert cfg["speculators_config"]["proposal_methods"] == [{"proposal_type": "greedy", "speculative_tokens": 4}]
@@ -325,8 +325,7 @@ def test_existing_output_needs_force(tmp_path, capsys):
     assert "--force" in capsys.readouterr().err and (out / "keep.txt").read_text() == "mine"
     assert convert("to-speculators", src.path, "--verifier", "v", "-o", out, "--force") == 0
     assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["e3", "hf-cache", "out"] or \
-        sorted(p.name for p in tmp_path.iterdir()) == ["e3", "out"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp / old dirs
 
 
 def test_interrupted_write_leaves_nothing(tmp_path, monkeypatch):

@@ -14,7 +14,6 @@ import eagle_zoo
 from eagle_zoo import hub
 from eagle_zoo.hookspecs import hookimpl
 from eagle_zoo.hub import HubError
-from eagle_zoo.plugins import get_host
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 OTHER_COMMIT = "fedcba9876543210fedcba9876543210fedcba98"
@@ -116,14 +115,8 @@ class PinnedCatalog:
         })
 
 
-@pytest.fixture
-def pinned_catalog():
-    name = get_host().register(PinnedCatalog(), name="pinned-catalog")
-    yield
-    get_host().unregister(name)
-
-
-def test_catalog_revision_is_used(hf_home, tmp_path, eagle3_head, pinned_catalog):
+def test_catalog_revision_is_used(hf_home, tmp_path, eagle3_head, register_plugin):
+    register_plugin(PinnedCatalog(), "pinned-catalog")
     add_to_cache(hf_home / "hub", "org/pinned", eagle3_head.path, commit=COMMIT)
     other = cf.write_yuhuili_eagle(tmp_path / "other", kind="safetensors")
     pinned = add_to_cache(hf_home / "hub", "org/pinned", other.path, commit=OTHER_COMMIT, ref=None)

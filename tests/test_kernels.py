@@ -185,7 +185,9 @@ def test_attention_triton_batch_invariant(device, window):
         verify = cache_attention_triton(q[b:b + 1], kc, vc, slots[b:b + 1], pos[b:b + 1], int(pos[b, -1]) + 1, 0.3,
                                         window=window, **kw)
         assert torch.equal(verify[0], batch[b])
-        for t in (0, 3):
+        # The interpreter's tl.dot is numpy's BLAS, whose bits depend on a row's place in
+        # the tile (row 8 != the same row at 0); a GPU's MMA does not: there, every t.
+        for t in (0,) if small else range(4):
             alone = cache_attention_triton(q[b:b + 1, t:t + 1], kc, vc, slots[b:b + 1], pos[b:b + 1, t:t + 1],
                                            int(pos[b, t]) + 1, 0.3, window=window, **kw)
             assert torch.equal(alone[0, 0], batch[b, t])

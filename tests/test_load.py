@@ -24,7 +24,7 @@ import eagle_zoo
 from eagle_zoo.checkpoints.tensors import load_state_dict
 from eagle_zoo.hookspecs import hookimpl
 from eagle_zoo.loading import HeadLoadError
-from eagle_zoo.plugins import get_host, get_registry
+from eagle_zoo.plugins import get_registry
 from eagle_zoo.specs import FamilySpec
 
 H, V, EPS = cf.TINY["hidden_size"], cf.TINY["vocab_size"], cf.TINY["rms_norm_eps"]
@@ -249,14 +249,8 @@ class ToyFamily:
         register(FamilySpec(name="toy", architectures=("ToyForCausalLM",), model_types=("toy",)))
 
 
-@pytest.fixture
-def toy_family():
-    name = get_host().register(ToyFamily(), name="toy-family")
-    yield
-    get_host().unregister(name)
-
-
-def test_family_mismatch(tmp_path, toy_family):
+def test_family_mismatch(tmp_path, register_plugin):
+    register_plugin(ToyFamily(), "toy-family")
     toy = _target_dict(architectures=["ToyForCausalLM"], model_type="toy")
     eagle1 = cf.write_yuhuili_eagle(tmp_path / "e1").path
     with pytest.raises(HeadLoadError, match="llama EAGLE head .* target is a toy model"):

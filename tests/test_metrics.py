@@ -56,3 +56,13 @@ def test_empty_and_growing_and_reset():
 def test_bad_input(drafted, accepted, words):
     with pytest.raises(ValueError, match=words):
         SpecDecodingMetrics().observe(drafted, accepted)
+
+
+def test_request_metrics_mean_acceptance_length():
+    from eagle_zoo.engine.outputs import CompletionOutput, RequestMetrics
+
+    rm = RequestMetrics(arrival_time=0.0, num_drafts=4, num_draft_tokens=12, num_accepted_tokens=6)
+    assert rm.mean_acceptance_length == pytest.approx(2.5)
+    assert math.isnan(RequestMetrics(arrival_time=0.0).mean_acceptance_length)
+    assert not CompletionOutput(0, "", []).finished()
+    assert CompletionOutput(0, "a", [5], finish_reason="length").finished()
