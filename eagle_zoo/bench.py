@@ -101,7 +101,7 @@ def run_once(args, speculative_config, prompts) -> tuple[BenchResult, object]:
         generated_tokens=sum(len(o.outputs[0].token_ids) for o in outs),
         seconds=seconds,
         mean_acceptance_length=m.mean_acceptance_length if spec else None,
-        acceptance_rates=m.acceptance_rates if spec else [],
+        acceptance_rates=m.acceptance_rate_per_pos if spec else [],
         outputs=[o.outputs[0].token_ids for o in outs],
     )
     if args.print_output:
@@ -158,7 +158,7 @@ def run(args) -> int:
     if spec is not None:
         print(f"method: {result.method}  draft: {result.draft}  k: {args.num_spec_tokens}")
         print(f"mean acceptance length: {result.mean_acceptance_length:.3f}")
-        print("acceptance rate per position: " + ", ".join(f"{r:.3f}" for r in result.acceptance_rates))
+        print("acceptance rate per position: " + ", ".join(f"{r:.3f}" for r in result.acceptance_rate_per_pos))
     print(f"generated tokens: {result.generated_tokens}  time: {result.seconds:.2f}s  "
           f"tokens/s: {result.tokens_per_second:.1f}")
     if args.compare_plain and spec is not None:
@@ -170,8 +170,8 @@ def run(args) -> int:
         print(f"plain decoding tokens/s: {plain.tokens_per_second:.1f}  speed-up: "
               f"{result.tokens_per_second / max(plain.tokens_per_second, 1e-9):.2f}x  "
               f"identical outputs: {same}/{len(prompts)}")
-    if args.plot and result.acceptance_rates:
-        save_plot(result.acceptance_rates, args.plot,
+    if args.plot and result.acceptance_rate_per_pos:
+        save_plot(result.acceptance_rate_per_pos, args.plot,
                   f"{result.draft} on {args.model}, k={args.num_spec_tokens}")
         print(f"plot: {args.plot}")
     if args.json_out:

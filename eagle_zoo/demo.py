@@ -78,7 +78,7 @@ def run(args) -> int:
     same = sum(a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(spec_outs, plain_outs))
     print("\n== results")
     print(f"mean acceptance length: {metrics.mean_acceptance_length:.3f} (k=3)")
-    print("acceptance rate per position: " + ", ".join(f"{r:.3f}" for r in metrics.acceptance_rates))
+    print("acceptance rate per position: " + ", ".join(f"{r:.3f}" for r in metrics.acceptance_rate_per_pos))
     print(f"tokens/s speculative: {spec_tps:.1f}   plain: {plain_tps:.1f}   speed-up: {spec_tps / plain_tps:.2f}x")
     print(f"outputs identical to plain greedy decoding: {same}/{len(prompts)}")
     return 0 if same == len(prompts) else 1

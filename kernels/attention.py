@@ -169,7 +169,7 @@ def _attn_merge_kernel(ACC, M, L, O, T, H, n_split, sob, sot, soh, sod,
         l = l * a + ls * w
         acc = acc * a + accs * w
         m = m_new
-    out = tl.where(l > 0, acc / l, 0.0)
+    out = acc / tl.where(l > 0, l, 1.0)  # a query that saw no key: acc = 0 -> zeros
     tl.store(O + b * sob + t * sot + h * soh + dv * sod, out.to(O.dtype.element_ty), mask=dmask)
 
 

@@ -19,7 +19,7 @@ from .metrics import SpecDecodingMetrics
 from .outputs import CompletionOutput, RequestOutput
 from .proposers import Proposer, StepBatch, TargetOutput
 from .runner import ModelRunner
-from .sampler import SamplingBatch, verify_drafts
+from .verify import SamplingBatch, verify_drafts
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
@@ -73,9 +73,10 @@ class EngineCore:
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
         seq = Sequence(str(n) if request_id is None else request_id, prompt, list(prompt_token_ids), params, n)
-        seq.generator = torch.Generator(device="cpu").manual_seed(
-            params.seed if params.seed is not None else self.seed * 1_000_003 + n
-        )
+        # Every request gets its own generator (seeded by the request, else derived from
+        # the engine seed) so sampled outputs do not depend on batch composition.
+        seed = params.seed if params.seed is not None else self.seed * 1_000_003 + n
+        seq.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.scheduler.add(seq)
         return seq
 
@@ -163,7 +164,7 @@ class EngineCore:
         if self.tokenizer is None:
             return
         text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
-        for stop in seq.params.stop_strings:
+        for stop in seq.params.stop or ():
             cut = text.find(stop)
             if cut != -1 and seq.finish_reason is None:
                 text = text[:cut]
@@ -179,6 +180,7 @@ class EngineCore:
                 seq.finish_reason = "length"
             if seq.finish_reason is not None:
                 self.scheduler.finish(seq)
+                self.metrics.observe_request(len(seq.prompt_token_ids), len(seq.output_token_ids))
                 done.append(seq)
         return done
 
