@@ -11,7 +11,9 @@ class WeightMapping:
     """How checkpoint tensor names become module parameter names. Pure data.
 
     renames: ordered (old, new) substring replacements applied to every key
-        (for example ``("midlayer.", "layers.0.")`` or Mistral-native names).
+        (for example ``("midlayer.", "layers.0.")`` or Mistral-native names);
+        an ``old`` starting with ``^`` matches only at the start of the key
+        (``("^model.", "")`` strips the prefix of target checkpoints).
     stacked: (fused, part, shard_id): a key containing ``part`` is loaded into the
         parameter whose name has ``fused`` in its place, as shard ``shard_id``
         (for example ``(".qkv_proj", ".q_proj", "q")``).

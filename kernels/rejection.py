@@ -80,100 +80,104 @@ def rejection_sample_torch(draft_token_ids, target_probs, draft_probs, num_draft
 
 
 # --- Triton: two small kernels --------------------------------------------------------
-# 1. grid (B, K+1): position i's candidate, the token emitted if the row stops at i:
-#    greedy argmax p_i, or the recovered (i < num_draft) / bonus (i == num_draft) sample,
-#    one chunked pass over V each, all positions in parallel.
-# 2. grid (B,): the sequential accept test (scalar loads), then writes the outputs.
+# 1. grid (B, K+1, chunks of V): the best (value, index) of one chunk for position i's
+#    candidate, the token emitted if the row stops at i: greedy argmax p_i, or the
+#    recovered (i < num_draft) / bonus (i == num_draft) sample. Every position and chunk
+#    in parallel, so B=1 still fills the GPU.
+# 2. grid (B,): per position, the chunk maxima reduced (argmax, lowest chunk on ties, so
+#    the lowest token id overall, as torch.argmax), then the sequential accept test.
 
 @triton.jit
-def _candidate_kernel(DRAFT, TP, DP, GREEDY, ND, EXP, CAND, K, V,
+def _candidate_kernel(DRAFT, TP, DP, GREEDY, ND, EXP, CVAL, CIDX, K, V, n_chunks,
                       sdb, sdk, stb, stk, stv, sqb, sqk, sqv, sgb, snb, seb, sek, sev,
                       HAS_Q: tl.constexpr, BLOCK_V: tl.constexpr):
     b = tl.program_id(0)
     i = tl.program_id(1)
+    c = tl.program_id(2)
     nd = tl.load(ND + b * snb)
     rand = tl.load(GREEDY + b * sgb) == 0
     recover = rand & (i < nd)
     x = tl.load(DRAFT + b * sdb + tl.minimum(i, K - 1) * sdk)
-    x = tl.minimum(tl.maximum(x, 0), V - 1)
-    # load masks come from vector comparisons (offs < limit): triton 3.9's interpreter
-    # mis-types a scalar comparison broadcast into a mask
-    q_lim = tl.where(recover, V, 0)
-    e_lim = tl.where(rand, V, 0)
-    best = tl.full([], float("-inf"), tl.float32)
-    best_i = tl.zeros([], tl.int64)
-    if i <= nd:
-        for v0 in range(0, V, BLOCK_V):
-            offs = v0 + tl.arange(0, BLOCK_V)
-            ok = offs < V
-            p = tl.load(TP + b * stb + i * stk + offs * stv, mask=ok, other=0.0).to(tl.float32)
-            if HAS_Q:
-                qv = tl.load(DP + b * sqb + i * sqk + offs * sqv, mask=offs < q_lim, other=0.0).to(tl.float32)
-                r = tl.where(recover, tl.maximum(p - qv, 0.0), p)
-            else:
-                r = tl.where(recover & (offs == x), 0.0, p)
-            e = tl.load(EXP + b * seb + i * sek + offs * sev, mask=offs < e_lim, other=1.0).to(tl.float32)
-            val = tl.where(rand, tl.math.div_rn(r, e), r)  # IEEE division, as torch
-            val = tl.where(ok, val, float("-inf"))
-            cmax = tl.max(val, 0)
-            carg = tl.argmax(val, 0, tie_break_left=True)
-            take = cmax > best  # strict: an earlier chunk wins ties
-            best_i = tl.where(take, v0 + carg.to(tl.int64), best_i)
-            best = tl.where(take, cmax, best)
-    tl.store(CAND + b * (K + 1) + i, best_i)
+    offs = c * BLOCK_V + tl.arange(0, BLOCK_V)
+    # Positions after num_draft are never emitted: read nothing. Load masks come from
+    # vector comparisons (offs < limit) because triton 3.9's interpreter mis-types a
+    # scalar comparison broadcast into a mask.
+    p_lim = tl.where(i <= nd, V, 0)
+    q_lim = tl.where(recover, p_lim, 0)
+    e_lim = tl.where(rand, p_lim, 0)
+    p = tl.load(TP + b * stb + i * stk + offs * stv, mask=offs < p_lim, other=0.0).to(tl.float32)
+    if HAS_Q:
+        q = tl.load(DP + b * sqb + i * sqk + offs * sqv, mask=offs < q_lim, other=0.0).to(tl.float32)
+        r = tl.where(recover, tl.maximum(p - q, 0.0), p)
+    else:
+        r = tl.where(recover & (offs == x), 0.0, p)
+    e = tl.load(EXP + b * seb + i * sek + offs * sev, mask=offs < e_lim, other=1.0).to(tl.float32)
+    val = tl.where(rand, tl.math.div_rn(r, e), r)  # IEEE division, as torch
+    val = tl.where(offs < V, val, float("-inf"))
+    slot = (b * (K + 1) + i) * n_chunks + c
+    tl.store(CVAL + slot, tl.max(val, 0))
+    tl.store(CIDX + slot, c * BLOCK_V + tl.argmax(val, 0, tie_break_left=True).to(tl.int64))
 
 
 @triton.jit
-def _accept_kernel(DRAFT, TP, DP, GREEDY, ND, U, CAND, OUT, NACC, K, V,
+def _accept_kernel(DRAFT, TP, DP, GREEDY, ND, U, CVAL, CIDX, OUT, NACC, K, V, n_chunks,
                    sdb, sdk, stb, stk, stv, sqb, sqk, sqv, sgb, snb, sub, suk,
-                   HAS_Q: tl.constexpr):
+                   HAS_Q: tl.constexpr, BLOCK_C: tl.constexpr):
     b = tl.program_id(0)
     nd = tl.load(ND + b * snb)
     greedy = tl.load(GREEDY + b * sgb) != 0
+    chunks = tl.arange(0, BLOCK_C)
     alive = nd >= 0  # all drafts so far accepted
     n_acc = tl.zeros([], tl.int64)
-    for i in range(0, K):
+    for i in range(0, K + 1):
+        base = (b * (K + 1) + i) * n_chunks
+        best = tl.argmax(tl.load(CVAL + base + chunks, mask=chunks < n_chunks, other=float("-inf")), 0,
+                         tie_break_left=True)
+        cand = tl.load(CIDX + base + best)
         valid = alive & (i < nd)
-        x = tl.load(DRAFT + b * sdb + i * sdk).to(tl.int64)
+        x = tl.load(DRAFT + b * sdb + tl.minimum(i, K - 1) * sdk).to(tl.int64)
         xs = tl.minimum(tl.maximum(x, 0), V - 1)
-        c = tl.load(CAND + b * (K + 1) + i)
         p = tl.load(TP + b * stb + i * stk + xs * stv, mask=valid, other=0.0).to(tl.float32)
         if HAS_Q:
             q = tl.load(DP + b * sqb + i * sqk + xs * sqv, mask=valid, other=1.0).to(tl.float32)
         else:
             q = tl.full([], 1.0, tl.float32)
-        u = tl.load(U + b * sub + i * suk, mask=valid, other=2.0)
-        ok = tl.where(greedy, x == c, u <= tl.math.div_rn(p, q))
+        u = tl.load(U + b * sub + tl.minimum(i, K - 1) * suk, mask=valid, other=2.0)
+        ok = tl.where(greedy, x == cand, u <= tl.math.div_rn(p, q))
         acc = valid & ok
         # rejected here (valid, not ok) -> the candidate; i == nd with all accepted -> the bonus
-        tok = tl.where(acc, x, tl.where(alive & (i <= nd), c, -1))
+        tok = tl.where(acc, x, tl.where(alive & (i <= nd), cand, -1))
         tl.store(OUT + b * (K + 1) + i, tok)
         n_acc += acc.to(tl.int64)
         alive = acc
-    tl.store(OUT + b * (K + 1) + K, tl.where(alive, tl.load(CAND + b * (K + 1) + K), -1))
     tl.store(NACC + b, n_acc)
 
 
 def rejection_sample_triton(draft_token_ids, target_probs, draft_probs, num_draft, is_greedy, uniform, exponential,
-                            *, block_v: int = 1024):
+                            *, block_v: int = 2048):
+    """Triton version; block_v (a power of two) is the V chunk of one program (tests use small ones)."""
     B, K, V, noise = _prepare(draft_token_ids, target_probs, draft_probs, uniform, exponential)
     dev = target_probs.device
-    cand = torch.empty(B, K + 1, device=dev, dtype=torch.int64)
     out = torch.empty(B, K + 1, device=dev, dtype=torch.int64)
     num_accepted = torch.empty(B, device=dev, dtype=torch.int64)
     if B == 0:
         return out, num_accepted
+    block_v = min(block_v, triton.next_power_of_2(V))
+    n_chunks = triton.cdiv(V, block_v)
+    cval = torch.empty(B, K + 1, n_chunks, device=dev, dtype=torch.float32)
+    cidx = torch.empty(B, K + 1, n_chunks, device=dev, dtype=torch.int64)
     greedy = is_greedy.view(torch.uint8)
     dp = draft_probs if draft_probs is not None else target_probs  # dummy pointer when unused
     dps = draft_probs.stride() if draft_probs is not None else (0, 0, 0)
     common = (*draft_token_ids.stride(), *target_probs.stride(), *dps, greedy.stride(0), num_draft.stride(0))
-    _candidate_kernel[(B, K + 1)](
-        draft_token_ids, target_probs, dp, greedy, num_draft, noise, cand, K, V, *common, *noise.stride(),
-        HAS_Q=draft_probs is not None, BLOCK_V=min(block_v, triton.next_power_of_2(V)), num_warps=4,
+    _candidate_kernel[(B, K + 1, n_chunks)](
+        draft_token_ids, target_probs, dp, greedy, num_draft, noise, cval, cidx, K, V, n_chunks, *common,
+        *noise.stride(), HAS_Q=draft_probs is not None, BLOCK_V=block_v, num_warps=4,
     )
     _accept_kernel[(B,)](
-        draft_token_ids, target_probs, dp, greedy, num_draft, uniform, cand, out, num_accepted, K, V,
-        *common, *uniform.stride(), HAS_Q=draft_probs is not None, num_warps=1,
+        draft_token_ids, target_probs, dp, greedy, num_draft, uniform, cval, cidx, out, num_accepted, K, V, n_chunks,
+        *common, *uniform.stride(), HAS_Q=draft_probs is not None,
+        BLOCK_C=max(16, triton.next_power_of_2(n_chunks)), num_warps=1,
     )
     return out, num_accepted
 

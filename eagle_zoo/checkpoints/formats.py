@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..config.eagle_config import is_eagle3_architecture
 from ..hookspecs import hookimpl
 from ..specs import CheckpointFormat
 from .tensors import CheckpointError, CorruptCheckpointError, read_tensors, weights_entry
@@ -69,10 +70,6 @@ def load_config_json(directory: Path) -> dict:
     return cfg
 
 
-def _is_eagle3_architecture(arch: str) -> bool:
-    return arch.startswith("Eagle3") or arch.endswith("Eagle3")
-
-
 def _is_legacy(cfg: dict) -> bool:
     return cfg.get("model_type") == "eagle" and isinstance(cfg.get("model"), dict)
 
@@ -82,7 +79,7 @@ def _is_flat(cfg: dict) -> bool:
 
 
 def _is_eagle3(cfg: dict) -> bool:
-    return "draft_vocab_size" in cfg or any(_is_eagle3_architecture(a) for a in cfg.get("architectures") or [])
+    return "draft_vocab_size" in cfg or any(is_eagle3_architecture(a) for a in cfg.get("architectures") or [])
 
 
 # -- detectors -------------------------------------------------------------------
@@ -130,8 +127,8 @@ def validate_vocab_map(weights: dict[str, torch.Tensor], config: dict, source: A
             f"{source}: an EAGLE-3 checkpoint needs the d2t tensor (draft id -> target id offset); "
             f"it has none"
         )
-    if d2t.dim() != 1 or d2t.dtype.is_floating_point or d2t.dtype == torch.bool:
-        raise CheckpointFormatError(f"{source}: d2t must be a 1-D integer tensor, got {d2t.dtype} {tuple(d2t.shape)}")
+    if d2t.dim() != 1 or d2t.numel() == 0 or d2t.dtype.is_floating_point or d2t.dtype == torch.bool:
+        raise CheckpointFormatError(f"{source}: d2t must be a non-empty 1-D integer tensor, got {d2t.dtype} {tuple(d2t.shape)}")
     draft_vocab = config.get("draft_vocab_size")
     if draft_vocab is not None and d2t.numel() != draft_vocab:
         raise CheckpointFormatError(

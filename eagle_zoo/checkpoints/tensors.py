@@ -74,15 +74,20 @@ def read_index(index_path: Path) -> dict[str, str]:
     return weight_map
 
 
-def weight_files(directory: Path) -> list[Path]:
-    """The weight files of a checkpoint directory (all shards when it is sharded)."""
-    directory = Path(directory)
+def _entry_or_error(directory: Path) -> Path:
     entry = weights_entry(directory)
     if entry is None:
         raise CheckpointError(
             f"{directory}: no weight file; expected one of "
             f"{', '.join(name for name, _ in WEIGHT_LAYOUTS)}"
         )
+    return entry
+
+
+def weight_files(directory: Path) -> list[Path]:
+    """The weight files of a checkpoint directory (all shards when it is sharded)."""
+    directory = Path(directory)
+    entry = _entry_or_error(directory)
     if not entry.name.endswith(".index.json"):
         return [entry]
     shards = sorted(set(read_index(entry).values()))
@@ -117,7 +122,8 @@ def read_file(path: Path, names: Optional[Iterable[str]] = None) -> dict[str, to
 def _read_safetensors(path: Path, names: Optional[Iterable[str]]) -> dict[str, torch.Tensor]:
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
-            keys = list(f.keys()) if names is None else [n for n in names if n in set(f.keys())]
+            present = list(f.keys())
+            keys = present if names is None else [n for n in names if n in set(present)]
             return {k: f.get_tensor(k) for k in keys}
     except SafetensorError as exc:
         raise CorruptCheckpointError(
@@ -170,7 +176,7 @@ def read_tensors(directory: Path) -> tuple[dict[str, torch.Tensor], list[Path]]:
     """
     directory = Path(directory)
     files = weight_files(directory)
-    entry = weights_entry(directory)
+    entry = _entry_or_error(directory)
     tensors: dict[str, torch.Tensor] = {}
     for path in files:
         part = read_file(path)
@@ -178,7 +184,7 @@ def read_tensors(directory: Path) -> tuple[dict[str, torch.Tensor], list[Path]]:
         if clash:
             raise CorruptCheckpointError(f"{path}: tensor {clash[0]!r} is also in another shard")
         tensors.update(part)
-    if entry is not None and entry.name.endswith(".index.json"):
+    if entry.name.endswith(".index.json"):
         weight_map = read_index(entry)
         missing = sorted(set(weight_map) - set(tensors))
         if missing:
@@ -214,9 +220,7 @@ def read_tensor(directory: Path, name: str) -> torch.Tensor:
     mapped, so the rest of it is not brought into memory either.
     """
     directory = Path(directory)
-    entry = weights_entry(directory)
-    if entry is None:
-        weight_files(directory)  # raises the "no weight file" error
+    entry = _entry_or_error(directory)
     if entry.name.endswith(".index.json"):
         weight_map = read_index(entry)
         if name not in weight_map:

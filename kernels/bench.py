@@ -1,0 +1,93 @@
+"""`python -m kernels.bench` (CUDA): GPU time of each kernel against its torch path,
+replayed from CUDA graphs as the engine runs them, plus a batch-invariance sweep."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from . import cache_attention, rejection_sample, rejection_sample_torch, write_kv, write_kv_torch
+from .attention import visible_keys
+
+
+def graphed_us(fn) -> float:
+    """Median microseconds of fn replayed from a CUDA graph (no Python launch overhead)."""
+    from triton.testing import do_bench
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):  # compile and warm up outside the capture
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return do_bench(graph.replay, warmup=25, rep=100) * 1e3
+
+
+def _gather_sdpa(q, kc, vc, slots, pos, L, scale):
+    """The dense path (index-gather the rows, masked SDPA) the kernels replace."""
+    mask = visible_keys(pos, L).unsqueeze(1)
+    return F.scaled_dot_product_attention(q.transpose(1, 2), kc[slots, :L].transpose(1, 2),
+                                          vc[slots, :L].transpose(1, 2), attn_mask=mask, scale=scale,
+                                          enable_gqa=True).transpose(1, 2)
+
+
+def main() -> None:
+    dev, bf16 = "cuda", torch.bfloat16
+    torch.manual_seed(0)
+    print(torch.cuda.get_device_name(), "| us per call, CUDA-graph replay")
+    H, n_kv, d = 32, 8, 128
+    for B, T, L in [(1, 1, 2048), (1, 1, 8192), (16, 1, 2048), (64, 1, 2048), (64, 1, 8192), (16, 4, 2048),
+                    (64, 4, 2048), (4, 64, 2048)]:
+        kc = torch.randn(B, L, n_kv, d, device=dev, dtype=bf16)
+        vc = torch.randn_like(kc)
+        q = torch.randn(B, T, H, d, device=dev, dtype=bf16)
+        slots, pos = torch.arange(B, device=dev), (L - T + torch.arange(T, device=dev)).expand(B, T).contiguous()
+        t1 = graphed_us(lambda: cache_attention(q, kc, vc, slots, pos, L, d ** -0.5))
+        t2 = graphed_us(lambda: _gather_sdpa(q, kc, vc, slots, pos, L, d ** -0.5))
+        gbs = 2 * kc.numel() * 2 / (t1 * 1e3)
+        print(f"attention bf16 H={H} kv={n_kv} d={d} B={B:3d} T={T:2d} L={L:5d}: triton {t1:7.1f} "
+              f"({gbs:5.0f} GB/s of K+V)  gather+sdpa {t2:7.1f}")
+
+    for dtype in (bf16, torch.float32):  # every row of a T=5 batch against itself decoded alone
+        B, T, L = 8, 5, 3000
+        kc = torch.randn(B + 3, L + 8, n_kv, d, device=dev, dtype=dtype)
+        vc = torch.randn_like(kc)
+        q = torch.randn(B, T, H, d, device=dev, dtype=dtype)
+        slots = torch.randperm(B + 3, device=dev)[:B]
+        pos = torch.randint(0, L - T, (B, 1), device=dev) + torch.arange(T, device=dev)
+        batch = cache_attention(q, kc, vc, slots, pos, L, d ** -0.5)
+        differ = sum(not torch.equal(batch[b, t], cache_attention(
+            q[b:b + 1, t:t + 1], kc, vc, slots[b:b + 1], pos[b:b + 1, t:t + 1], int(pos[b, t]) + 1, d ** -0.5)[0, 0])
+            for b in range(B) for t in range(T))
+        print(f"batch invariance {dtype}: {differ} of {B * T} rows differ alone vs in the batch")
+
+    kc = torch.zeros(64, 4096, n_kv, d, device=dev, dtype=bf16)
+    vc = torch.zeros_like(kc)
+    for B, T in [(64, 1), (16, 5)]:
+        k = torch.randn(B, T, n_kv, d, device=dev, dtype=bf16)
+        slots = torch.randperm(64, device=dev)[:B]
+        pos = torch.randint(0, 4000, (B, 1), device=dev) + torch.arange(T, device=dev)
+        t1 = graphed_us(lambda: write_kv(kc, vc, k, k, slots, pos))
+        t2 = graphed_us(lambda: write_kv_torch(kc, vc, k, k, slots, pos))
+        print(f"write_kv bf16 B={B} T={T}: triton {t1:.1f}  torch {t2:.1f}")
+
+    V = 128256
+    for B, K in [(1, 4), (64, 4), (256, 3)]:
+        tp = torch.softmax(torch.randn(B, K + 1, V, device=dev) * 2, -1)
+        dp = torch.softmax(torch.randn(B, K, V, device=dev) * 2, -1)
+        drafts = torch.multinomial(tp[:, :K].reshape(-1, V), 1).view(B, K)
+        args = (torch.full((B,), K, device=dev), torch.rand(B, device=dev) < 0.5, torch.rand(B, K + 1, device=dev),
+                torch.empty(B, V, device=dev).exponential_())
+        for q in (dp, None):
+            same = all(torch.equal(a, b) for a, b in zip(rejection_sample(drafts, tp, q, *args),
+                                                         rejection_sample_torch(drafts, tp, q, *args)))
+            t1 = graphed_us(lambda: rejection_sample(drafts, tp, q, *args))
+            t2 = graphed_us(lambda: rejection_sample_torch(drafts, tp, q, *args))
+            print(f"rejection V={V} B={B} K={K} draft_probs={q is not None}: triton {t1:.1f}  torch {t2:.1f}  "
+                  f"same tokens: {same}")
+
+
+if __name__ == "__main__":
+    main()
