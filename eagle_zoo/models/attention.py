@@ -102,7 +102,10 @@ class Attention(nn.Module):
         # Index writes: no host sync, fixed shapes (CUDA-graph friendly).
         k_cache[rows, ctx.cache_positions] = k.to(k_cache.dtype)
         v_cache[rows, ctx.cache_positions] = v.to(v_cache.dtype)
-        keys, values = k_cache[ctx.slot_ids, : ctx.kv_len], v_cache[ctx.slot_ids, : ctx.kv_len]
+        # index_select on the narrowed view: advanced indexing `cache[slots, :L]` takes a
+        # slow general path on CPU (milliseconds per layer).
+        keys = k_cache[:, : ctx.kv_len].index_select(0, ctx.slot_ids)
+        values = v_cache[:, : ctx.kv_len].index_select(0, ctx.slot_ids)
         if ctx.attn_mask is not None:
             mask = ctx.attn_mask
         else:

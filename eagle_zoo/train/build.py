@@ -1,0 +1,102 @@
+"""A fresh head for a target: its config (the flat yuhuili form), weights initialised,
+the target's embeddings (and, for EAGLE-1, lm_head) shared and frozen.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+
+from ..config.eagle_config import EagleConfig
+from ..models.layers import LinearBase, RMSNorm
+
+# Keys of a target config.json that describe the file, not the model.
+_DROP = ("_name_or_path", "_model_name_or_path", "transformers_version", "dtype", "torch_dtype", "auto_map",
+         "quantization_config")
+
+
+def default_aux_layers(num_layers: int) -> list[int]:
+    """EAGLE-3's low / mid / high layers: (2, N//2, N-3) (FACTS.md), clamped for tiny targets."""
+    return [min(max(i, 0), num_layers - 1) for i in (2, num_layers // 2, num_layers - 3)]
+
+
+def head_config(target_dir: Path, method: str, *, draft_vocab_size: Optional[int] = None,
+                aux_layer_ids: Optional[Sequence[int]] = None) -> dict:
+    """The head's flat config.json: the target's, with one layer and the head's keys."""
+    path = Path(target_dir) / "config.json"
+    cfg = {k: v for k, v in json.loads(path.read_text()).items() if k not in _DROP}
+    archs = cfg.get("architectures") or []
+    if not archs:
+        raise ValueError(f"{path}: the target config names no architectures; add e.g. [\"LlamaForCausalLM\"]")
+    rope = cfg.get("rope_parameters") or {}
+    if "rope_theta" not in cfg and "rope_theta" in rope:
+        cfg["rope_theta"] = rope["rope_theta"]  # readers on transformers 4 look here
+    n_target = cfg["num_hidden_layers"]
+    cfg["num_hidden_layers"] = 1
+    if method == "eagle":
+        cfg["architectures"] = [archs[0]]  # yuhuili EAGLE-1: the plain target architecture
+        return cfg
+    if method != "eagle3":
+        raise ValueError(f"method {method!r}: train 'eagle' or 'eagle3'")
+    aux = list(aux_layer_ids) if aux_layer_ids else default_aux_layers(n_target)
+    bad = [i for i in aux if not 0 <= i < n_target]
+    if len(aux) != 3 or bad:
+        raise ValueError(f"--aux-layers {aux}: give three layer ids in [0, {n_target}) (low, mid, high)")
+    cfg.update(
+        architectures=[f"{archs[0]}Eagle3"],  # LlamaForCausalLMEagle3, as yuhuili / SpecForge name it
+        draft_vocab_size=int(draft_vocab_size or cfg["vocab_size"]),
+        target_hidden_size=cfg["hidden_size"],
+        eagle_aux_hidden_state_layer_ids=aux,
+        tie_word_embeddings=False,
+    )
+    return cfg
+
+
+@torch.no_grad()
+def init_weights(module: nn.Module, std: float, generator: torch.Generator) -> None:
+    """Linear weights ~ N(0, std), biases 0, norms 1 (the layers are created empty)."""
+    for m in module.modules():
+        if isinstance(m, LinearBase):
+            m.weight.normal_(0.0, std, generator=generator)
+            if m.bias is not None:
+                m.bias.zero_()
+        elif isinstance(m, RMSNorm):
+            m.weight.fill_(1.0)
+
+
+def shared_modules(method: str) -> tuple[str, ...]:
+    """Modules taken from the target (frozen, never saved by default)."""
+    return ("embed_tokens", "lm_head") if method == "eagle" else ("embed_tokens",)
+
+
+def build_head(family, flat_config: dict, method: str, target: nn.Module, seed: int,
+               draft_ids: Optional[torch.Tensor] = None) -> nn.Module:
+    config = EagleConfig.from_dict(flat_config, method=method)
+    head = family.head_class(method)(config)
+    generator = torch.Generator().manual_seed(seed)
+    init_weights(head, float(flat_config.get("initializer_range") or 0.02), generator)
+    shared = shared_modules(method)
+    for name in shared:
+        setattr(head, name, getattr(target, name))
+    if method == "eagle3":
+        from .vocab import vocab_maps
+
+        if draft_ids is None:
+            draft_ids = torch.arange(head.draft_vocab_size)
+        d2t, t2d = vocab_maps(draft_ids, head.vocab_size)
+        head.d2t.copy_(d2t)
+        head.t2d.copy_(t2d)
+        with torch.no_grad():  # start from the target's own output rows for the draft tokens
+            head.lm_head.weight.copy_(target.lm_head.weight[draft_ids.to(target.lm_head.weight.device)].float())
+    head.to(target.embed_tokens.weight.device)  # shared modules are already there
+    for p in trainable_parameters(head, method).values():
+        p.data = p.data.float()  # fp32 master weights; autocast computes in bf16 on CUDA
+    return head
+
+
+def trainable_parameters(head: nn.Module, method: str) -> dict[str, nn.Parameter]:
+    shared = shared_modules(method)
+    return {n: p for n, p in head.named_parameters() if not n.startswith(shared)}

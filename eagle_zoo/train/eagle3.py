@@ -1,0 +1,95 @@
+"""EAGLE-3 loss with training-time test (TTT): the head drafts S steps on its own
+features, attending exactly as it does when the engine drafts.
+
+Chains and steps. Chain i starts at sequence index i. Step 0 reads the fused target
+features g_i = fc(aux_i) and token x_{i+1} at rope position i (teacher forcing, as
+the engine's catch-up pass over verified tokens). Step s >= 1 reads the head's own
+output of step s-1 for the same chain and token x_{i+s+1} at position i+s. Every step
+predicts x_{i+s+2}; its target is the target model's distribution at index i+s+1,
+restricted to the draft vocabulary and renormalised. The loss is
+sum_s 0.8^s * CE over positions whose x_{i+s+2} is an assistant token and whose
+target argmax lies in the draft vocabulary (other positions teach nothing a draft
+could be accepted for).
+
+Attention. In the engine (EagleProposer) draft step s of the chain started at the
+last verified position c runs at position c+s and attends to every cache entry at
+positions <= c+s: entries <= c were written from target features (step 0 of the
+chains starting there), entries c+1..c+s by this chain's own steps 1..s. So here the
+query of chain i at step s attends to
+    step-0 keys of chains j <= i          (the causal part)
+    its own keys of steps 1..s            (one per earlier step, same chain)
+and nothing else. It runs through the engine's AttentionContext: each step writes
+its keys into a per-batch cache at columns s*T' + i (T' = chains per row) and
+attends with the mask above, so training and drafting share one attention path.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..engine.cache import allocate_kv_caches
+from ..models.attention import AttentionContext, use_context
+from .batching import Batch
+
+DECAY = 0.8
+
+
+def ttt_mask(n: int, step: int, device=None) -> torch.Tensor:
+    """[n, (step+1)*n] bool: query i of ``step`` may see step-0 key j <= i and key i
+    of steps 1..step (columns are step-major: column t*n + j)."""
+    i = torch.arange(n, device=device).view(n, 1)
+    col = torch.arange((step + 1) * n, device=device).view(1, -1)
+    block, j = col // n, col % n
+    return ((block == 0) & (j <= i)) | ((block > 0) & (j == i))
+
+
+def _shift(x: torch.Tensor, k: int, n: int) -> torch.Tensor:
+    """x[:, k:k+n] padded with zeros (False) to n columns."""
+    out = x[:, k : k + n]
+    if out.shape[1] < n:
+        pad = out.new_zeros((x.shape[0], n - out.shape[1], *x.shape[2:]))
+        out = torch.cat([out, pad], 1)
+    return out
+
+
+def eagle3_loss(head, target, batch: Batch, *, aux_layer_ids, ttt_steps: int = 7, decay: float = DECAY,
+                cache_dtype: torch.dtype = torch.float32):
+    """-> (loss, metrics dict of detached tensors, number of step-0 loss tokens)."""
+    ids = batch.input_ids
+    B, T = ids.shape
+    n = T - 1  # chains 0..T-2 (chain i needs token x_{i+1})
+    dev = ids.device
+    positions = torch.arange(T, device=dev).expand(B, T)
+    draft_ids = torch.arange(head.draft_vocab_size, device=dev) + head.d2t
+    with torch.no_grad():
+        hidden, aux = target(ids, positions, aux_layer_ids)
+        logits = target.compute_logits(hidden)
+        top_ok = head.t2d[logits.argmax(-1)]  # the target's choice can be drafted
+        target_logits = logits[..., draft_ids]
+        del logits
+    feats = head.combine_hidden_states(torch.cat(aux, dim=-1))[:, :n]
+
+    caches = allocate_kv_caches(head, B, ttt_steps * n, cache_dtype, dev)
+    slots = torch.arange(B, device=dev)
+    chain = torch.arange(n, device=dev)
+    loss = feats.new_zeros((), dtype=torch.float32)
+    metrics, n0 = {}, 0
+    for s in range(ttt_steps):
+        ctx = AttentionContext(caches, slots, (s * n + chain).expand(B, n), (s + 1) * n,
+                               ttt_mask(n, s, dev).expand(B, n, (s + 1) * n))
+        with use_context(ctx):
+            h = head(_shift(ids, s + 1, n), (chain + s).expand(B, n), feats)
+        valid = _shift(batch.loss_mask, s + 2, n) & _shift(top_ok, s + 1, n)
+        if s == 0:
+            n0 = int(valid.sum())
+        if bool(valid.any()):
+            log_q = torch.log_softmax(head.compute_draft_logits(h[valid]).float(), dim=-1)
+            with torch.no_grad():
+                p = torch.softmax(_shift(target_logits, s + 1, n)[valid].float(), dim=-1)
+            ce = -(p * log_q).sum(-1).mean()
+            loss = loss + decay ** s * ce
+            with torch.no_grad():
+                metrics[f"acc{s}"] = (log_q.argmax(-1) == p.argmax(-1)).float().mean()
+                metrics[f"ce{s}"] = ce.detach()
+        feats = h  # the next step reads this step's output (gradients flow through)
+    metrics["loss"] = loss.detach()
+    return loss, metrics, n0
