@@ -91,7 +91,7 @@ def rejection_sample_torch(draft_token_ids, target_probs, draft_probs, num_draft
 def _candidate_kernel(DRAFT, TP, DP, GREEDY, ND, EXP, CVAL, CIDX, K, V, n_chunks,
                       sdb, sdk, stb, stk, stv, sqb, sqk, sqv, sgb, snb, seb, sek, sev,
                       HAS_Q: tl.constexpr, BLOCK_V: tl.constexpr):
-    b = tl.program_id(0)
+    b = tl.program_id(0).to(tl.int64)  # b * stride can pass 2**31 for large B*K*V
     i = tl.program_id(1)
     c = tl.program_id(2)
     nd = tl.load(ND + b * snb)
@@ -123,7 +123,7 @@ def _candidate_kernel(DRAFT, TP, DP, GREEDY, ND, EXP, CVAL, CIDX, K, V, n_chunks
 def _accept_kernel(DRAFT, TP, DP, GREEDY, ND, U, CVAL, CIDX, OUT, NACC, K, V, n_chunks,
                    sdb, sdk, stb, stk, stv, sqb, sqk, sqv, sgb, snb, sub, suk,
                    HAS_Q: tl.constexpr, BLOCK_C: tl.constexpr):
-    b = tl.program_id(0)
+    b = tl.program_id(0).to(tl.int64)
     nd = tl.load(ND + b * snb)
     greedy = tl.load(GREEDY + b * sgb) != 0
     chunks = tl.arange(0, BLOCK_C)

@@ -310,7 +310,7 @@ PROMPTS = [
     "The capital of France is",
     "def fibonacci(n):",
     "Once upon a time, there was a",
-    "1, 2, 3, 4, 5,",
+    "red green blue red green blue red green blue red green",  # ngram drafts find matches here
     "The best way to learn a language is",
     "Water boils at",
     "My favourite colour is",
@@ -332,7 +332,8 @@ def offline(tokenizer_dir):
     llm = make_llm(max_num_seqs=8)
     greedy = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
     completions = {p: o.outputs[0].text for p, o in zip(PROMPTS, llm.generate(PROMPTS, greedy))}
-    chats = {q: llm.chat([{"role": "user", "content": q}], greedy)[0].outputs[0].text for q in QUESTIONS}
+    answers = llm.chat([[{"role": "user", "content": q}] for q in QUESTIONS], greedy)
+    chats = {q: o.outputs[0].text for q, o in zip(QUESTIONS, answers)}
     return SimpleNamespace(completions=completions, chats=chats, tokenizer=llm.tokenizer)
 
 
@@ -428,7 +429,8 @@ def test_cancelled_clients_free_their_slots(tokenizer_dir, offline):
         assert time.time() - t0 < 60, "the abandoned requests held the only slot"
         values = metric_values(httpx.get(srv.url + "/metrics").text)
         assert metric(values, "eagle_zoo:request_failure_total", reason="aborted") == 2
-        assert metric(values, "eagle_zoo:request_success_total", finished_reason="length") == 2
+        assert sum(metric(values, "eagle_zoo:request_success_total", finished_reason=r) for r in ("stop", "length")) == 2
+        assert metric(values, "eagle_zoo:num_requests_running") == 0
 
 
 @pytest.mark.slow
@@ -454,7 +456,7 @@ def test_speculative_server_from_cli_equals_plain(tokenizer_dir, offline):
         assert httpx.get(url + "/v1/models").status_code == 401  # the key came from the environment
         client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
         with cf.ThreadPoolExecutor(4) as pool:
-            got = list(pool.map(lambda p: ask(client, "completion", p, p.startswith("1"))[0], PROMPTS))
+            got = list(pool.map(lambda i: ask(client, "completion", PROMPTS[i], i % 2 == 1)[0], range(len(PROMPTS))))
         assert got == [offline.completions[p] for p in PROMPTS]
         assert ask(client, "chat", QUESTIONS[0], True)[0] == offline.chats[QUESTIONS[0]]
         values = metric_values(httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text)

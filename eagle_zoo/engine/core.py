@@ -38,6 +38,7 @@ class EngineCore:
         proposer: Optional[Proposer] = None,
         seed: int = 0,
         eos_token_ids: Iterable[int] = (),
+        graph_pool=None,
     ):
         self.target = target
         self.tokenizer = tokenizer
@@ -47,7 +48,7 @@ class EngineCore:
         self.k = proposer.num_speculative_tokens if proposer else 0
         # Verification writes up to K positions past the last verified token.
         self.max_len = max_model_len + self.k + 1
-        self.runner = ModelRunner(target, max_num_seqs, self.max_len, dtype, device)
+        self.runner = ModelRunner(target, max_num_seqs, self.max_len, dtype, device, graph_pool)
         self.scheduler = Scheduler(max_num_seqs)
         self.metrics = SpecDecodingMetrics(num_speculative_tokens=self.k)
         self.seed = seed
@@ -132,9 +133,12 @@ class EngineCore:
         tokens, accepted = verify_drafts(logits, drafts, num_draft, SamplingBatch.from_sequences(seqs, dev))
         if k:
             self.proposer.on_verify(batch, TargetOutput(input_ids, tokens, positions, hidden, aux), accepted)
-        # The one device->host synchronisation of the step.
-        tokens_host, accepted_host = tokens.cpu().tolist(), accepted.cpu().tolist()
-        num_draft_host = [k] * len(seqs) if num_draft is None else num_draft.cpu().tolist()
+        # The one device->host synchronisation of the step: tokens, accepted, drafted.
+        drafted = torch.full_like(accepted, k) if num_draft is None else num_draft.to(accepted.dtype)
+        host = torch.cat([tokens, accepted[:, None], drafted[:, None]], dim=1).cpu().tolist()
+        tokens_host = [row[: k + 1] for row in host]
+        accepted_host = [row[k + 1] for row in host]
+        num_draft_host = [row[k + 2] for row in host]
         if k:
             self.metrics.observe(num_draft_host, accepted_host)
         for seq, row, a in zip(seqs, tokens_host, accepted_host):

@@ -14,6 +14,7 @@ import torch
 
 from ..config.speculative import SpeculativeConfig
 from .core import EngineCore
+from .graphs import GraphPool
 from .model_loader import load_model
 from .outputs import RequestOutput
 from .proposers import DraftModelProposer, EagleProposer, NgramProposer, Proposer
@@ -85,6 +86,8 @@ class LLM:
         if max_num_seqs is None:
             max_num_seqs = 64 if self.device.type == "cuda" else 8
         self.speculative_config = SpeculativeConfig.parse(speculative_config)
+        # CUDA graphs for decode-shaped steps unless eager mode is asked for.
+        self.graph_pool = GraphPool() if self.device.type == "cuda" and not enforce_eager else None
         proposer = self._build_proposer(loaded, max_model_len, max_num_seqs)
         self.engine = EngineCore(
             loaded.model,
@@ -96,6 +99,7 @@ class LLM:
             proposer=proposer,
             seed=seed,
             eos_token_ids=_eos_token_ids(loaded.path, loaded.config, self.tokenizer),
+            graph_pool=self.graph_pool,
         )
 
     # -- construction ----------------------------------------------------------
@@ -118,7 +122,8 @@ class LLM:
                     f"set method={head.method!r} or leave it out"
                 )
             n_layers = loaded.config.num_hidden_layers
-            return EagleProposer(head.head, head.method, k, *args, target_num_layers=n_layers)
+            return EagleProposer(head.head, head.method, k, *args, target_num_layers=n_layers,
+                                 graph_pool=self.graph_pool)
         if spec.method == "draft_model":
             draft = load_model(spec.model, self.dtype, self.device, revision=spec.revision)
             if draft.config.vocab_size != loaded.config.vocab_size:
@@ -126,7 +131,7 @@ class LLM:
                     f"draft model {spec.model!r} has vocab_size {draft.config.vocab_size}, the target "
                     f"{loaded.config.vocab_size}: a draft model must share the target's vocabulary"
                 )
-            return DraftModelProposer(draft.model, k, *args)
+            return DraftModelProposer(draft.model, k, *args, graph_pool=self.graph_pool)
         raise ValueError(
             f"speculative method {spec.method!r} is not supported by this engine; use eagle, eagle3, ngram or draft_model"
         )

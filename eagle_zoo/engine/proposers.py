@@ -60,11 +60,12 @@ class Proposer:
 class EagleProposer(Proposer):
     """EAGLE-1 and EAGLE-3 chains: the head drafts from the target's features."""
 
-    def __init__(self, head, method: str, k: int, num_slots: int, max_len: int, dtype, device, target_num_layers: int):
+    def __init__(self, head, method: str, k: int, num_slots: int, max_len: int, dtype, device,
+                 target_num_layers: int, graph_pool=None):
         self.head = head
         self.method = method
         self.num_speculative_tokens = k
-        self.runner = ModelRunner(head, num_slots, max_len, dtype, device)
+        self.runner = ModelRunner(head, num_slots, max_len, dtype, device, graph_pool)
         hidden_size = head.config.hidden_size
         self.next_token = torch.zeros(num_slots, dtype=torch.long, device=device)
         self.next_hidden = torch.zeros(num_slots, hidden_size, dtype=dtype, device=device)
@@ -149,10 +150,10 @@ class DraftModelProposer(Proposer):
     starts by (re)feeding the last two verified tokens, which covers the case where
     all drafts were accepted and the last draft was never fed (one extra slot)."""
 
-    def __init__(self, model, k: int, num_slots: int, max_len: int, dtype, device):
+    def __init__(self, model, k: int, num_slots: int, max_len: int, dtype, device, graph_pool=None):
         self.model = model
         self.num_speculative_tokens = k
-        self.runner = ModelRunner(model, num_slots, max_len, dtype, device)
+        self.runner = ModelRunner(model, num_slots, max_len, dtype, device, graph_pool)
         self.device = device
 
     def _next(self, input_ids, positions, slots, kv_len):

@@ -3,6 +3,7 @@
 The runner owns the device-side state of a model (weights and caches) and turns
 an engine step's token/position tensors into a forward pass under an
 AttentionContext, so model code keeps a plain forward(input_ids, positions).
+On CUDA, decode-shaped calls replay captured CUDA graphs (graphs.py).
 """
 from __future__ import annotations
 
@@ -13,14 +14,33 @@ from torch import nn
 
 from ..models.attention import AttentionContext, use_context
 from .cache import allocate_kv_caches
+from .graphs import GraphedForward, GraphPool
 
 
 class ModelRunner:
-    def __init__(self, model: nn.Module, num_slots: int, max_len: int, dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        model: nn.Module,
+        num_slots: int,
+        max_len: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        graph_pool: Optional[GraphPool] = None,
+    ):
         self.model = model
         self.max_len = max_len
         self.device = device
-        self.kv_caches = allocate_kv_caches(model, num_slots, max_len, dtype, device)
+        # One extra slot: padding rows of a graphed batch write there.
+        self.scratch_slot = num_slots
+        self.kv_caches = allocate_kv_caches(model, num_slots + 1, max_len, dtype, device)
+        self.graphed = None
+        if graph_pool is not None:
+            self.graphed = GraphedForward(self._full_length_forward, num_slots, self.scratch_slot, graph_pool)
+
+    def _full_length_forward(self, input_ids, positions, slot_ids, *args):
+        ctx = AttentionContext(self.kv_caches, slot_ids, positions, self.max_len)
+        with use_context(ctx):
+            return self.model(input_ids, positions, *args)
 
     @torch.inference_mode()
     def run(
@@ -32,13 +52,15 @@ class ModelRunner:
         *args,
         attn_mask: Optional[torch.Tensor] = None,
         cache_positions: Optional[torch.Tensor] = None,
-        **kwargs,
     ):
         """Forward [B, T] tokens of the sequences in `slot_ids`.
 
         kv_len bounds the keys attended to (known on the host from the sequences'
         lengths, so no device sync is needed to compute it).
         """
+        plain = attn_mask is None and cache_positions is None
+        if self.graphed is not None and plain and self.graphed.eligible(input_ids):
+            return self.graphed(input_ids, positions, slot_ids, *args)
         ctx = AttentionContext(
             kv_caches=self.kv_caches,
             slot_ids=slot_ids,
@@ -47,4 +69,4 @@ class ModelRunner:
             kv_len=min(kv_len, self.max_len),
         )
         with use_context(ctx):
-            return self.model(input_ids, positions, *args, **kwargs)
+            return self.model(input_ids, positions, *args)

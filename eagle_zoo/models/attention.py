@@ -27,7 +27,7 @@ class AttentionContext:
         scratch slot or position that no real query attends to.
     kv_len: attend over cache columns [:kv_len] (a host int: fixed per CUDA graph).
     attn_mask [B,T,kv_len] bool (True = may attend) or None: key index <= the
-        query's cache position, and within the layer's sliding window.
+        query's cache position, and within the layer's sliding window or attention chunk.
     """
 
     kv_caches: list
@@ -54,12 +54,17 @@ def use_context(ctx: Optional[AttentionContext]):
         _context = saved
 
 
-def _window_mask(query_pos: torch.Tensor, key_pos: torch.Tensor, window: Optional[int]) -> torch.Tensor:
-    """Causal (+ sliding window) visibility: key j seen by query i iff j <= i and i - j < window."""
+def _window_mask(query_pos: torch.Tensor, key_pos: torch.Tensor, window: Optional[int],
+                 chunk: Optional[int] = None) -> torch.Tensor:
+    """Causal (+ sliding window) visibility: key j seen by query i iff j <= i and i - j < window;
+    with ``chunk`` (Llama 4's chunked local attention) also only within i's chunk: j // chunk == i // chunk."""
     diff = query_pos.unsqueeze(-1) - key_pos
     mask = diff >= 0
     if window is not None:
         mask &= diff < window
+    if chunk is not None:
+        mask &= torch.div(query_pos.unsqueeze(-1), chunk, rounding_mode="floor") == torch.div(
+            key_pos, chunk, rounding_mode="floor")
     return mask
 
 
@@ -72,20 +77,22 @@ class Attention(nn.Module):
     """
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: Optional[float] = None,
-                 layer_idx: int = 0, sliding_window: Optional[int] = None, v_head_dim: Optional[int] = None):
+                 layer_idx: int = 0, sliding_window: Optional[int] = None, v_head_dim: Optional[int] = None,
+                 attention_chunk_size: Optional[int] = None):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.v_head_dim = v_head_dim or head_dim
         self.scale = head_dim ** -0.5 if scale is None else scale
         self.layer_idx, self.sliding_window = layer_idx, sliding_window
+        self.attention_chunk_size = attention_chunk_size
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         ctx = _context
         if ctx is None:
             keys, values, mask = k, v, None
-            if self.sliding_window is not None:
+            if self.sliding_window is not None or self.attention_chunk_size is not None:
                 pos = torch.arange(q.shape[1], device=q.device)
-                mask = _window_mask(pos, pos, self.sliding_window)
+                mask = _window_mask(pos, pos, self.sliding_window, self.attention_chunk_size)
         else:
             keys, values, mask = self._use_cache(ctx, k, v)
         out = F.scaled_dot_product_attention(
@@ -110,9 +117,10 @@ class Attention(nn.Module):
             mask = ctx.attn_mask
         else:
             key_pos = torch.arange(ctx.kv_len, device=k.device)
-            mask = _window_mask(ctx.cache_positions, key_pos, self.sliding_window)
+            mask = _window_mask(ctx.cache_positions, key_pos, self.sliding_window, self.attention_chunk_size)
         return keys, values, mask.unsqueeze(1)  # [B,1,T,L]: same for every head
 
     def extra_repr(self) -> str:
         return (f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
-                f"v_head_dim={self.v_head_dim}, layer_idx={self.layer_idx}, window={self.sliding_window}")
+                f"v_head_dim={self.v_head_dim}, layer_idx={self.layer_idx}, window={self.sliding_window}, "
+                f"chunk={self.attention_chunk_size}")

@@ -84,13 +84,19 @@ class EagleHead(_HeadBase):
                            keeps it (Mistral-format heads)
       pre_fc_norms         enorm / hnorm on embeddings and hidden before the concat (DeepSeek)
       final_norm           a final ``norm`` before the lm_head (DeepSeek, Llama4, Cohere)
+      norm_output          with final_norm: forward returns norm(h), so the fed-back
+                           feature is the normed one and compute_logits applies only the
+                           lm_head (vLLM's Mistral EAGLE head: its model returns the
+                           normed state for both logits and the next step)
       fc_bias              None: from the config (``eagle_fc_bias`` or yuhuili ``bias``)
+    Config: ``logit_scale`` (default 1) multiplies the logits (Cohere), as vLLM's heads do.
     """
 
     decoder_layer_cls: ClassVar[type]
     input_norm_identity: ClassVar[bool] = True
     pre_fc_norms: ClassVar[bool] = False
     final_norm: ClassVar[bool] = False
+    norm_output: ClassVar[bool] = False
     fc_bias: ClassVar[Optional[bool]] = None
 
     def __init__(self, config):
@@ -111,8 +117,9 @@ class EagleHead(_HeadBase):
         self.layers = nn.ModuleList(self.decoder_layer_cls(config, i) for i in range(n_layers))
         if self.input_norm_identity:
             self.layers[0].input_layernorm = nn.Identity()
-        self.norm = self.make_norm(config, H) if self.final_norm else None
+        self.norm = self.make_norm(config, H) if (self.final_norm or self.norm_output) else None
         self.lm_head = ParallelLMHead(draft_vocab, H)
+        self.logit_scale = float(cfg(config, "logit_scale", 1.0))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         embeds = self.embed_tokens(input_ids)
@@ -121,10 +128,12 @@ class EagleHead(_HeadBase):
         h = self.fc(torch.cat([embeds, hidden], dim=-1))  # embeddings first (yuhuili order)
         for layer in self.layers:
             h = layer(positions, h)
-        return h
+        return self.norm(h) if self.norm_output else h
 
     def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(h if self.norm is None else self.norm(h))
+        logits = self.lm_head(h if self.norm is None or self.norm_output else self.norm(h))
+        if self.logit_scale != 1.0:
+            logits = logits * self.logit_scale
         missing = self.vocab_size - logits.shape[-1]
         if missing > 0:  # truncated vocab = the first ids; the rest can never be drafted
             logits = torch.cat([logits, logits.new_full((*logits.shape[:-1], missing), float("-inf"))], -1)

@@ -97,14 +97,19 @@ class EngineLoop:
             self._inbox.append(("add", ids[i], token_ids, params, _Live(i, loop, queue)))
         self._wake.set()
         pending = set(range(len(prompts)))
+        next_check = time.monotonic() + DISCONNECT_POLL_S
         try:
             while pending:
                 try:
                     update = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
                 except asyncio.TimeoutError:
-                    if is_disconnected is not None and await is_disconnected():
+                    update = None
+                if is_disconnected is not None and time.monotonic() >= next_check:
+                    next_check = time.monotonic() + DISCONNECT_POLL_S
+                    if await is_disconnected():
                         log.info("request %s: client disconnected, aborting", request_id)
                         return
+                if update is None:
                     continue
                 if update.finished:
                     pending.discard(update.index)

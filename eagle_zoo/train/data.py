@@ -152,29 +152,30 @@ def generate_data(target: str, records: list[dict], s: GenerateSettings, device:
     from tqdm import tqdm
 
     from ..engine.llm import _eos_token_ids
-    from ..engine.model_loader import load_model
+    from ..engine.model_loader import load_config, load_model, resolve_model_dir
 
     start = time.monotonic()
+    limit = getattr(load_config(resolve_model_dir(target)), "max_position_embeddings", None) or 2048
+    if s.max_new_tokens >= limit:
+        raise ValueError(f"--max-new-tokens {s.max_new_tokens} does not fit the target's context of {limit} tokens")
+    max_prompt_len = min(s.max_prompt_len, limit - s.max_new_tokens - 1)
     if s.backend == "engine":
         from ..engine.llm import LLM
 
         llm = LLM(target, device=device, dtype=dtype, max_num_seqs=s.batch_size, seed=s.seed,
-                  max_model_len=s.max_prompt_len + s.max_new_tokens + 1)
+                  max_model_len=max_prompt_len + s.max_new_tokens + 1)
         tokenizer, loaded = llm.tokenizer, None
     elif s.backend == "static":
         loaded = load_model(target, dtype, device)
         tokenizer = loaded.tokenizer
         eos = _eos_token_ids(loaded.path, loaded.config, tokenizer)
-        limit = getattr(loaded.config, "max_position_embeddings", None)
-        if limit and s.max_prompt_len + s.max_new_tokens > limit:
-            raise ValueError(f"--max-prompt-len + --max-new-tokens exceed the target's max_position_embeddings={limit}")
     else:
         raise ValueError(f"--backend {s.backend!r}: use 'static' or 'engine'")
 
     prompts, skipped = [], 0
     for rec in records:
         ids = encode_prompt(rec, tokenizer)
-        if 0 < len(ids) <= s.max_prompt_len:
+        if 0 < len(ids) <= max_prompt_len:
             prompts.append(ids)
         else:
             skipped += 1

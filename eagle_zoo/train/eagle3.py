@@ -51,6 +51,23 @@ def _shift(x: torch.Tensor, k: int, n: int) -> torch.Tensor:
     return out
 
 
+def ttt_steps_forward(head, ids: torch.Tensor, feats: torch.Tensor, steps: int, cache_dtype=torch.float32):
+    """Yield (s, h_s) for s = 0..steps-1: h_s [B, n, H] is the head's output for every
+    chain i = 0..n-1 at step s (n = T-1; token x_{i+s+1} at position i+s; feats [B, n, H]
+    are the fused target features of the chains). Outputs feed the next step."""
+    B, n = feats.shape[:2]
+    dev = ids.device
+    caches = allocate_kv_caches(head, B, steps * n, cache_dtype, dev)
+    slots = torch.arange(B, device=dev)
+    chain = torch.arange(n, device=dev)
+    for s in range(steps):
+        ctx = AttentionContext(caches, slots, (s * n + chain).expand(B, n), (s + 1) * n,
+                               ttt_mask(n, s, dev).expand(B, n, (s + 1) * n))
+        with use_context(ctx):
+            feats = head(_shift(ids, s + 1, n), (chain + s).expand(B, n), feats)
+        yield s, feats
+
+
 def eagle3_loss(head, target, batch: Batch, *, aux_layer_ids, ttt_steps: int = 7, decay: float = DECAY,
                 cache_dtype: torch.dtype = torch.float32):
     """-> (loss, metrics dict of detached tensors, number of step-0 loss tokens)."""
@@ -67,29 +84,21 @@ def eagle3_loss(head, target, batch: Batch, *, aux_layer_ids, ttt_steps: int = 7
         target_logits = logits[..., draft_ids]
         del logits
     feats = head.combine_hidden_states(torch.cat(aux, dim=-1))[:, :n]
-
-    caches = allocate_kv_caches(head, B, ttt_steps * n, cache_dtype, dev)
-    slots = torch.arange(B, device=dev)
-    chain = torch.arange(n, device=dev)
     loss = feats.new_zeros((), dtype=torch.float32)
     metrics, n0 = {}, 0
-    for s in range(ttt_steps):
-        ctx = AttentionContext(caches, slots, (s * n + chain).expand(B, n), (s + 1) * n,
-                               ttt_mask(n, s, dev).expand(B, n, (s + 1) * n))
-        with use_context(ctx):
-            h = head(_shift(ids, s + 1, n), (chain + s).expand(B, n), feats)
+    for s, h in ttt_steps_forward(head, ids, feats, ttt_steps, cache_dtype):
         valid = _shift(batch.loss_mask, s + 2, n) & _shift(top_ok, s + 1, n)
         if s == 0:
             n0 = int(valid.sum())
-        if bool(valid.any()):
-            log_q = torch.log_softmax(head.compute_draft_logits(h[valid]).float(), dim=-1)
-            with torch.no_grad():
-                p = torch.softmax(_shift(target_logits, s + 1, n)[valid].float(), dim=-1)
-            ce = -(p * log_q).sum(-1).mean()
-            loss = loss + decay ** s * ce
-            with torch.no_grad():
-                metrics[f"acc{s}"] = (log_q.argmax(-1) == p.argmax(-1)).float().mean()
-                metrics[f"ce{s}"] = ce.detach()
-        feats = h  # the next step reads this step's output (gradients flow through)
+        if not bool(valid.any()):
+            continue
+        log_q = torch.log_softmax(head.compute_draft_logits(h[valid]).float(), dim=-1)
+        with torch.no_grad():
+            p = torch.softmax(_shift(target_logits, s + 1, n)[valid].float(), dim=-1)
+        ce = -(p * log_q).sum(-1).mean()
+        loss = loss + decay ** s * ce
+        with torch.no_grad():
+            metrics[f"acc{s}"] = (log_q.argmax(-1) == p.argmax(-1)).float().mean()
+            metrics[f"ce{s}"] = ce.detach()
     metrics["loss"] = loss.detach()
     return loss, metrics, n0

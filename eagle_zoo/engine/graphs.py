@@ -1,0 +1,87 @@
+"""CUDA-graph capture and replay of decode-shaped forward passes.
+
+A decode-shaped call is [B, T] tokens with small T (plain decode T=1, verification
+T=K+1, one draft step T=1). For each (batch bucket, T, argument signature) the
+forward is captured once into a CUDA graph over static input/output buffers; later
+calls copy their inputs in, replay, and read the outputs out. Graphs attend over
+the whole preallocated cache row (kv_len = max_len, masked by position), so one
+graph serves every sequence length. Batches are padded up to the bucket with
+sequences that write into a scratch cache slot nobody reads.
+"""
+from __future__ import annotations
+
+import bisect
+from typing import Any, Callable
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
+MAX_GRAPH_TOKENS = 16  # T above this (prefill) runs eagerly
+
+
+class GraphPool:
+    """One memory pool shared by every graph of an engine (target and drafter)."""
+
+    def __init__(self):
+        self.handle = torch.cuda.graph_pool_handle()
+
+
+class GraphedForward:
+    def __init__(self, forward: Callable[..., Any], max_batch: int, scratch_slot: int, pool: GraphPool):
+        self.forward = forward  # forward(input_ids, positions, slot_ids, *args) under a full-length context
+        self.buckets = [b for b in DEFAULT_BATCH_BUCKETS if b < max_batch] + [max_batch]
+        self.scratch_slot = scratch_slot
+        self.pool = pool
+        self.graphs: dict[tuple, tuple] = {}
+
+    def eligible(self, input_ids: torch.Tensor) -> bool:
+        return input_ids.shape[0] <= self.buckets[-1] and input_ids.shape[1] <= MAX_GRAPH_TOKENS
+
+    def __call__(self, input_ids, positions, slot_ids, *args):
+        B, T = input_ids.shape
+        bucket = self.buckets[bisect.bisect_left(self.buckets, B)]
+        key = (bucket, T) + tuple(_signature(a) for a in args)
+        entry = self.graphs.get(key)
+        if entry is None:
+            entry = self.graphs[key] = self._capture(bucket, T, args)
+        graph, static_in, static_out, spec = entry
+        ids, pos, slots, tensor_args = static_in
+        ids[:B].copy_(input_ids)
+        pos[:B].copy_(positions)
+        slots[:B].copy_(slot_ids)
+        if B < bucket:  # padding rows: write to the scratch slot, position 0
+            ids[B:].zero_()
+            pos[B:].zero_()
+            slots[B:].fill_(self.scratch_slot)
+        for dst, src in zip(tensor_args, (a for a in args if torch.is_tensor(a))):
+            dst[:B].copy_(src)
+        graph.replay()
+        return tree_unflatten([o[:B].clone() for o in static_out], spec)
+
+    def _capture(self, bucket: int, T: int, args: tuple):
+        device = args[0].device if args and torch.is_tensor(args[0]) else torch.device("cuda")
+        ids = torch.zeros(bucket, T, dtype=torch.long, device="cuda")
+        pos = torch.zeros(bucket, T, dtype=torch.long, device="cuda")
+        slots = torch.full((bucket,), self.scratch_slot, dtype=torch.long, device="cuda")
+        tensor_args = [torch.zeros((bucket, *a.shape[1:]), dtype=a.dtype, device=device)
+                       for a in args if torch.is_tensor(a)]
+        it = iter(tensor_args)
+        call_args = [next(it) if torch.is_tensor(a) else a for a in args]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up outside the graph (allocator, lazy init)
+            for _ in range(2):
+                self.forward(ids, pos, slots, *call_args)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool.handle):
+            out = self.forward(ids, pos, slots, *call_args)
+        flat, spec = tree_flatten(out)
+        return graph, (ids, pos, slots, tensor_args), flat, spec
+
+
+def _signature(arg) -> Any:
+    if torch.is_tensor(arg):
+        return ("tensor", tuple(arg.shape[1:]), arg.dtype)
+    return ("value", arg)

@@ -1,0 +1,234 @@
+"""`eagle-zoo train`: make training data, train an EAGLE-1 or EAGLE-3 head, save it.
+
+    eagle-zoo train data   --target T --prompts prompts.jsonl --out data/
+    eagle-zoo train eagle  --target T --data data/ --out heads/eagle
+    eagle-zoo train eagle3 --target T --data data/ --out heads/eagle3
+
+See docs/training.md.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .save import FORMATS, parse_size, save_head
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="train_command", metavar="STEP", required=True)
+    d = sub.add_parser("data", help="regenerate answers to prompts with the target (training data)")
+    d.add_argument("--target", required=True, help="target model: directory or id (default: SmolLM2-135M-Instruct)")
+    d.add_argument("--prompts", required=True, help="JSON lines with \"prompt\" (text) or \"prompt_token_ids\"")
+    d.add_argument("--out", required=True, help="output directory (data.safetensors + meta.json)")
+    d.add_argument("--max-prompts", type=int, help="use only the first N prompts")
+    d.add_argument("--max-new-tokens", type=int, default=256)
+    d.add_argument("--max-prompt-len", type=int, default=1024, help="skip longer (templated) prompts")
+    d.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: sampled")
+    d.add_argument("--top-p", type=float, default=1.0)
+    d.add_argument("--batch-size", type=int, help="sequences generated together (default 256 on CUDA, 16 on CPU)")
+    d.add_argument("--backend", choices=("engine", "static"), default="engine",
+                   help="engine: the bundled LLM engine; static: a plain fixed-batch loop (faster for bulk "
+                        "generation on a GPU)")
+    d.add_argument("--max-seconds", type=float, help="start no new batch after this many seconds")
+    _common(d)
+
+    for method, help_text in (("eagle", "train an EAGLE-1 head"), ("eagle3", "train an EAGLE-3 head (TTT)")):
+        p = sub.add_parser(method, help=help_text, aliases=["eagle1"] if method == "eagle" else [])
+        p.set_defaults(method=method)
+        p.add_argument("--target", required=True, help="target model: directory or id")
+        p.add_argument("--data", required=True, nargs="+", help="directories written by `eagle-zoo train data`")
+        p.add_argument("--out", required=True, help="head directory (with several --format: one subdirectory each)")
+        p.add_argument("--format", default=None,
+                       help=f"comma-separated layouts; {method}: {', '.join(FORMATS[method])} (default: the first)")
+        p.add_argument("--steps", type=int, help="optimizer steps (default: --epochs over the data)")
+        p.add_argument("--epochs", type=float, default=1.0)
+        p.add_argument("--max-seconds", type=float, help="stop training after this many seconds")
+        p.add_argument("--token-budget", type=int, default=16384, help="padded tokens per batch")
+        p.add_argument("--max-len", type=int, default=2048, help="truncate sequences to this many tokens")
+        p.add_argument("--lr", type=float, default=3e-4)
+        p.add_argument("--warmup-steps", type=int)
+        p.add_argument("--min-lr-ratio", type=float, default=0.1)
+        p.add_argument("--weight-decay", type=float, default=0.0)
+        p.add_argument("--grad-clip", type=float, default=0.5)
+        if method == "eagle":
+            p.add_argument("--noise", type=float, default=0.2, help="uniform input-feature noise (0 = off)")
+            p.add_argument("--save-embeddings", action="store_true",
+                           help="also store embed_tokens (the target's copy, as yuhuili heads do); by default "
+                                "the loader shares the target's")
+        else:
+            p.add_argument("--ttt-steps", type=int, default=7, help="unrolled drafting steps")
+            p.add_argument("--ttt-decay", type=float, default=0.8, help="loss weight of step i: decay**i")
+            p.add_argument("--draft-vocab-size", type=int, help="draft vocabulary (default min(32000, vocab))")
+            p.add_argument("--aux-layers", help="three target layer ids, e.g. 2,15,27 (default 2,N//2,N-3)")
+        p.add_argument("--num-speculative-tokens", type=int, default=3, help="default K written to speculators configs")
+        p.add_argument("--max-shard-size", default="14MB", help="largest weight file (e.g. 14MB, 2GB)")
+        p.add_argument("--save-dtype", choices=("bfloat16", "float32"), default="bfloat16")
+        p.add_argument("--state-dir", help="resumable training state (default: <out>.state)")
+        p.add_argument("--resume", action="store_true", help="continue from the state in --state-dir")
+        p.add_argument("--save-every", type=int, default=500, help="write the training state every N steps")
+        p.add_argument("--log-every", type=int, default=20)
+        p.add_argument("--no-verify", action="store_true", help="skip reloading the saved head to check it")
+        _common(p)
+
+
+def _common(p) -> None:
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    p.add_argument("--dtype", default="auto", help="target / compute dtype: bfloat16 or float32 (auto: bf16 on CUDA)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def run(args) -> int:
+    if args.train_command == "data":
+        return _run_data(args)
+    return _run_train(args)
+
+
+def _run_data(args) -> int:
+    from .data import GenerateSettings, generate_data, read_prompts
+    from .trainer import resolve_device, resolve_dtype
+
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    settings = GenerateSettings(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+        batch_size=args.batch_size or (256 if device.type == "cuda" else 16), seed=args.seed,
+        max_prompt_len=args.max_prompt_len, max_seconds=args.max_seconds, backend=args.backend)
+    records = read_prompts(args.prompts, args.max_prompts)
+    start = time.monotonic()
+    data = generate_data(args.target, records, settings, device, dtype, progress=not args.no_progress)
+    data.meta["prompts"] = str(args.prompts)
+    data.save(args.out)
+    seconds = time.monotonic() - start
+    answers = int(data.loss_mask.sum())
+    print(f"wrote {len(data)} sequences ({int(data.input_ids.numel()):,} tokens, {answers:,} generated) to "
+          f"{args.out} in {seconds:.1f} s ({answers / max(seconds, 1e-9):,.0f} generated tok/s)"
+          + ("; stopped by the time budget" if data.meta.get("stopped_by_time_budget") else ""))
+    return 0 if len(data) else 1
+
+
+def settings_from_args(args):
+    from .trainer import TrainSettings
+
+    aux = getattr(args, "aux_layers", None)
+    if isinstance(aux, str):
+        try:
+            aux = [int(x) for x in aux.split(",")]
+        except ValueError:
+            raise SystemExit(f"--aux-layers {args.aux_layers!r}: give three comma-separated integers") from None
+    return TrainSettings(
+        method=args.method, target=args.target, data=list(args.data), steps=args.steps, epochs=args.epochs,
+        max_seconds=args.max_seconds, token_budget=args.token_budget, max_len=args.max_len, lr=args.lr,
+        warmup_steps=args.warmup_steps, min_lr_ratio=args.min_lr_ratio, weight_decay=args.weight_decay,
+        grad_clip=args.grad_clip, noise=getattr(args, "noise", 0.2), ttt_steps=getattr(args, "ttt_steps", 7),
+        ttt_decay=getattr(args, "ttt_decay", 0.8), draft_vocab_size=getattr(args, "draft_vocab_size", None),
+        aux_layers=aux, seed=args.seed, device=args.device, dtype=args.dtype,
+        state_dir=args.state_dir or f"{str(args.out).rstrip('/')}.state", resume=args.resume,
+        save_every=args.save_every, log_every=args.log_every, progress=not args.no_progress)
+
+
+def output_dirs(method: str, formats: str | None, out) -> dict[str, Path]:
+    """Format -> directory: --out itself for one format, --out/<format> for several."""
+    names = [f.strip() for f in (formats or FORMATS[method][0]).split(",") if f.strip()]
+    bad = [f for f in names if f not in FORMATS[method]]
+    if bad or not names:
+        raise SystemExit(f"--format {formats!r}: {method} heads can be saved as {', '.join(FORMATS[method])}")
+    out = Path(out)
+    return {names[0]: out} if len(names) == 1 else {f: out / f for f in names}
+
+
+def _run_train(args) -> int:
+    from .build import shared_modules
+    from .save import check_shard_limit, export_tensors
+    from .trainer import Trainer
+
+    method = args.method
+    dirs = output_dirs(method, args.format, args.out)
+    max_shard = parse_size(args.max_shard_size)
+    save_dtype = getattr(torch, args.save_dtype)
+    trainer = Trainer(settings_from_args(args))
+    skip = _skip(method, args)
+    # Fail now, not after training, when a tensor cannot fit one file.
+    check_shard_limit(export_tensors(trainer.head, trainer.mapping, skip, save_dtype), max_shard)
+    failed = None
+    try:
+        result = trainer.run()
+    except Exception as exc:  # keep what was learnt: save the head as it is, then report the failure
+        if trainer.step == 0:
+            raise
+        failed, result = exc, trainer.result()
+        result.info["partial"] = True
+    for fmt, out in dirs.items():
+        save_head(result.head, result.flat_config, fmt, out, mapping=trainer.mapping, skip=skip, dtype=save_dtype,
+                  max_shard_size=max_shard, target_name=str(args.target),
+                  num_speculative_tokens=args.num_speculative_tokens, info=result.info)
+        files = sorted(p.name for p in out.iterdir())
+        size = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
+        print(f"saved {fmt} head to {out} ({size / 1e6:.1f} MB: {', '.join(files)})")
+        if not args.no_verify:
+            try:
+                err = verify_saved(out, result.head, trainer.target.model, method, save_dtype, trainer.autocast)
+                print(f"  reloaded through eagle_zoo.load: max |logit difference| {err:.2e}")
+            except Exception as exc:  # the head is saved either way; say what failed
+                print(f"  WARNING: reloading {out} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+    if failed is not None:
+        print(f"training failed at step {trainer.step} ({type(failed).__name__}: {failed}); the head saved is "
+              f"from that step", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _skip(method: str, args) -> tuple[str, ...]:
+    from .build import shared_modules
+
+    shared = shared_modules(method)
+    if method == "eagle" and getattr(args, "save_embeddings", False):
+        shared = tuple(s for s in shared if s != "embed_tokens")
+    return shared
+
+
+@torch.no_grad()
+def verify_saved(out, head, target, method: str, save_dtype: torch.dtype, autocast: bool = False) -> float:
+    """Reload ``out`` through eagle_zoo.load and compare its logits with ``head``'s
+    (weights rounded to the saved dtype) on a few positions. Returns the largest
+    absolute difference; raises when the reload is off."""
+    import copy
+
+    from ..loading import load
+
+    device = target.embed_tokens.weight.device
+    loaded = load(str(out), target=target, device=device, dtype=torch.float32).head
+    ref = copy.deepcopy(head)
+    for name in ("embed_tokens", "lm_head"):  # compare against the very same shared modules
+        if getattr(loaded, name) is getattr(target, name, None):
+            setattr(ref, name, getattr(target, name))
+    for p in ref.parameters():
+        if p.is_floating_point() and p.data_ptr() not in _shared_ptrs(target):
+            p.data = p.data.to(save_dtype).float()
+    gen = torch.Generator().manual_seed(0)
+    T = 8
+    ids = torch.randint(0, head.vocab_size, (2, T), generator=gen).to(device)
+    pos = torch.arange(T, device=device).expand(2, T)
+    H_in = head.fc.weight.shape[1] if method == "eagle3" else head.fc.weight.shape[1] - head.config.hidden_size
+    feats = torch.randn(2, T, H_in, generator=gen).to(device)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+        out_logits = []
+        for h in (ref, loaded):
+            x = h.combine_hidden_states(feats) if method == "eagle3" else feats
+            out_logits.append(h.compute_logits(h(ids, pos, x)).float())
+    a, b = out_logits
+    finite = torch.isfinite(a)
+    if not torch.equal(finite, torch.isfinite(b)):
+        raise ValueError(f"{out}: the reloaded head drafts a different vocabulary")
+    err = float((a[finite] - b[finite]).abs().max())
+    if err > 1e-3 * max(1.0, float(a[finite].abs().max())):
+        raise ValueError(f"{out}: reloaded logits differ by {err:.3e} from the trained head's")
+    return err
+
+
+def _shared_ptrs(target) -> set:
+    return {p.data_ptr() for p in target.parameters()}

@@ -1,0 +1,310 @@
+"""The training loop shared by EAGLE-1 and EAGLE-3: target, data, head, AdamW, resume.
+
+Everything a run depends on is a function of the settings and the step: the batch
+plan of each epoch comes from (seed, epoch), the input-noise generator's state is
+checkpointed, so a run resumed from its state file reproduces the uninterrupted run
+exactly on CPU. (With --max-seconds the learning-rate schedule follows the clock
+too, which no resume can replay; use --steps when that matters.)
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .batching import collate, plan_epoch, usable
+from .build import build_head, head_config, trainable_parameters
+from .data import load_data
+from .eagle1 import eagle1_loss
+from .eagle3 import eagle3_loss
+from .vocab import coverage, select_draft_vocab, token_counts
+
+STATE_FILE = "state.pt"
+
+
+@dataclass
+class TrainSettings:
+    method: str  # eagle | eagle3
+    target: str
+    data: list
+    steps: Optional[int] = None  # default: epochs over the data
+    epochs: float = 1.0
+    max_seconds: Optional[float] = None
+    token_budget: int = 16384
+    max_len: int = 2048
+    lr: float = 3e-4
+    warmup_steps: Optional[int] = None  # default: 5% of the steps, at most 200
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    betas: tuple = (0.9, 0.95)
+    grad_clip: float = 0.5
+    noise: float = 0.2  # EAGLE-1 input noise
+    ttt_steps: int = 7  # EAGLE-3 unrolled steps
+    ttt_decay: float = 0.8
+    draft_vocab_size: Optional[int] = None  # EAGLE-3; default min(32000, vocab)
+    aux_layers: Optional[list] = None
+    seed: int = 0
+    device: str = "auto"
+    dtype: str = "auto"
+    state_dir: Optional[str] = None
+    resume: bool = False
+    save_every: int = 500
+    log_every: int = 20
+    progress: bool = True
+
+
+@dataclass
+class TrainResult:
+    head: torch.nn.Module
+    flat_config: dict
+    target: object  # LoadedModel
+    step: int
+    history: list = field(default_factory=list)
+    info: dict = field(default_factory=dict)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: CUDA is not available here; use --device cpu")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+    if name in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in table:
+        raise ValueError(f"--dtype {name!r}: use one of {sorted(table)} or auto")
+    return table[name]
+
+
+def lr_at(s: TrainSettings, step: int, total: int, elapsed: float) -> float:
+    """Linear warm-up, then cosine decay to min_lr_ratio * lr over the run's progress
+    (steps done, or time used when --max-seconds is set, whichever is further)."""
+    warmup = s.warmup_steps if s.warmup_steps is not None else min(200, max(1, total // 20))
+    if step < warmup:
+        return s.lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    if s.max_seconds:
+        progress = max(progress, elapsed / s.max_seconds)
+    progress = min(1.0, progress)
+    return s.lr * (s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+class Trainer:
+    def __init__(self, s: TrainSettings, log=print):
+        from ..engine.model_loader import load_model
+        from ..plugins import get_registry
+
+        if s.method not in ("eagle", "eagle3"):
+            raise ValueError(f"method {s.method!r}: train 'eagle' or 'eagle3'")
+        if s.max_len > s.token_budget:
+            raise ValueError(f"--max-len {s.max_len} exceeds --token-budget {s.token_budget}: one sequence must fit a batch")
+        self.s, self.log = s, log
+        self.device = resolve_device(s.device)
+        self.dtype = resolve_dtype(s.dtype, self.device)
+        self.autocast = self.device.type == "cuda" and self.dtype != torch.float32
+        self.target = load_model(s.target, self.dtype, self.device)
+        self.target.model.requires_grad_(False)
+        vocab = self.target.config.vocab_size
+        self.data = load_data(s.data)
+        data_vocab = self.data.meta.get("vocab_size") or max(
+            [p.get("vocab_size", 0) for p in self.data.meta.get("parts", [])] or [0])
+        if data_vocab and data_vocab != vocab:
+            raise ValueError(f"the training data was made for a vocabulary of {data_vocab} tokens, the target "
+                             f"{s.target} has {vocab}: regenerate it with `eagle-zoo train data --target {s.target}`")
+        self.index = usable(self.data, s.max_len)
+        if not self.index.numel():
+            raise ValueError(f"{s.data}: no sequence has assistant tokens within --max-len {s.max_len}")
+        self.lengths = self.data.lengths[self.index].clamp(max=s.max_len)
+
+        draft_ids, self.info = None, {}
+        if s.method == "eagle3":
+            counts = token_counts(self.data.input_ids, self.data.loss_mask, vocab)
+            draft_ids = select_draft_vocab(counts, s.draft_vocab_size or min(32000, vocab))
+            self.info["draft_vocab_coverage"] = round(coverage(counts, draft_ids), 4)
+            log(f"draft vocabulary: {draft_ids.numel()} of {vocab} tokens cover "
+                f"{self.info['draft_vocab_coverage']:.2%} of the training targets")
+        self.flat_config = head_config(self.target.path, s.method, draft_vocab_size=draft_ids.numel() if draft_ids is not None else None,
+                                       aux_layer_ids=s.aux_layers)
+        family = get_registry().family_for_config(self.target.config)
+        self.mapping = family.weight_mapping
+        self.head = build_head(family, self.flat_config, s.method, self.target.model, s.seed, draft_ids)
+        self.params = trainable_parameters(self.head, s.method)
+        self.optimizer = torch.optim.AdamW(list(self.params.values()), lr=s.lr, betas=tuple(s.betas),
+                                           weight_decay=s.weight_decay)
+        self.noise_gen = torch.Generator(device=self.device).manual_seed(s.seed + 1)
+        self.epoch_batches = plan_epoch(self.lengths, s.token_budget, s.seed, 0)
+        self.total = s.steps or max(1, round(s.epochs * len(self.epoch_batches)))
+        self.step, self.epoch, self.batch_in_epoch, self.elapsed = 0, 0, 0, 0.0
+        self.history: list[dict] = []
+        self.micro = 1  # row chunks per batch; doubled after a CUDA out-of-memory error
+        self.state_path = Path(s.state_dir) / STATE_FILE if s.state_dir else None
+        if s.resume:
+            self._load_state()
+
+    # -- one optimisation step ------------------------------------------------------
+    def _loss(self, batch):
+        s = self.s
+        with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.autocast):
+            if s.method == "eagle":
+                return eagle1_loss(self.head, self.target.model, batch, noise=s.noise, generator=self.noise_gen)
+            return eagle3_loss(self.head, self.target.model, batch, aux_layer_ids=self.flat_config["eagle_aux_hidden_state_layer_ids"],
+                               ttt_steps=s.ttt_steps, decay=s.ttt_decay,
+                               cache_dtype=self.dtype if self.autocast else torch.float32)
+
+    def train_step(self, batch) -> dict:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr_at(self.s, self.step, self.total, self.elapsed)
+        while True:
+            try:
+                metrics = self._accumulate(batch)
+                break
+            except torch.cuda.OutOfMemoryError:
+                self.optimizer.zero_grad(set_to_none=True)
+                torch.cuda.empty_cache()
+                if self.micro >= batch.input_ids.shape[0]:
+                    raise
+                self.micro *= 2
+                self.log(f"CUDA out of memory: splitting each batch into {self.micro} parts from now on "
+                         f"(lower --token-budget to avoid this)")
+        grad_norm = torch.nn.utils.clip_grad_norm_(list(self.params.values()), self.s.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics["grad_norm"] = grad_norm.detach()
+        metrics["lr"] = torch.tensor(self.optimizer.param_groups[0]["lr"])
+        return metrics
+
+    def _accumulate(self, batch) -> dict:
+        B = batch.input_ids.shape[0]
+        parts = [batch.rows(slice(i, i + -(-B // self.micro))) for i in range(0, B, -(-B // self.micro))]
+        total = max(1, int(batch.loss_mask[:, 2:].sum()))
+        out, tokens = {}, 0
+        for part in parts:
+            loss, metrics, n = self._loss(part)
+            weight = float(part.loss_mask[:, 2:].sum()) / total if len(parts) > 1 else 1.0
+            (loss * weight).backward()
+            for k, v in metrics.items():
+                out[k] = out.get(k, 0) + v * weight
+            tokens += n
+        out["tokens"] = torch.tensor(float(tokens))
+        return out
+
+    # -- the loop ------------------------------------------------------------------------
+    def next_batch(self):
+        if self.batch_in_epoch >= len(self.epoch_batches):
+            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+            self.epoch_batches = plan_epoch(self.lengths, self.s.token_budget, self.s.seed, self.epoch)
+        rows = self.index[self.epoch_batches[self.batch_in_epoch]].tolist()
+        self.batch_in_epoch += 1
+        return collate(self.data, rows, self.s.max_len).to(self.device)
+
+    def run(self) -> TrainResult:
+        from tqdm import tqdm
+
+        s = self.s
+        self.log(f"training {s.method} on {len(self.index)} sequences, {int(self.lengths.sum()):,} tokens; "
+                 f"{len(self.epoch_batches)} batches per epoch; {self.total} steps"
+                 + (f" or {s.max_seconds:.0f} s" if s.max_seconds else "") + f"; device {self.device}, {self.dtype}")
+        start, window, stop_reason = time.monotonic() - self.elapsed, [], "steps"
+        bar = tqdm(total=self.total, initial=self.step, desc=f"train {s.method}", disable=None if s.progress else True)
+        try:
+            while self.step < self.total:
+                if s.max_seconds and self.elapsed >= s.max_seconds:
+                    stop_reason = "time budget"
+                    break
+                metrics = self.train_step(self.next_batch())
+                self.step += 1
+                self.elapsed = time.monotonic() - start
+                window.append(metrics)
+                bar.update(1)
+                if self.step % s.log_every == 0 or self.step == self.total:
+                    self._log_window(window, bar)
+                    window = []
+                if self.state_path and s.save_every and self.step % s.save_every == 0:
+                    self.save_state()
+        except BaseException as exc:
+            self.log(f"training stopped at step {self.step} by {type(exc).__name__}: {exc}")
+            self.info["stopped_by"] = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            bar.close()
+            if window:
+                self._log_window(window, None)
+            if self.state_path:
+                self.save_state()
+        self.info.update(stop_reason=stop_reason, steps=self.step, seconds=round(self.elapsed, 1))
+        self.log(f"done: {self.step} steps in {self.elapsed:.1f} s (stopped by {stop_reason})")
+        return self.result()
+
+    def _log_window(self, window: list[dict], bar) -> None:
+        keys = sorted({k for m in window for k in m})
+        avg = {k: float(torch.stack([torch.as_tensor(m[k]).float().cpu() for m in window if k in m]).mean()) for k in keys}
+        avg["tokens"] = sum(float(m["tokens"]) for m in window)
+        record = {"step": self.step, "seconds": round(self.elapsed, 1), **{k: round(v, 5) for k, v in avg.items()}}
+        self.history.append(record)
+        accs = " ".join(f"{k} {avg[k]:.3f}" for k in keys if k.startswith("acc"))
+        extra = f" v {avg['v_loss']:.4f} p {avg['p_loss']:.3f}" if "v_loss" in avg else ""
+        line = (f"step {self.step}/{self.total} | loss {avg['loss']:.4f}{extra} | {accs} | lr {avg['lr']:.2e} "
+                f"| {avg['tokens'] / max(1, len(window)):.0f} tok/step | {self.elapsed:.0f} s")
+        (bar.write if bar is not None and not bar.disable else self.log)(line)
+
+    def result(self) -> TrainResult:
+        info = dict(self.info, method=self.s.method, target=str(self.s.target), steps=self.step,
+                    sequences=int(self.index.numel()), settings=_jsonable(asdict(self.s)),
+                    history=self.history[-20:])
+        return TrainResult(self.head, self.flat_config, self.target, self.step, self.history, info)
+
+    # -- resumable state -------------------------------------------------------------------
+    def _fingerprint(self) -> dict:
+        s = self.s
+        return {"method": s.method, "seed": s.seed, "token_budget": s.token_budget, "max_len": s.max_len,
+                "sequences": int(self.index.numel()), "tokens": int(self.lengths.sum()),
+                "draft_vocab_size": self.flat_config.get("draft_vocab_size")}
+
+    def save_state(self) -> None:
+        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        state = {
+            "fingerprint": self._fingerprint(), "step": self.step, "epoch": self.epoch,
+            "batch_in_epoch": self.batch_in_epoch, "elapsed": self.elapsed, "micro": self.micro,
+            "head": {k: v.detach().cpu() for k, v in self.head.state_dict().items()
+                     if k in self.params or k in ("d2t", "t2d")},
+            "optimizer": self.optimizer.state_dict(), "noise_rng": self.noise_gen.get_state(),
+            "history": json.dumps(self.history),
+        }
+        tmp = self.state_path.with_suffix(f".tmp-{os.getpid()}")
+        torch.save(state, tmp)
+        tmp.replace(self.state_path)
+
+    def _load_state(self) -> None:
+        if self.state_path is None or not self.state_path.is_file():
+            self.log(f"--resume: no {STATE_FILE} in {self.s.state_dir}; starting from step 0")
+            return
+        state = torch.load(self.state_path, map_location="cpu", weights_only=True)
+        if state["fingerprint"] != self._fingerprint():
+            raise ValueError(f"{self.state_path} belongs to another run ({state['fingerprint']} vs "
+                             f"{self._fingerprint()}): use another --state-dir or drop --resume")
+        missing = [k for k in self.params if k not in state["head"]]
+        if missing:
+            raise ValueError(f"{self.state_path}: no saved values for {missing[:3]}; the file is incomplete")
+        self.head.load_state_dict(state["head"], strict=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.noise_gen.set_state(state["noise_rng"])
+        self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
+        self.elapsed, self.micro = state["elapsed"], state["micro"]
+        self.history = json.loads(state["history"])
+        self.epoch_batches = plan_epoch(self.lengths, self.s.token_budget, self.s.seed, self.epoch)
+        self.log(f"resumed from {self.state_path} at step {self.step}")
+
+
+def _jsonable(d: dict) -> dict:
+    return json.loads(json.dumps(d, default=str))
