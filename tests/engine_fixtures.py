@@ -163,15 +163,16 @@ def load_hf(directory):
 
 @torch.no_grad()
 def hf_greedy(directory, prompts: list[list[int]], max_tokens: list[int], model=None) -> list[list[int]]:
-    """Greedy continuations by transformers' forward over the whole sequence each step."""
+    """Greedy continuations (EOS ignored) by transformers' forward and its own KV cache."""
     model = model or load_hf(directory)
     outs = []
     for prompt, n in zip(prompts, max_tokens):
-        ids = list(prompt)
-        for _ in range(n):
-            logits = model(torch.tensor([ids]), use_cache=False).logits[0, -1]
-            ids.append(int(logits.argmax()))
-        outs.append(ids[len(prompt):])
+        out = model(torch.tensor([prompt]), use_cache=True)
+        tokens = [int(out.logits[0, -1].argmax())]
+        while len(tokens) < n:
+            out = model(torch.tensor([tokens[-1:]]), past_key_values=out.past_key_values, use_cache=True)
+            tokens.append(int(out.logits[0, -1].argmax()))
+        outs.append(tokens)
     return outs
 
 
@@ -293,3 +294,52 @@ def ngram_lookup(tokens: list[int], k: int, n_min: int, n_max: int) -> list[int]
 def random_prompts(lengths, vocab: int, seed: int = 0, low: int = 3) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(low, vocab, (n,), generator=gen).tolist() for n in lengths]
+
+
+# -- weight edits for high-acceptance cases (transformers' Llama module names) ------------
+def perturb_edit(relative: float, seed: int = 99, scale: float = 0.3) -> Callable:
+    """edit= for write_target: add N(0, relative * scale) to every matrix (a near copy
+    of the target drafts well but not perfectly)."""
+    def edit(model):
+        gen = torch.Generator().manual_seed(seed)
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.add_(torch.randn(p.shape, generator=gen) * relative * scale)
+    return edit
+
+
+def bigram_edit(scale: float = 0.02) -> Callable:
+    """edit= for a Llama write_target: attention and MLP outputs scaled down, final norm
+    weight 1, so the next token depends mostly on the current one (lm_head(embed(x)) up
+    to a positive factor) and only a little on the context."""
+    def edit(model):
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.mul_(scale)
+            layer.mlp.down_proj.weight.mul_(scale)
+        model.model.norm.weight.fill_(1.0)
+    return edit
+
+
+def write_bigram_eagle_head(directory, target_dir, seed: int = 3, every: int = 7) -> Path:
+    """A yuhuili EAGLE-1 head that predicts a bigram target's next token from the token
+    alone: fc = [I | 0] (embedding only), attention and MLP outputs zero, so its logits
+    are lm_head(embed(x)). Every ``every``-th embedding row is replaced by noise, so some
+    drafts are wrong and acceptance is high but not total."""
+    from safetensors.torch import load_file
+
+    from checkpoint_factory import eagle1_weights, llama_config, write_config
+
+    target = load_file(str(Path(target_dir) / "model.safetensors"))
+    cfg = llama_config()
+    H = cfg["hidden_size"]
+    w = eagle1_weights(cfg, fc_bias=False, seed=seed)
+    w["fc.weight"] = torch.cat([torch.eye(H), torch.zeros(H, H)], 1)
+    w["layers.0.self_attn.o_proj.weight"].zero_()
+    w["layers.0.mlp.down_proj.weight"].zero_()
+    embed = target["model.embed_tokens.weight"].clone()
+    gen = torch.Generator().manual_seed(seed)
+    embed[::every] = torch.randn(embed[::every].shape, generator=gen) * 0.3
+    w["embed_tokens.weight"] = embed
+    write_config(directory, cfg)
+    save_weights(directory, w, "bin")  # yuhuili ships pytorch_model.bin
+    return Path(directory)

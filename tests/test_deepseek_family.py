@@ -104,7 +104,8 @@ def published_experts(state: dict, prefix: str = "") -> dict:
     for name, t in state.items():
         if name.endswith("experts.gate_up_proj"):
             base = name[: -len("gate_up_proj")]
-            for e, (gate, up) in enumerate(t.chunk(2, dim=1) for t in t):
+            for e, w in enumerate(t):  # [2I, H]: gate rows, then up rows
+                gate, up = w.chunk(2, dim=0)
                 out[f"{prefix}{base}{e}.gate_proj.weight"] = gate.clone()
                 out[f"{prefix}{base}{e}.up_proj.weight"] = up.clone()
         elif name.endswith("experts.down_proj"):
@@ -174,8 +175,7 @@ def test_target_loads_published_layout(tmp_path, version):
     model.load_weights(weights, str(tmp_path))
     ids, positions, _ = inputs(seed=3)
     with torch.no_grad():
-        assert_close(model.compute_logits(model(ids, positions)[0]),
-                                   ref(ids, position_ids=positions).logits)
+        assert_close(model.compute_logits(model(ids, positions)[0]), ref(ids, position_ids=positions).logits)
 
 
 @pytest.mark.parametrize("version", ["v2", "v3"])

@@ -317,7 +317,7 @@ PROMPTS = [
     "import numpy as np\n",
 ]
 QUESTIONS = ["What is 2+2?", "Name a fruit.", "Say hello.", "What colour is the sky?"]
-MAX_TOKENS = 8
+MAX_TOKENS = 6
 
 
 def make_llm(**kw):

@@ -1,0 +1,451 @@
+"""The engine end to end on CPU (fp32, tiny random checkpoints).
+
+Speculative decoding must not change greedy output: for every registered family with
+a target model, and every method (eagle, eagle3, ngram, draft_model), the speculative
+output equals the plain output token for token, with continuous batching (more prompts
+than max_num_seqs, different prompt lengths and max_tokens, so requests join and leave
+between steps). The plain output itself is checked against transformers' forward.
+
+References nobody here wrote: transformers' forward and KV cache for greedy
+continuations and for the target distribution (sampled decoding), and a plain-Python
+prompt lookup from which the n-gram counters are predicted exactly.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+import checkpoint_factory as cf
+import engine_fixtures as ef
+from eagle_zoo import LLM, SamplingParams
+from eagle_zoo.engine.sequence import Status
+
+METHODS = ("eagle", "eagle3", "ngram", "draft_model")
+K = {"eagle": 3, "eagle3": 2, "ngram": 3, "draft_model": 4}
+LENGTHS = (5, 12, 3, 19, 8)           # five prompts ...
+MAX_TOKENS = (24, 30, 17, 21, 27)     # ... leaving at different steps
+MAX_NUM_SEQS = 2                      # < number of prompts: continuous batching
+MAX_MODEL_LEN = 96
+VOCAB = cf.TINY["vocab_size"]
+NGRAM = {"prompt_lookup_min": 1, "prompt_lookup_max": 3}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # Tiny models: one intra-op thread is many times faster than two fighting over a
+    # busy 2-core machine.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def greedy(max_tokens, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **kw)
+
+
+def token_prompts(prompts):
+    return [{"prompt_token_ids": p} for p in prompts]
+
+
+def run(target, prompts, max_tokens, spec=None, max_num_seqs=MAX_NUM_SEQS, params=None):
+    llm = LLM(str(target), speculative_config=spec, device="cpu", dtype="float32",
+              max_model_len=MAX_MODEL_LEN, max_num_seqs=max_num_seqs)
+    params = params or [greedy(m) for m in max_tokens]
+    outs = llm.generate(token_prompts(prompts), params)
+    return llm, outs
+
+
+def tokens(outs) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outs]
+
+
+# -- per-family targets, written once per module ----------------------------------------
+@dataclass
+class Case:
+    root: Path
+    kind: ef.TargetKind
+    target: Path
+    prompts: list
+    _plain: list = field(default=None, repr=False)
+
+    @property
+    def plain(self):
+        """The engine's plain (non-speculative) greedy outputs."""
+        if self._plain is None:
+            self._plain = run(self.target, self.prompts, MAX_TOKENS)[1]
+        return self._plain
+
+
+@pytest.fixture(scope="module")
+def family_case(tmp_path_factory):
+    cache = {}
+
+    def get(kind: ef.TargetKind) -> Case:
+        if kind not in cache:
+            root = tmp_path_factory.mktemp(kind.family)
+            target = ef.write_target(root / "target", kind)
+            cache[kind] = Case(root, kind, target, ef.random_prompts(LENGTHS, VOCAB, seed=1))
+        return cache[kind]
+
+    return get
+
+
+def check_metrics(llm, outs, k: int, method: str):
+    """Invariants between the counters and the outputs.
+
+    Each request's first token comes from its prefill; every later one is emitted by a
+    verification step, which emits (accepted + 1) tokens, of which the last step may
+    lose up to K to max_tokens. For methods that always draft K tokens the number of
+    steps is num_drafts, so
+        sum(len(out)) = R + num_drafts + num_accepted - cut,   0 <= cut <= K * R.
+    """
+    m = llm.engine.metrics
+    lens = [len(t) for t in tokens(outs)]
+    R = len(outs)
+    assert m.num_requests == R
+    assert m.num_generation_tokens == sum(lens)
+    assert m.num_prompt_tokens == sum(len(o.prompt_token_ids) for o in outs)
+    per_pos = m.num_accepted_tokens_per_pos
+    assert len(per_pos) == k
+    assert sum(per_pos) == m.num_accepted_tokens
+    assert all(a >= b for a, b in zip(per_pos, per_pos[1:])), per_pos  # a prefix is accepted
+    assert per_pos[0] <= m.num_drafts
+    if method == "ngram":  # a lookup may find fewer than K tokens, or none (no draft)
+        assert m.num_drafts <= m.num_draft_tokens <= k * m.num_drafts
+        assert sum(lens) <= R + m.num_drafts + m.num_accepted_tokens + (sum(lens) - R)
+    else:
+        assert m.num_draft_tokens == k * m.num_drafts
+        cut = R + m.num_drafts + m.num_accepted_tokens - sum(lens)
+        assert 0 <= cut <= k * R, (cut, m)
+    assert m.num_drafts > 0
+    assert m.mean_acceptance_length == pytest.approx(1 + m.num_accepted_tokens / m.num_drafts)
+    assert m.acceptance_rate_per_pos == pytest.approx([a / m.num_drafts for a in per_pos])
+    names = {x.name: x.value for x in llm.get_metrics() if not x.labels}
+    assert names["eagle_zoo:spec_decode_num_drafts"] == m.num_drafts
+    assert names["eagle_zoo:spec_decode_num_draft_tokens"] == m.num_draft_tokens
+    assert names["eagle_zoo:spec_decode_num_accepted_tokens"] == m.num_accepted_tokens
+    by_pos = {int(x.labels["position"]): x.value for x in llm.get_metrics() if x.labels}
+    assert [by_pos[i] for i in range(k)] == per_pos
+    return m
+
+
+# -- 1. greedy: plain == transformers, speculative == plain --------------------------------
+@pytest.mark.parametrize("kind, method", ef.family_params())
+def test_plain_greedy_matches_transformers(family_case, kind, method):
+    case = family_case(kind)
+    got = tokens(case.plain)
+    want = ef.hf_greedy(case.target, case.prompts, MAX_TOKENS)
+    assert got == want
+    assert [o.outputs[0].finish_reason for o in case.plain] == ["length"] * len(LENGTHS)
+    assert len(set(sum(want, []))) > 10  # not a degenerate constant continuation
+
+
+def spec_config(case: Case, method: str) -> dict:
+    k = K[method]
+    if method in ("eagle", "eagle3"):
+        head = case.root / f"head-{method}"
+        if not head.exists():
+            ef.write_head(head, case.kind, method)
+        return {"method": method, "model": str(head), "num_speculative_tokens": k}
+    if method == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": k, **NGRAM}
+    # The target drafting for itself: every greedy draft is right, so the
+    # multi-token acceptance path runs on every step.
+    return {"method": "draft_model", "model": str(case.target), "num_speculative_tokens": k}
+
+
+@pytest.mark.parametrize("kind, method", ef.family_params(METHODS))
+def test_greedy_speculative_equals_plain(family_case, kind, method):
+    case = family_case(kind)
+    llm, outs = run(case.target, case.prompts, MAX_TOKENS, spec_config(case, method))
+    assert tokens(outs) == tokens(case.plain)
+    assert [len(t) for t in tokens(outs)] == list(MAX_TOKENS)
+    m = check_metrics(llm, outs, K[method], method)
+    if method == "draft_model":
+        k = K[method]
+        # All accepted, counted even where max_tokens cuts the last step short.
+        steps = sum(math.ceil((n - 1) / (k + 1)) for n in MAX_TOKENS)
+        assert (m.num_drafts, m.num_accepted_tokens) == (steps, k * steps)
+        assert m.num_accepted_tokens_per_pos == [steps] * k
+        assert m.mean_acceptance_length == k + 1
+
+
+# -- 2. Llama: high acceptance with EAGLE and n-gram, exact counters ----------------------
+def llama_kind() -> ef.TargetKind:
+    from eagle_zoo.plugins import get_registry
+
+    kind, why = ef.target_kind(get_registry().families["llama"])
+    assert kind is not None, why
+    return kind
+
+
+@pytest.fixture(scope="module")
+def bigram(tmp_path_factory):
+    """A Llama target whose next token depends mostly on the current one, and an EAGLE-1
+    head that predicts it from the token alone (see engine_fixtures.bigram_edit)."""
+    root = tmp_path_factory.mktemp("bigram")
+    target = ef.write_target(root / "target", llama_kind(), edit=ef.bigram_edit())
+    head = ef.write_bigram_eagle_head(root / "head", target)
+    return target, head
+
+
+def test_eagle_high_acceptance_equals_plain(bigram):
+    target, head = bigram
+    prompts = ef.random_prompts(LENGTHS, VOCAB, seed=2)
+    want = ef.hf_greedy(target, prompts, MAX_TOKENS)
+    spec = {"method": "eagle", "model": str(head), "num_speculative_tokens": 3}
+    llm, outs = run(target, prompts, MAX_TOKENS, spec)
+    assert tokens(outs) == want
+    m = check_metrics(llm, outs, 3, "eagle")
+    # Multi-token acceptance, all-accepted rounds and rejections all happened.
+    assert m.num_accepted_tokens_per_pos[-1] > 0
+    assert m.num_accepted_tokens < m.num_draft_tokens
+    assert m.mean_acceptance_length > 1.5
+
+
+def expected_ngram_counters(prompts, continuations, max_tokens, k, n_min, n_max):
+    """The counters predicted from the reference continuation and the reference lookup."""
+    drafts = draft_tokens = accepted = 0
+    per_pos = [0] * k
+    for prompt, cont, m in zip(prompts, continuations, max_tokens):
+        out = cont[:1]  # the prefill's token
+        while len(out) < m:
+            draft = ef.ngram_lookup(prompt + out, k, n_min, n_max)
+            a = 0
+            while a < len(draft) and draft[a] == cont[len(out) + a]:
+                a += 1
+            if draft:
+                drafts, draft_tokens, accepted = drafts + 1, draft_tokens + len(draft), accepted + a
+                for i in range(a):
+                    per_pos[i] += 1
+            out = cont[:min(len(out) + a + 1, m)]
+    return drafts, draft_tokens, accepted, per_pos
+
+
+@pytest.mark.parametrize("n_min, n_max", [(1, 3), (2, 2)])
+def test_ngram_counters_match_reference_lookup(bigram, n_min, n_max):
+    target, _ = bigram
+    k = 3
+    prompts = [[7, 8, 9, 10] * 4, [20, 21, 22, 20, 21], *ef.random_prompts((6, 13, 2), VOCAB, seed=3)]
+    max_tokens = [26, 31, 19, 40, 23]
+    # Continuations K tokens past max_tokens: a last draft may reach beyond them.
+    cont = ef.hf_greedy(target, prompts, [m + k for m in max_tokens])
+    spec = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": n_min, "prompt_lookup_max": n_max}
+    llm, outs = run(target, prompts, max_tokens, spec)
+    assert tokens(outs) == [c[:m] for c, m in zip(cont, max_tokens)]
+    m = check_metrics(llm, outs, k, "ngram")
+    want = expected_ngram_counters(prompts, cont, max_tokens, k, n_min, n_max)
+    assert (m.num_drafts, m.num_draft_tokens, m.num_accepted_tokens, m.num_accepted_tokens_per_pos) == want
+    assert m.num_accepted_tokens_per_pos[-1] > 0
+
+
+def test_draft_model_partial_acceptance_step_by_step(tmp_path):
+    """A near copy of the target as draft model; the engine driven step by step.
+
+    Per step: one draft of K tokens per sequence that was already running; each emits
+    1..K+1 tokens; where no sequence finished, accepted == sum(emitted - 1)."""
+    kind, k = llama_kind(), 3
+    target = ef.write_target(tmp_path / "target", kind)
+    draft = ef.write_target(tmp_path / "draft", kind, edit=ef.perturb_edit(0.05))
+    prompts = ef.random_prompts(LENGTHS, VOCAB, seed=4)
+    want = ef.hf_greedy(target, prompts, MAX_TOKENS)
+    llm = LLM(str(target), speculative_config={"method": "draft_model", "model": str(draft),
+                                               "num_speculative_tokens": k},
+              device="cpu", max_model_len=MAX_MODEL_LEN, max_num_seqs=MAX_NUM_SEQS)
+    eng, m = llm.engine, llm.engine.metrics
+    seqs = [eng.add_request(p, greedy(n)) for p, n in zip(prompts, MAX_TOKENS)]
+    joined_while_decoding = False
+    while eng.has_unfinished():
+        running = [s for s in seqs if s.status is Status.RUNNING]
+        waiting = [s for s in seqs if s.status is Status.WAITING]
+        before = {s.request_id: len(s.output_token_ids) for s in running}
+        counters = (m.num_drafts, m.num_draft_tokens, m.num_accepted_tokens)
+        done = eng.step()
+        assert sum(s.status is Status.RUNNING for s in seqs) <= MAX_NUM_SEQS
+        joined = [s for s in waiting if s.status is not Status.WAITING]
+        joined_while_decoding |= bool(joined and running)
+        for s in joined:  # a prefill emits exactly one token
+            assert len(s.output_token_ids) == 1
+        emitted = [len(s.output_token_ids) - before[s.request_id] for s in running]
+        assert all(1 <= e <= k + 1 for e in emitted), emitted
+        d_drafts, d_draft_tokens, d_accepted = (m.num_drafts - counters[0], m.num_draft_tokens - counters[1],
+                                                m.num_accepted_tokens - counters[2])
+        assert (d_drafts, d_draft_tokens) == (len(running), k * len(running))
+        if not set(done) & set(running):
+            assert d_accepted == sum(e - 1 for e in emitted)
+        else:  # a finishing sequence may drop accepted tokens past max_tokens
+            assert d_accepted >= sum(e - 1 for e in emitted)
+    assert joined_while_decoding
+    assert [s.output_token_ids for s in seqs] == want
+    assert 0 < m.num_accepted_tokens < m.num_draft_tokens  # partial acceptance
+
+
+@pytest.mark.parametrize("fmt", sorted(cf.WRITERS))
+def test_published_head_layouts_equal_plain(tmp_path, fmt):
+    """One head of each publisher's layout (checkpoint_factory) drives the engine."""
+    target = ef.write_target(tmp_path / "target", llama_kind())
+    cf.WRITERS[fmt](tmp_path / "head")
+    prompts = ef.random_prompts((4, 9, 15), VOCAB, seed=5)
+    max_tokens = (14, 11, 9)
+    want = ef.hf_greedy(target, prompts, max_tokens)
+    llm, outs = run(target, prompts, max_tokens, {"model": str(tmp_path / "head"), "num_speculative_tokens": 2})
+    assert tokens(outs) == want
+    method = "eagle3" if "eagle3" in fmt or "peagle" in fmt else "eagle"
+    assert llm.speculative_config.method == method
+    check_metrics(llm, outs, 2, method)
+
+
+# -- 3. stops inside an accepted run -------------------------------------------------------
+@pytest.fixture(scope="module")
+def llama_target(tmp_path_factory):
+    root = tmp_path_factory.mktemp("llama")
+    return ef.write_target(root / "target", llama_kind())
+
+
+def test_stop_token_inside_accepted_run(llama_target):
+    prompt = ef.random_prompts((7,), VOCAB, seed=6)[0]
+    ref = ef.hf_greedy(llama_target, [prompt], [30])[0]
+    stop = ref[9]
+    first = ref.index(stop)
+    spec = {"method": "draft_model", "model": str(llama_target), "num_speculative_tokens": 4}
+    for s in (None, spec):
+        _, outs = run(llama_target, [prompt], [30], s, params=[greedy(30, stop_token_ids=[stop])])
+        out = outs[0].outputs[0]
+        assert out.token_ids == ref[:first + 1]
+        assert (out.finish_reason, out.stop_reason) == ("stop", stop)
+
+
+def test_no_max_tokens_stops_at_max_model_len(llama_target):
+    prompt = ef.random_prompts((10,), VOCAB, seed=7)[0]
+    ref = ef.hf_greedy(llama_target, [prompt], [MAX_MODEL_LEN - 10])[0]
+    spec = {"method": "draft_model", "model": str(llama_target), "num_speculative_tokens": 4}
+    for s in (None, spec):
+        _, outs = run(llama_target, [prompt], [None], s, params=[greedy(None)])
+        out = outs[0].outputs[0]
+        assert len(prompt) + len(out.token_ids) == MAX_MODEL_LEN
+        assert out.token_ids == ref and out.finish_reason == "length"
+
+
+# -- 4. sampled decoding ----------------------------------------------------------------------
+@pytest.mark.parametrize("method", [None, "ngram", "eagle"])
+def test_seeded_sampling_reproducible_across_batches(tmp_path, llama_target, method):
+    spec = None
+    if method == "ngram":
+        spec = {"method": "ngram", "num_speculative_tokens": 3, **NGRAM}
+    elif method == "eagle":
+        ef.write_head(tmp_path / "head", llama_kind(), "eagle")
+        spec = {"method": "eagle", "model": str(tmp_path / "head"), "num_speculative_tokens": 3}
+    mine = ef.random_prompts((9,), VOCAB, seed=8)[0]
+    seeded = SamplingParams(temperature=0.9, top_p=0.95, seed=1234, max_tokens=20, ignore_eos=True)
+    alone = tokens(run(llama_target, [mine], [20], spec, max_num_seqs=1, params=[seeded])[1])[0]
+
+    others = ef.random_prompts((3, 17, 6, 11), VOCAB, seed=9)
+    other_params = [SamplingParams(temperature=1.0, seed=7, max_tokens=13, ignore_eos=True),
+                    SamplingParams(temperature=0.7, top_k=5, max_tokens=25, ignore_eos=True),
+                    greedy(8),
+                    SamplingParams(temperature=1.3, max_tokens=17, ignore_eos=True)]
+    prompts = others[:2] + [mine] + others[2:]
+    params = other_params[:2] + [seeded] + other_params[2:]
+    for n in (2, 5):
+        batch = tokens(run(llama_target, prompts, None, spec, max_num_seqs=n, params=params)[1])
+        assert batch[2] == alone
+    other_seed = SamplingParams(temperature=0.9, top_p=0.95, seed=4321, max_tokens=20, ignore_eos=True)
+    assert tokens(run(llama_target, [mine], [20], spec, max_num_seqs=1, params=[other_seed])[1])[0] != alone
+
+
+def test_sampled_speculative_distribution_matches_target(tmp_path, llama_target):
+    """Three sampled tokens (temperature 1, top-k 2: eight outcomes) through a draft model
+    that is often wrong: their joint frequency over many requests matches the product of
+    the target's conditional distributions computed by transformers (chi-square)."""
+    draft = ef.write_target(tmp_path / "draft", llama_kind(), edit=ef.perturb_edit(0.3))
+    prompt = ef.random_prompts((6,), VOCAB, seed=10)[0]
+    n, top_k = 600, 2
+    params = SamplingParams(temperature=1.0, top_k=top_k, max_tokens=3, ignore_eos=True)
+    llm = LLM(str(llama_target), speculative_config={"method": "draft_model", "model": str(draft),
+                                                     "num_speculative_tokens": 2},
+              device="cpu", max_model_len=32, max_num_seqs=64, seed=11)
+    outs = llm.generate(token_prompts([prompt] * n), params)
+    counts: dict[tuple, int] = {}
+    for t in tokens(outs):
+        counts[tuple(t)] = counts.get(tuple(t), 0) + 1
+
+    model = ef.load_hf(llama_target)
+    expected: dict[tuple, float] = {}
+    p1 = ef.hf_next_token_probs(model, prompt, top_k=top_k)
+    for a in p1.nonzero().flatten().tolist():
+        p2 = ef.hf_next_token_probs(model, prompt + [a], top_k=top_k)
+        for b in p2.nonzero().flatten().tolist():
+            p3 = ef.hf_next_token_probs(model, prompt + [a, b], top_k=top_k)
+            for c in p3.nonzero().flatten().tolist():
+                expected[(a, b, c)] = float(p1[a] * p2[b] * p3[c])
+    assert set(counts) <= set(expected), "a token outside the target's top-k was emitted"
+    chi2 = sum((counts.get(key, 0) - n * p) ** 2 / (n * p) for key, p in expected.items())
+    assert chi2 < 24.3, (chi2, counts, expected)  # 7 degrees of freedom, p = 0.001
+    m = llm.engine.metrics
+    assert 0 < m.num_accepted_tokens < m.num_draft_tokens  # both acceptance and rejection ran
+
+
+# -- 5. SmolLM2, the embedded default target ----------------------------------------------------
+SMOL_PROMPTS = [
+    "The capital of France is",
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
+]
+SMOL_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory):
+    from eagle_zoo import default_target as dt
+
+    try:
+        path = dt.resolve_default(dt.DEFAULT_MODEL_ID)
+    except dt.DefaultTargetError as exc:
+        pytest.skip(f"default target unavailable: {exc}")
+    return path
+
+
+def write_smollm2_eagle_head(directory: Path, target: Path) -> Path:
+    """A random yuhuili EAGLE-1 head at SmolLM2's sizes (hidden 576, 9 heads, 3 kv heads,
+    intermediate 1536, vocab 49152): fc + one decoder layer, no embed_tokens / lm_head
+    (shared from the target)."""
+    cfg = json.loads((target / "config.json").read_text())
+    cfg.update(num_hidden_layers=1, architectures=["LlamaForCausalLM"])
+    cfg.setdefault("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+    assert (cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"],
+            cfg["intermediate_size"], cfg["vocab_size"]) == (576, 9, 3, 1536, 49152)
+    gen = torch.Generator().manual_seed(0)
+    H = cfg["hidden_size"]
+    w = cf.decoder_layer(gen, "layers.0.", cfg, H, ("post_attention_layernorm",))
+    w["fc.weight"] = torch.randn(H, 2 * H, generator=gen) * 0.02
+    cf.write_config(directory, cfg)
+    cf.save_weights(directory, w, "safetensors")
+    return directory
+
+
+@pytest.mark.slow
+def test_smollm2_speculative_equals_plain(smollm2, tmp_path):
+    params = SamplingParams(temperature=0.0, max_tokens=SMOL_TOKENS, ignore_eos=True)
+    kw = dict(device="cpu", dtype="float32", max_model_len=128, max_num_seqs=2)
+    plain = LLM("HuggingFaceTB/SmolLM2-135M-Instruct", **kw)
+    want = plain.generate(SMOL_PROMPTS, params)
+    del plain
+    ids = [o.prompt_token_ids for o in want]
+    assert tokens(want) == ef.hf_greedy(smollm2, ids, [SMOL_TOKENS] * len(ids))
+
+    head = write_smollm2_eagle_head(tmp_path / "head", smollm2)
+    for spec, method in (({"method": "ngram", "num_speculative_tokens": 3, **NGRAM}, "ngram"),
+                         ({"model": str(head), "num_speculative_tokens": 3}, "eagle")):
+        llm = LLM("HuggingFaceTB/SmolLM2-135M-Instruct", speculative_config=spec, **kw)
+        outs = llm.generate(SMOL_PROMPTS, params)
+        assert tokens(outs) == tokens(want), method
+        assert [o.outputs[0].text for o in outs] == [o.outputs[0].text for o in want]
+        m = check_metrics(llm, outs, 3, method)
+        if method == "ngram":  # the code prompt repeats itself
+            assert m.num_accepted_tokens > 0
+        del llm
