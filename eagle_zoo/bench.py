@@ -38,6 +38,16 @@ def add_arguments(p):
     p.add_argument("--json", dest="json_out", default=None, help="write the results as JSON here")
     p.add_argument("--test", action="store_true", help="assert the mean acceptance length against the catalog")
     p.add_argument("--rtol", type=float, default=DEFAULT_RTOL)
+    perf = p.add_argument_group("speed tables (--perf, see eagle_zoo/perf.py)")
+    perf.add_argument("--perf", action="store_true", help="run the speed tables instead of the acceptance benchmark")
+    perf.add_argument("--eagle", default=None, help="EAGLE-1 head for the batch-1 table")
+    perf.add_argument("--eagle3", default=None, help="EAGLE-3 head for the batch-1 and throughput tables")
+    perf.add_argument("--ks", default="1,2,3,4,5", help="speculative depths of the batch-1 table")
+    perf.add_argument("--batch-sizes", default="1,4,16,64")
+    perf.add_argument("--tput-k", type=int, default=3, help="k of the throughput table")
+    perf.add_argument("--hf-prompts", type=int, default=0, help="prompts for the transformers generate peer (0: skip)")
+    perf.add_argument("--perf-max-model-len", type=int, default=1024)
+    perf.add_argument("--floor", action="store_true", help="time an 8B-shaped decode step against the bandwidth floor")
 
 
 def load_prompts(dataset: Optional[str], num_prompts: int) -> list[str]:
@@ -142,6 +152,10 @@ def save_plot(rates: list[float], path: str, title: str) -> None:
 
 
 def run(args) -> int:
+    if args.perf:
+        from .perf import run_perf
+
+        return run_perf(args)
     prompts = load_prompts(args.dataset, args.num_prompts)
     spec = None
     if args.method or args.draft:

@@ -18,6 +18,7 @@ References nobody here wrote: transformers' own forward (``hf_greedy``,
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,12 +166,14 @@ def load_hf(directory):
 def hf_greedy(directory, prompts: list[list[int]], max_tokens: list[int], model=None) -> list[list[int]]:
     """Greedy continuations (EOS ignored) by transformers' forward and its own KV cache."""
     model = model or load_hf(directory)
+    # transformers 5.x renamed past_key_values to cache (the old name warns).
+    key = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
     outs = []
     for prompt, n in zip(prompts, max_tokens):
         out = model(torch.tensor([prompt]), use_cache=True)
         tokens = [int(out.logits[0, -1].argmax())]
         while len(tokens) < n:
-            out = model(torch.tensor([tokens[-1:]]), past_key_values=out.past_key_values, use_cache=True)
+            out = model(torch.tensor([tokens[-1:]]), use_cache=True, **{key: getattr(out, key)})
             tokens.append(int(out.logits[0, -1].argmax()))
         outs.append(tokens)
     return outs

@@ -214,7 +214,9 @@ def test_moe_matches_transformers(case, tokens):
     config = tiny_config(version, **kw)
     ref = randomize(HF(version).moe(config), seed=6)
     moe = DeepseekMoE(config)
-    load_weights(moe, published_experts(ref.state_dict()), deepseek_mapping(config), "moe.safetensors")
+    # Under its checkpoint name (mapping parts start with a dot: ".experts.0.gate_proj.weight").
+    holder = nn.ModuleDict({"mlp": moe})
+    load_weights(holder, published_experts(ref.state_dict(), "mlp."), deepseek_mapping(config), "moe.safetensors")
     x = torch.randn(1, tokens, H, generator=torch.Generator().manual_seed(7))
     with torch.no_grad():
         assert_close(moe(x), ref(x))
@@ -234,14 +236,15 @@ def test_tensor_parallel_shards_sum_to_the_whole(monkeypatch, version):
     partial outputs that add up to the unsharded module's output."""
     config = tiny_config(version, rope_parameters=YARN)
     ref = hf_target(version, seed=9, rope_parameters=YARN)
-    weights = {k[len("model.layers.1."):]: v for k, v in ref.state_dict().items() if k.startswith("model.layers.1.")}
+    prefix = "model.layers.1."
+    weights = {k[len(prefix):]: v for k, v in ref.state_dict().items()
+               if k.startswith((prefix + "self_attn.", prefix + "mlp."))}
     mapping = deepseek_mapping(config)
 
     def build(rank, size):
         with ps.fake(rank, size):
             attn, moe = DeepseekMLAAttention(config, 0), DeepseekMoE(config)
-        load_weights(attn, {k[10:]: v for k, v in weights.items() if k.startswith("self_attn.")}, mapping, "attn")
-        load_weights(moe, {k[4:]: v for k, v in weights.items() if k.startswith("mlp.")}, mapping, "moe")
+        load_weights(nn.ModuleDict({"self_attn": attn, "mlp": moe}), weights, mapping, "layer 1")
         return attn, moe
 
     _, positions, g = inputs()
@@ -271,6 +274,14 @@ def write_head(directory: Path, config, architecture: str, weights: dict, **extr
     save_file({k: v.contiguous() for k, v in weights.items()}, str(directory / "model.safetensors"),
               metadata={"format": "pt"})
     return directory
+
+
+@pytest.fixture
+def builtin_plugins(monkeypatch, reset_plugin_host):
+    """The global plugin host with the built-in plugins only: what is tested here is
+    the built-in family, whatever third-party packages happen to be installed."""
+    monkeypatch.setenv(reset_plugin_host.DISABLE_AUTOLOAD_ENV, "1")
+    return reset_plugin_host
 
 
 def shared_target(version: str, **kw) -> DeepseekForCausalLM:
@@ -320,7 +331,7 @@ EAGLE_CASES = {
 
 
 @pytest.mark.parametrize("case", list(EAGLE_CASES))
-def test_eagle_head_loads_and_matches_reference(tmp_path, case):
+def test_eagle_head_loads_and_matches_reference(tmp_path, builtin_plugins, case):
     version, kw, arch, own_lm_head = EAGLE_CASES[case]
     config = tiny_config(version, **kw)
     moe = config.n_routed_experts > 0
@@ -403,7 +414,7 @@ EAGLE3_CASES = {
 
 
 @pytest.mark.parametrize("case", list(EAGLE3_CASES))
-def test_eagle3_head_loads_and_matches_reference(tmp_path, case):
+def test_eagle3_head_loads_and_matches_reference(tmp_path, builtin_plugins, case):
     version, kw, nbr, arch = EAGLE3_CASES[case]
     draft_vocab = 40
     config = tiny_config(version, **kw)
@@ -522,8 +533,8 @@ def test_registers_deepseek_family():
     assert spec.config_class(model_type="deepseek_v2", hidden_size=64).model_type == "deepseek_v2"
 
 
-def test_registry_resolves_deepseek_head_names(reset_plugin_host):
-    registry = reset_plugin_host.get_registry()
+def test_registry_resolves_deepseek_head_names(builtin_plugins):
+    registry = builtin_plugins.get_registry()
     for arch in ("EagleDeepseekV2ForCausalLM", "EagleDeepseekV3ForCausalLM", "EagleDeepSeekMTPModel"):
         assert registry.head_class(arch) is DeepseekEagleHead
     for arch in ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM", "DeepseekV3ForCausalLMEagle3"):

@@ -329,12 +329,18 @@ def make_llm(**kw):
 @pytest.fixture(scope="module")
 def offline(tokenizer_dir):
     """Reference answers: the engine alone, no server, no speculation."""
-    llm = make_llm(max_num_seqs=8)
+    llm = make_llm(max_num_seqs=16)
     greedy = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
-    completions = {p: o.outputs[0].text for p, o in zip(PROMPTS, llm.generate(PROMPTS, greedy))}
-    answers = llm.chat([[{"role": "user", "content": q}] for q in QUESTIONS], greedy)
-    chats = {q: o.outputs[0].text for q, o in zip(QUESTIONS, answers)}
-    return SimpleNamespace(completions=completions, chats=chats, tokenizer=llm.tokenizer)
+    chats = [{"prompt": llm.apply_chat_template([{"role": "user", "content": q}])} for q in QUESTIONS]
+    extra = [SamplingParams(temperature=0, max_tokens=MAX_TOKENS, stop=["."]),
+             SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=MAX_TOKENS)]
+    outs = [o.outputs[0] for o in llm.generate(PROMPTS + chats + [PROMPTS[0], PROMPTS[2]],
+                                                 [greedy] * (len(PROMPTS) + len(chats)) + extra)]
+    stopped, sampled = outs[-2:]
+    assert stopped.finish_reason == "stop", "pick a stop string the answer contains"
+    return SimpleNamespace(completions={p: o.text for p, o in zip(PROMPTS, outs)},
+                           chats={q: o.text for q, o in zip(QUESTIONS, outs[len(PROMPTS):])},
+                           tokenizer=llm.tokenizer, stopped=stopped, sampled=sampled.text)
 
 
 @pytest.fixture(scope="module")
@@ -345,7 +351,8 @@ def server(tokenizer_dir):
 
 def ask(client, kind: str, text: str, stream: bool, max_tokens: int = MAX_TOKENS, **kw):
     """One greedy request -> (text, finish_reason, usage)."""
-    common = dict(model=MODEL, max_tokens=max_tokens, temperature=0, stream=stream, **kw)
+    common = dict(model=MODEL, max_tokens=max_tokens, temperature=0, stream=stream)
+    common.update(kw)
     if stream:
         common["stream_options"] = {"include_usage": True}
     if kind == "chat":
@@ -374,6 +381,11 @@ def test_answers_equal_offline_generate(server, offline, stream):
         assert usage.prompt_tokens == len(offline.tokenizer.encode(p))
     for q in QUESTIONS[:2]:
         assert ask(client, "chat", q, stream)[0] == offline.chats[q]
+    # A stop string (streamed: text that may start it is held back until it resolves).
+    assert ask(client, "completion", PROMPTS[0], stream, stop=["."])[:2] == (
+        offline.stopped.text, offline.stopped.finish_reason)
+    # Seeded sampling draws from a per-request generator: the same answer whatever the batch.
+    assert ask(client, "completion", PROMPTS[2], stream, temperature=0.8, top_p=0.9, seed=7)[0] == offline.sampled
 
 
 @pytest.mark.slow

@@ -147,14 +147,18 @@ class EngineCore:
 
     # -- bookkeeping -----------------------------------------------------------
     def _append(self, seq: Sequence, new_tokens: list[int]) -> None:
-        p = seq.params
         for t in new_tokens:
             seq.output_token_ids.append(t)
             if self._stop_reason(seq, t):
                 break
-            if len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            if self._at_length_limit(seq):
                 break
         self._update_text(seq)
+
+    def _at_length_limit(self, seq: Sequence) -> bool:
+        # max_tokens None means: until the context (max_model_len) is full.
+        limit = seq.params.max_tokens
+        return (limit is not None and len(seq.output_token_ids) >= limit) or seq.num_tokens >= self.max_model_len
 
     def _stop_reason(self, seq: Sequence, token: int) -> bool:
         p = seq.params
@@ -178,9 +182,7 @@ class EngineCore:
     def _finish_if_done(self, seqs: list[Sequence]) -> list[Sequence]:
         done = []
         for seq in seqs:
-            if seq.finish_reason is None and (
-                len(seq.output_token_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len
-            ):
+            if seq.finish_reason is None and self._at_length_limit(seq):
                 seq.finish_reason = "length"
             if seq.finish_reason is not None:
                 self.scheduler.finish(seq)

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import operator
 from pathlib import Path
 from typing import Any, Optional, Sequence as Seq, Union
 
@@ -146,21 +147,28 @@ class LLM:
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         params = self._params_list(sampling_params, len(prompts))
+        encoded = [self._encode(prompt) for prompt in prompts]  # bad prompts fail before any is queued
         seqs = []
-        for prompt, p in zip(prompts, params):
-            text, ids = self._encode(prompt)
-            seqs.append(self.engine.add_request(ids, p, prompt=text))
-        progress = None
-        if use_tqdm:
-            from tqdm import tqdm
+        try:
+            for (text, ids), p in zip(encoded, params):
+                seqs.append(self.engine.add_request(ids, p, prompt=text))
+            progress = None
+            if use_tqdm:
+                from tqdm import tqdm
 
-            progress = tqdm(total=len(seqs), desc="generate")
-        while self.engine.has_unfinished():
-            done = self.engine.step()
+                progress = tqdm(total=len(seqs), desc="generate")
+            while self.engine.has_unfinished():
+                done = self.engine.step()
+                if progress is not None:
+                    progress.update(len(done))
             if progress is not None:
-                progress.update(len(done))
-        if progress is not None:
-            progress.close()
+                progress.close()
+        except BaseException:
+            # A failed (or interrupted) call leaves none of its requests queued: the
+            # next generate() would otherwise run them too.
+            for seq in seqs:
+                self.engine.abort(seq.request_id)
+            raise
         return [self.engine.to_output(s) for s in seqs]
 
     def chat(
@@ -188,7 +196,15 @@ class LLM:
     def _encode(self, prompt) -> tuple[Optional[str], list[int]]:
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+                ids = prompt["prompt_token_ids"]
+                try:
+                    if isinstance(ids, (str, bytes)):
+                        raise TypeError
+                    return prompt.get("prompt"), [operator.index(t) for t in ids]
+                except TypeError:
+                    raise TypeError(
+                        f"'prompt_token_ids' must be a list of integer token ids, got {ids!r:.80}"
+                    ) from None
             if "prompt" not in prompt:
                 raise ValueError("a prompt dict needs 'prompt' (text) or 'prompt_token_ids'")
             prompt = prompt["prompt"]
@@ -207,7 +223,15 @@ class LLM:
             return [SamplingParams()] * n
         if isinstance(sampling_params, SamplingParams):
             return [sampling_params] * n
+        if isinstance(sampling_params, (dict, str)):
+            raise TypeError(
+                f"sampling_params must be a SamplingParams or a list of them, got a {type(sampling_params).__name__}: "
+                f"write SamplingParams(temperature=..., max_tokens=...)"
+            )
         sampling_params = list(sampling_params)
+        bad = sorted({type(p).__name__ for p in sampling_params if not isinstance(p, SamplingParams)})
+        if bad:
+            raise TypeError(f"sampling_params must all be SamplingParams, got {', '.join(bad)}")
         if len(sampling_params) != n:
             raise ValueError(f"got {len(sampling_params)} SamplingParams for {n} prompts: give one, or one per prompt")
         return sampling_params

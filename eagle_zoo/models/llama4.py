@@ -175,7 +175,7 @@ class Llama4Attention(nn.Module):
         if self.qk_norm is not None:
             q, k = self.qk_norm(q), self.qk_norm(k)
         if self.floor_scale is not None:  # per-token query temperature, by the token's position
-            scale = torch.log1p(torch.floor((positions.float() + 2.0) / self.floor_scale)) * self.attn_scale + 1.0
+            scale = torch.log1p(torch.floor((positions.float() + 1.0) / self.floor_scale)) * self.attn_scale + 1.0
             q = (q * scale[..., None, None]).to(q.dtype)
         return self.o_proj(self.attn(q, k, v))
 

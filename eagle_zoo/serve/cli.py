@@ -55,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, NotImplementedError, FileNotFoundError) as exc:
         return _fail(str(exc))
     app = create_app(llm, served_model_names=args.served_model_name or [args.model], api_key=args.api_key)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    # On Ctrl-C open streams get a few seconds, then the engine fails what is left.
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
     return 0
 
 

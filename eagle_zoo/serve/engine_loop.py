@@ -21,6 +21,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable, Optional
 
+import torch
+
 from ..engine.sampling_params import SamplingParams
 
 log = logging.getLogger("eagle_zoo.serve")
@@ -121,6 +123,9 @@ class EngineLoop:
 
     # -- engine thread -----------------------------------------------------------
     def _run(self) -> None:
+        device = torch.device(getattr(self.engine, "device", None) or "cpu")
+        if device.type == "cuda" and device.index is not None:
+            torch.cuda.set_device(device)  # a new thread starts on cuda:0, whatever the engine uses
         while not self._stopping.is_set():
             try:
                 self._wake.clear()  # before draining, so no order is missed

@@ -10,7 +10,6 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from ..config.eagle_config import EagleConfig
 from ..models.layers import LinearBase, RMSNorm
 
 # Keys of a target config.json that describe the file, not the model.
@@ -67,6 +66,18 @@ def init_weights(module: nn.Module, std: float, generator: torch.Generator) -> N
             m.weight.fill_(1.0)
 
 
+def _config_object(family, flat: dict, method: str):
+    """The head's config as the family's transformers config class (heads read settings
+    by attribute; extra keys such as draft_vocab_size become attributes). EagleConfig
+    only when the family registers no class: eagle_zoo.config needs pydantic, which the
+    GPU machines may lack."""
+    if family.config_class is not None:
+        return family.config_class(**{k: v for k, v in flat.items() if k != "model_type"})
+    from ..config.eagle_config import EagleConfig
+
+    return EagleConfig.from_dict(flat, method=method)
+
+
 def shared_modules(method: str) -> tuple[str, ...]:
     """Modules taken from the target (frozen, never saved by default)."""
     return ("embed_tokens", "lm_head") if method == "eagle" else ("embed_tokens",)
@@ -74,8 +85,7 @@ def shared_modules(method: str) -> tuple[str, ...]:
 
 def build_head(family, flat_config: dict, method: str, target: nn.Module, seed: int,
                draft_ids: Optional[torch.Tensor] = None) -> nn.Module:
-    config = EagleConfig.from_dict(flat_config, method=method)
-    head = family.head_class(method)(config)
+    head = family.head_class(method)(_config_object(family, flat_config, method))
     generator = torch.Generator().manual_seed(seed)
     init_weights(head, float(flat_config.get("initializer_range") or 0.02), generator)
     shared = shared_modules(method)

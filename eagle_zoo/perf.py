@@ -1,0 +1,175 @@
+"""`eagle-zoo bench --perf`: decoding speed, each table from one run.
+
+Tables (all greedy, MT-bench first turns, chat template):
+  batch 1: transformers `generate` (peer), our plain decoding, EAGLE / EAGLE-3 chains
+           for k in --ks, with mean acceptance length and speed-up over plain;
+  throughput at several batch sizes with and without speculation;
+  greedy losslessness: speculative outputs equal to plain outputs, per prompt;
+  a Llama-3-8B-shaped random-weight decode step against the weight-bytes floor.
+Timing: warm-up first, torch.cuda.synchronize around timed regions, one run each.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from .bench import load_prompts
+
+COPY_BANDWIDTH = 4.25e12  # bytes/s read + written, measured on the H200 (shared/GPU.md)
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed_generate(llm, conversations, params):
+    _sync()
+    start = time.perf_counter()
+    outs = llm.chat(conversations, params)
+    _sync()
+    seconds = time.perf_counter() - start
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    return outs, tokens, seconds
+
+
+def batch1(llm, conversations, params):
+    """Requests one after another (batch 1); returns outputs, tokens/s."""
+    outs, tokens, seconds = [], 0, 0.0
+    for conv in conversations:
+        o, t, s = timed_generate(llm, [conv], params)
+        outs += o
+        tokens += t
+        seconds += s
+    return outs, tokens / seconds
+
+
+def hf_generate_tps(model_dir, conversations, max_tokens, device, dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+    tokens, seconds = 0, 0.0
+    for conv in conversations:
+        text = tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+        ids = tok(text, return_tensors="pt", add_special_tokens=False).input_ids.to(device)
+        _sync()
+        start = time.perf_counter()
+        out = model.generate(ids, max_new_tokens=max_tokens, do_sample=False)
+        _sync()
+        seconds += time.perf_counter() - start
+        tokens += out.shape[1] - ids.shape[1]
+    del model
+    return tokens / seconds
+
+
+def decode_step_floor(device, dtype, steps: int = 50) -> dict:
+    """A Llama-3-8B-shaped model with random weights: time one decode step (batch 1)
+    through our engine's runner (CUDA graph) and compare with weight bytes / bandwidth."""
+    from transformers import LlamaConfig
+
+    from .engine.graphs import GraphPool
+    from .engine.runner import ModelRunner
+    from .models.llama import LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                         num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192,
+                         rope_theta=500000.0, tie_word_embeddings=False)
+    with torch.device(device):
+        model = LlamaForCausalLM(config).to(dtype)
+    for p in model.parameters():
+        p.data.normal_(0, 0.02)
+    weight_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
+    runner = ModelRunner(model, 1, 2048, dtype, device, GraphPool())
+    ids = torch.randint(0, 1000, (1, 1), device=device)
+    slots = torch.zeros(1, dtype=torch.long, device=device)
+    def step(i):
+        pos = torch.full((1, 1), 100 + i, device=device)
+        hidden, _ = runner.run(ids, pos, slots, 2048)
+        return model.compute_logits(hidden)
+    for i in range(5):
+        step(i)
+    _sync()
+    start = time.perf_counter()
+    for i in range(steps):
+        step(i)
+    _sync()
+    ms = (time.perf_counter() - start) / steps * 1e3
+    floor_ms = weight_bytes / COPY_BANDWIDTH * 1e3  # the floor GPU.md states: weight bytes / copy bandwidth
+    del model, runner
+    torch.cuda.empty_cache()
+    return {"weight_GB": weight_bytes / 1e9, "step_ms": ms, "floor_ms": floor_ms, "ratio": ms / floor_ms}
+
+
+def run_perf(args) -> int:
+    from .engine.llm import LLM
+    from .engine.sampling_params import SamplingParams
+
+    prompts = load_prompts(args.dataset, args.num_prompts)
+    conversations = [[{"role": "user", "content": p}] for p in prompts]
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    ks = [int(k) for k in args.ks.split(",")]
+    heads = [h for h in (args.eagle, args.eagle3) if h]
+    report: dict = {"model": args.model, "prompts": len(prompts), "max_tokens": args.max_tokens}
+
+    def make(spec=None, max_num_seqs=1):
+        # Caches sized to the run: graphs attend over the whole row, so a short
+        # max_model_len keeps attention cheap; MT-bench prompts + 256 tokens fit in 1024.
+        return LLM(model=args.model, speculative_config=spec, dtype=args.dtype, device=args.device,
+                   max_num_seqs=max_num_seqs, max_model_len=args.perf_max_model_len, seed=args.seed)
+
+    def warm(llm):
+        llm.chat(conversations[:2], SamplingParams(temperature=0, max_tokens=32))
+        llm.engine.metrics.reset()
+
+    # -- batch 1 ---------------------------------------------------------------
+    rows = []
+    plain = make()
+    warm(plain)
+    plain_outs, plain_tps = batch1(plain, conversations, params)
+    rows.append({"config": "plain", "tokens_per_s": plain_tps})
+    if args.hf_prompts:
+        hf_tps = hf_generate_tps(str(plain.model_path), conversations[: args.hf_prompts], args.max_tokens,
+                                 plain.device, plain.dtype)
+        rows.insert(0, {"config": f"transformers generate ({args.hf_prompts} prompts)", "tokens_per_s": hf_tps})
+    reference = [o.outputs[0].token_ids for o in plain_outs]
+    lossless = {}
+    for head in heads:
+        for k in ks:
+            llm = make({"model": head, "num_speculative_tokens": k})
+            warm(llm)
+            outs, tps = batch1(llm, conversations, params)
+            m = llm.engine.metrics
+            same = sum(o.outputs[0].token_ids == r for o, r in zip(outs, reference))
+            name = f"{llm.speculative_config.method} k={k}"
+            lossless[name] = f"{same}/{len(prompts)}"
+            rows.append({"config": name, "tokens_per_s": tps, "speedup": tps / plain_tps,
+                         "mean_acceptance_length": m.mean_acceptance_length, "identical_to_plain": same})
+            del llm
+    report["batch1"] = rows
+    report["lossless"] = lossless
+    # -- throughput vs batch size ------------------------------------------------
+    tput = []
+    spec_head = args.eagle3 or args.eagle
+    for bs in [int(b) for b in args.batch_sizes.split(",")]:
+        convs = (conversations * ((bs + len(conversations) - 1) // len(conversations)))[:bs]
+        row = {"batch": bs}
+        for label, spec in (("plain", None), ("speculative", {"model": spec_head, "num_speculative_tokens": args.tput_k})):
+            if spec is not None and spec_head is None:
+                continue
+            llm = make(spec, max_num_seqs=bs)
+            warm(llm)
+            _, tokens, seconds = timed_generate(llm, convs, params)
+            row[label] = tokens / seconds
+            del llm
+        tput.append(row)
+    report["throughput"] = tput
+    if args.floor and torch.cuda.is_available():
+        report["decode_step_8b"] = decode_step_floor(torch.device("cuda"), torch.bfloat16)
+    print(json.dumps(report, indent=2))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(report, indent=2))
+    return 0

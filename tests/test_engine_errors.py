@@ -1,0 +1,212 @@
+"""Bad input to the engine fails early with an error that names the thing and the fix.
+
+Every case checks the exception type and that the message names what was wrong (the
+model id, the option, the size) and, where there is one, what to do instead.
+"""
+from __future__ import annotations
+
+
+import pytest
+import torch
+
+import checkpoint_factory as cf
+import engine_fixtures as ef
+from eagle_zoo import LLM, SamplingParams
+from eagle_zoo.engine.sampling_params import SamplingParamsError
+
+VOCAB = cf.TINY["vocab_size"]
+MAX_MODEL_LEN = 32
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    from eagle_zoo.plugins import get_registry
+
+    kind, why = ef.target_kind(get_registry().families["llama"])
+    assert kind is not None, why
+    return ef.write_target(tmp_path_factory.mktemp("errors") / "target", kind)
+
+
+@pytest.fixture(scope="module")
+def llm(target):
+    return LLM(str(target), device="cpu", max_model_len=MAX_MODEL_LEN, max_num_seqs=2)
+
+
+def ids(n: int, start: int = 3) -> dict:
+    return {"prompt_token_ids": [start + i % (VOCAB - start) for i in range(n)]}
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+
+
+# -- the model -----------------------------------------------------------------------
+def test_unknown_hub_id_names_it(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # nothing may be downloaded in tests
+    with pytest.raises(Exception, match="nobody-here/no-such-model") as info:
+        LLM("nobody-here/no-such-model", device="cpu")
+    assert "hf download nobody-here/no-such-model" in str(info.value)
+
+
+def test_missing_directory_names_it(tmp_path):
+    missing = tmp_path / "nowhere" / "model"
+    with pytest.raises(Exception, match="no such directory") as info:
+        LLM(str(missing), device="cpu")
+    assert str(missing) in str(info.value)
+
+
+def test_directory_without_config(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        LLM(str(tmp_path), device="cpu")
+
+
+def test_architecture_no_family_serves(tmp_path):
+    from transformers import GPT2Config
+
+    GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64, architectures=["GPT2LMHeadModel"]).save_pretrained(tmp_path)
+    with pytest.raises((KeyError, ValueError), match="GPT2LMHeadModel") as info:
+        LLM(str(tmp_path), device="cpu")
+    assert "LlamaForCausalLM" in str(info.value)  # lists what is supported
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(max_model_len=100_000), "max_position_embeddings"),
+    (dict(max_num_seqs=0), "max_num_seqs"),
+    (dict(dtype="int8"), "dtype='int8'"),
+])
+def test_bad_engine_options(target, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LLM(str(target), device="cpu", **kwargs)
+
+
+# -- heads and draft models that do not fit the target -----------------------------
+@pytest.mark.parametrize("write, match", [
+    (lambda d: cf.write_yuhuili_eagle(d, hidden_size=48), r"size 48 .*hidden_size 32"),
+    (lambda d: cf.write_yuhuili_eagle(d, vocab_size=100), r"vocab_size is 100 but the target's is 128"),
+    (lambda d: cf.write_yuhuili_eagle3(d, target_hidden_size=48), r"size 48 \(target_hidden_size"),
+    (lambda d: cf.write_yuhuili_eagle3(d, eagle_aux_hidden_state_layer_ids=[1, 2, 9]), r"\[1, 2, 9\].*has 4"),
+], ids=["eagle-hidden", "eagle-vocab", "eagle3-target-hidden", "eagle3-aux-layers"])
+def test_head_that_does_not_fit_the_target(tmp_path, target, write, match):
+    head = tmp_path / "EAGLE-head"
+    write(head)
+    with pytest.raises(ValueError, match=match) as info:
+        LLM(str(target), speculative_config={"model": str(head)}, device="cpu")
+    assert str(head) in str(info.value)
+
+
+def test_method_does_not_match_the_head(tmp_path, target):
+    cf.write_yuhuili_eagle3(tmp_path / "head")
+    with pytest.raises(ValueError, match="eagle3") as info:
+        LLM(str(target), speculative_config={"method": "eagle", "model": str(tmp_path / "head")}, device="cpu")
+    assert "method" in str(info.value)
+
+
+def test_draft_model_with_another_vocabulary(tmp_path, target):
+    from eagle_zoo.plugins import get_registry
+
+    kind, _ = ef.target_kind(get_registry().families["llama"])
+    draft = ef.write_target(tmp_path / "draft", kind, vocab_size=100)
+    with pytest.raises(ValueError, match="vocab_size 100.*share the target's vocabulary"):
+        LLM(str(target), speculative_config={"method": "draft_model", "model": str(draft)}, device="cpu")
+
+
+# -- speculative_config -------------------------------------------------------------------
+@pytest.mark.parametrize("spec, match", [
+    ({"method": "ngram", "prompt_lookup_min": 5, "prompt_lookup_max": 2}, "prompt_lookup_min"),
+    ({"method": "ngram", "tensor_parallel_size": 2}, "use 'draft_tensor_parallel_size'"),
+    ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens must be > 0"),
+    ({"method": "eagle"}, "needs 'model'"),
+    ({"metod": "ngram"}, "did you mean 'method'"),
+    ({"method": "ngram", "temperature": 0.5}, "SamplingParams"),
+    ({"method": "medusa", "model": "x"}, "medusa"),
+    ("{not json", "not valid JSON"),
+    (5, "JSON object"),
+], ids=["lookup-min-max", "tensor-parallel", "zero-tokens", "no-model", "typo", "sampling-key",
+        "unknown-method", "bad-json", "not-a-dict"])
+def test_speculative_config_errors_surface_from_llm(target, spec, match):
+    with pytest.raises(ValueError, match=match):
+        LLM(str(target), speculative_config=spec, device="cpu")
+
+
+def test_method_the_engine_does_not_run(target):
+    with pytest.raises(ValueError, match="'mtp' is not supported by this engine; use eagle, eagle3"):
+        LLM(str(target), speculative_config={"method": "mtp", "model": str(target)}, device="cpu")
+
+
+# -- prompts ---------------------------------------------------------------------------------
+def test_prompt_longer_than_max_model_len(llm):
+    with pytest.raises(ValueError, match=f"prompt of {MAX_MODEL_LEN} tokens does not fit max_model_len={MAX_MODEL_LEN}"):
+        llm.generate([ids(3), ids(MAX_MODEL_LEN)], GREEDY)
+    # The good prompt of the failed call was not left queued to run with the next call.
+    assert not llm.engine.has_unfinished()
+    before = llm.engine.metrics.num_requests
+    out = llm.generate(ids(MAX_MODEL_LEN - 1), GREEDY)  # the longest that fits: one token
+    assert len(out) == 1 and len(out[0].outputs[0].token_ids) == 1
+    assert out[0].outputs[0].finish_reason == "length"
+    assert llm.engine.metrics.num_requests == before + 1
+
+
+@pytest.mark.parametrize("prompt, exc, match", [
+    ({"text": "hi"}, ValueError, "'prompt' \\(text\\) or 'prompt_token_ids'"),
+    ("hello", ValueError, "no tokenizer: pass \\{'prompt_token_ids'"),
+    ({"prompt": "hello"}, ValueError, "no tokenizer"),
+    ({"prompt_token_ids": []}, ValueError, "empty"),
+    ({"prompt_token_ids": [5, VOCAB]}, ValueError, f"outside the vocabulary \\[0, {VOCAB}\\)"),
+    ({"prompt_token_ids": "5 6 7"}, TypeError, "list of integer token ids"),
+    ({"prompt_token_ids": [5, 6.5]}, TypeError, "list of integer token ids"),
+    (42, TypeError, "strings or dicts, got int"),
+], ids=["dict-without-prompt", "text-without-tokenizer", "dict-text-without-tokenizer", "empty",
+        "out-of-vocab", "ids-as-string", "float-id", "int"])
+def test_bad_prompts(llm, prompt, exc, match):
+    with pytest.raises(exc, match=match):
+        llm.generate([ids(4), prompt], GREEDY)
+    assert not llm.engine.has_unfinished()
+
+
+def test_chat_without_template(llm):
+    with pytest.raises(ValueError, match="no chat template"):
+        llm.chat([{"role": "user", "content": "hi"}])
+
+
+# -- sampling parameters ---------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(temperature=-0.5), "temperature"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"),
+    (dict(top_k=-2), "top_k"),
+    (dict(min_p=1.5), "min_p"),
+    (dict(max_tokens=0), "max_tokens"),
+    (dict(n=2), "n"),
+    (dict(seed="7"), "seed"),
+    (dict(stop=[""]), "stop"),
+    (dict(stop_token_ids=[-1]), "stop_token_ids"),
+    (dict(ignore_eos="yes"), "ignore_eos"),
+])
+def test_invalid_sampling_params(kwargs, field):
+    with pytest.raises(SamplingParamsError, match=rf"SamplingParams\.{field} must be .*got"):
+        SamplingParams(**kwargs)
+
+
+def test_sampling_params_of_the_wrong_kind(llm):
+    with pytest.raises(TypeError, match="SamplingParams\\(temperature=..."):
+        llm.generate([ids(4)], {"temperature": 0})
+    with pytest.raises(TypeError, match="must all be SamplingParams, got dict"):
+        llm.generate([ids(4)], [{"temperature": 0}])
+    with pytest.raises(ValueError, match="got 3 SamplingParams for 2 prompts"):
+        llm.generate([ids(4), ids(5)], [GREEDY] * 3)
+    assert not llm.engine.has_unfinished()
+
+
+def test_engine_still_serves_after_errors(llm, target):
+    """After the failures above the same LLM gives transformers' greedy continuation."""
+    prompt = ids(6, start=11)["prompt_token_ids"]
+    out = llm.generate({"prompt_token_ids": prompt}, GREEDY)[0].outputs[0].token_ids
+    assert out == ef.hf_greedy(target, [prompt], [4])[0]
