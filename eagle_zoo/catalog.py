@@ -18,13 +18,15 @@ File layout (registry.yaml)::
         acceptance_setting: "MT-bench 80 prompts, K=3, greedy, 1xH100; source: ..."
         num_speculative_tokens: null                # optional default K
         revision: null                              # optional pinned hub revision
+        path: null                                  # optional: the head ships with the plugin,
+                                                    # in this directory (relative to the yaml)
         notes: "..."                                # optional
 """
 from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
@@ -73,6 +75,7 @@ class CatalogEntry:
     acceptance_setting: Optional[str] = None  # dataset, k, temperature, hardware, source
     num_speculative_tokens: Optional[int] = None
     revision: Optional[str] = None
+    path: Optional[str] = None  # local directory of a head shipped inside a plugin package
     notes: str = ""
     source: str = ""  # the plugin that registered it (set by the plugin host)
 
@@ -101,6 +104,8 @@ _SCHEMA = {
                            "a non-empty string (dataset, k, temperature, hardware, source) or null"),
     "num_speculative_tokens": (False, _opt(lambda v: _is_int(v) and v > 0), "a positive integer or null"),
     "revision": (False, _opt(lambda v: isinstance(v, str) and v != ""), "a branch, tag or commit, or null"),
+    "path": (False, _opt(lambda v: isinstance(v, str) and v != ""),
+             "a directory holding the head, relative to the catalog file, or null"),
     "notes": (False, lambda v: isinstance(v, str), "a string"),
 }
 
@@ -177,6 +182,8 @@ def load_catalog_file(path: str | Path, source: str = "") -> list[CatalogEntry]:
     entries, seen = [], {}
     for i, item in enumerate(data["entries"]):
         entry = parse_entry(item, source or str(path), index=i, origin=str(path))
+        if entry.path is not None:  # heads shipped with a plugin: relative to its yaml
+            entry = replace(entry, path=str((path.parent / entry.path).resolve()))
         if entry.id in seen:
             raise CatalogError(f"{path}: entry {entry.id!r} appears twice (#{seen[entry.id]} and #{i})")
         seen[entry.id] = i

@@ -66,7 +66,26 @@ def resolve(id_or_path, revision: Optional[str] = None) -> Path:
         raise HubError(f"{path} is a file; pass the checkpoint directory that holds config.json")
     if isinstance(id_or_path, Path) or _looks_like_path(text):
         raise HubError(f"{path}: no such directory")
+    shipped = _catalog_path(text)
+    if shipped is not None:
+        return shipped
     return _snapshot(text, revision or _catalog_revision(text))
+
+
+def _catalog_path(repo_id: str) -> Optional[Path]:
+    """A catalog entry whose head ships inside its plugin package resolves locally."""
+    from .plugins import get_registry
+
+    entry = get_registry().catalog.get(repo_id)
+    if entry is None or entry.path is None:
+        return None
+    path = Path(entry.path)
+    if not path.is_dir():
+        raise HubError(
+            f"catalog entry {repo_id!r} (from {entry.source}) ships its head at {path}, which is missing: "
+            f"reinstall the plugin package that registers it"
+        )
+    return path
 
 
 def _snapshot(repo_id: str, revision: Optional[str]) -> Path:

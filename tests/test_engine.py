@@ -369,7 +369,7 @@ def test_sampled_speculative_distribution_matches_target(tmp_path, llama_target)
     """Three sampled tokens (temperature 1, top-k 2: eight outcomes) through a draft model
     that is often wrong: their joint frequency over many requests matches the product of
     the target's conditional distributions computed by transformers (chi-square)."""
-    draft = ef.write_target(tmp_path / "draft", llama_kind(), edit=ef.perturb_edit(0.3))
+    draft = ef.write_target(tmp_path / "draft", llama_kind(), edit=ef.perturb_edit(0.05))
     prompt = ef.random_prompts((6,), VOCAB, seed=10)[0]
     n, top_k = 600, 2
     params = SamplingParams(temperature=1.0, top_k=top_k, max_tokens=3, ignore_eos=True)
