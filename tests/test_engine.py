@@ -400,9 +400,11 @@ def test_sampled_speculative_distribution_matches_target(tmp_path, llama_target)
 # -- 5. SmolLM2, the embedded default target ----------------------------------------------------
 SMOL_PROMPTS = [
     "The capital of France is",
-    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
+    # Repetitive text: the model repeats it, so prompt lookup drafts well.
+    "Repeat after me. The quick brown fox jumps over the lazy dog. The quick brown fox jumps "
+    "over the lazy dog. The quick brown fox jumps over the lazy dog. The quick",
 ]
-SMOL_TOKENS = 32
+SMOL_TOKENS = 24
 
 
 @pytest.fixture(scope="module")
@@ -452,6 +454,6 @@ def test_smollm2_speculative_equals_plain(smollm2, tmp_path):
         assert tokens(outs) == tokens(want), method
         assert [o.outputs[0].text for o in outs] == [o.outputs[0].text for o in want]
         m = check_metrics(llm, outs, 3, method)
-        if method == "ngram":  # the code prompt repeats itself
+        if method == "ngram":  # the second prompt repeats itself
             assert m.num_accepted_tokens > 0
         del llm

@@ -263,7 +263,8 @@ class DeepseekExperts(nn.Module):
     def __init__(self, config):
         super().__init__()
         _check_silu(config, "experts")
-        self.tp_rank, self.tp_size = ps.get_tp_rank(), ps.get_tp_size()
+        self.tp = ps.get_tp()  # kept for the all-reduce in forward
+        self.tp_rank, self.tp_size = self.tp.rank, self.tp.size
         E, H = int(config.n_routed_experts), config.hidden_size
         self.num_experts, self.hidden_size = E, H
         self.full_inter = int(config.moe_intermediate_size)
@@ -317,7 +318,7 @@ class DeepseekExperts(nn.Module):
             gate_up = torch.einsum("nh,eih->nei", x, self.gate_up_proj)
             h = self.act(gate_up) * dense.unsqueeze(-1)
             out = torch.einsum("nei,ehi->nh", h, self.down_proj)
-        return ps.all_reduce(out)
+        return ps.all_reduce(out, self.tp)
 
 
 class DeepseekMoE(nn.Module):

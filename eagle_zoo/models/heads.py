@@ -44,6 +44,12 @@ def rms_norm(config: Any, size: int) -> nn.Module:
     return RMSNorm(size, cfg(config, "rms_norm_eps", 1e-6))
 
 
+def _full_shape(module: nn.Module) -> tuple:
+    if hasattr(module, "num_embeddings"):  # vocab-parallel (or plain) embedding / lm head
+        return (module.num_embeddings, module.embedding_dim)
+    return tuple(module.weight.shape)
+
+
 class _HeadBase(nn.Module):
     weight_mapping: ClassVar[WeightMapping] = WeightMapping()
     make_norm = staticmethod(rms_norm)
@@ -64,10 +70,12 @@ class _HeadBase(nn.Module):
             if f"{name}.weight" in getattr(self, "loaded", ()):
                 continue
             mine, theirs = getattr(self, name), getattr(target, name)
-            if mine.weight.shape != theirs.weight.shape:
+            # Full (unsharded) shapes: a head built whole (draft_tensor_parallel_size=1)
+            # may use a target module sharded over the ranks.
+            if _full_shape(mine) != _full_shape(theirs):
                 raise ValueError(
                     f"the head checkpoint has no {name}.weight and the target's {name} has shape "
-                    f"{tuple(theirs.weight.shape)}, not the head's {tuple(mine.weight.shape)}: "
+                    f"{_full_shape(theirs)}, not the head's {_full_shape(mine)}: "
                     f"this head needs its own {name} weights (or a matching target)"
                 )
             setattr(self, name, theirs)

@@ -52,7 +52,8 @@ class LinearBase(nn.Module):
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False):
         super().__init__()
-        self.tp_rank, self.tp_size = ps.get_tp_rank(), ps.get_tp_size()
+        self.tp = ps.get_tp()  # the group this layer is built for; its collectives use it
+        self.tp_rank, self.tp_size = self.tp.rank, self.tp.size
         self.input_size, self.output_size = input_size, output_size  # this rank's sizes
         self.weight = _param(output_size, input_size)
         self.weight.weight_loader = self.weight_loader
@@ -112,7 +113,7 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x):
         y = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
-        return ps.all_reduce(y)
+        return ps.all_reduce(y, self.tp)
 
 
 class FusedColumnLinear(LinearBase):
@@ -197,7 +198,8 @@ class VocabParallelEmbedding(nn.Module):
 
     def __init__(self, num_embeddings: int, embedding_dim: int):
         super().__init__()
-        self.tp_rank, self.tp_size = ps.get_tp_rank(), ps.get_tp_size()
+        self.tp = ps.get_tp()
+        self.tp_rank, self.tp_size = self.tp.rank, self.tp.size
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.per_rank = -(-num_embeddings // self.tp_size)
         self.start = self.tp_rank * self.per_rank
@@ -219,7 +221,7 @@ class VocabParallelEmbedding(nn.Module):
         local = ids - self.start
         inside = (local >= 0) & (local < self.per_rank)
         out = F.embedding(local.clamp(0, self.per_rank - 1), self.weight) * inside.unsqueeze(-1)
-        return ps.all_reduce(out)
+        return ps.all_reduce(out, self.tp)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, tp={self.tp_size}"
@@ -232,7 +234,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         logits = F.linear(h, self.weight)
         if self.tp_size == 1:
             return logits
-        return ps.all_gather(logits, -1)[..., : self.num_embeddings]
+        return ps.all_gather(logits, -1, self.tp)[..., : self.num_embeddings]
 
 
 # -- norms and activations --------------------------------------------------------

@@ -123,6 +123,9 @@ def chunk_size(config: Any, layer_idx: int) -> Optional[int]:
         return None
     if layer_types is None:
         return size if uses_rope(config, layer_idx) else None
+    if layer_idx >= len(layer_types):
+        raise ValueError(f"config layer_types has {len(layer_types)} entries but layer {layer_idx} was asked for: "
+                         f"give one entry ('chunked_attention' / 'full_attention') per layer (num_hidden_layers)")
     return size if layer_types[layer_idx] == "chunked_attention" else None
 
 
@@ -261,6 +264,7 @@ class Llama4MoE(nn.Module):
         H, E = config.hidden_size, config.num_local_experts
         self.top_k = cfg(config, "num_experts_per_tok", 1)
         self.router = ReplicatedLinear(H, E)
+        self.tp = ps.get_tp()  # the experts' partial sums are reduced over this group
         self.experts = Llama4Experts(E, H, config.intermediate_size)
         self.shared_expert = Llama4MLP(config, config.intermediate_size)
 
@@ -271,7 +275,7 @@ class Llama4MoE(nn.Module):
         # Unchosen experts get sigmoid(-inf) = 0: a zero input, hence a zero output.
         scores = torch.full_like(logits, float("-inf")).scatter_(1, idx, top).float().sigmoid().to(x.dtype)
         routed = self.experts(x.unsqueeze(0) * scores.t().unsqueeze(-1)).sum(0)
-        out = self.shared_expert(x) + ps.all_reduce(routed)
+        out = self.shared_expert(x) + ps.all_reduce(routed, self.tp)
         return out.view(shape)
 
 

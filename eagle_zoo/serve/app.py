@@ -31,12 +31,11 @@ from .protocol import (APIError, AssistantMessage, ChatChoice, ChatChunkChoice, 
 log = logging.getLogger("eagle_zoo.serve")
 
 
-def create_app(llm, *, served_model_names: Optional[list[str]] = None, api_key: Optional[str] = None,
-               model_id: Optional[str] = None) -> FastAPI:
+def create_app(llm, *, served_model_names: Optional[list[str]] = None, api_key: Optional[str] = None) -> FastAPI:
     """An app serving ``llm`` (an eagle_zoo LLM: uses .engine and .tokenizer).
     The engine thread starts and stops with the app (its lifespan)."""
     engine = llm.engine
-    names = list(served_model_names or [model_id or str(getattr(llm, "model_path", "model"))])
+    names = list(served_model_names or [str(getattr(llm, "model_path", "model"))])
     loop = EngineLoop(engine)
     metrics = ServerMetrics(loop)
     prep = RequestPreparer(llm.tokenizer, max_model_len=engine.max_model_len,

@@ -99,8 +99,11 @@ def build_head(family, flat_config: dict, method: str, target: nn.Module, seed: 
         d2t, t2d = vocab_maps(draft_ids, head.vocab_size)
         head.d2t.copy_(d2t)
         head.t2d.copy_(t2d)
-        with torch.no_grad():  # start from the target's own output rows for the draft tokens
+        with torch.no_grad():  # start from the target's own output layer, rows of the draft tokens
             head.lm_head.weight.copy_(target.lm_head.weight[draft_ids.to(target.lm_head.weight.device)].float())
+            norm = getattr(target, "norm", None)
+            if isinstance(norm, RMSNorm) and norm.weight.shape == head.norm.weight.shape:
+                head.norm.weight.copy_(norm.weight.float())
     head.to(target.embed_tokens.weight.device)  # shared modules are already there
     for p in trainable_parameters(head, method).values():
         p.data = p.data.float()  # fp32 master weights; autocast computes in bf16 on CUDA

@@ -201,11 +201,12 @@ class Trainer:
 
     # -- the loop ------------------------------------------------------------------------
     def next_batch(self):
+        """The batch at the current data position (the position advances only when its
+        step completes, so an interrupted step is redone on resume)."""
         if self.batch_in_epoch >= len(self.epoch_batches):
             self.epoch, self.batch_in_epoch = self.epoch + 1, 0
             self.epoch_batches = plan_epoch(self.lengths, self.s.token_budget, self.s.seed, self.epoch)
         rows = self.index[self.epoch_batches[self.batch_in_epoch]].tolist()
-        self.batch_in_epoch += 1
         return collate(self.data, rows, self.s.max_len).to(self.device)
 
     def run(self) -> TrainResult:
@@ -216,14 +217,16 @@ class Trainer:
                  f"{len(self.epoch_batches)} batches per epoch; {self.total} steps"
                  + (f" or {s.max_seconds:.0f} s" if s.max_seconds else "") + f"; device {self.device}, {self.dtype}")
         start, window, stop_reason = time.monotonic() - self.elapsed, [], "steps"
+        noise_state = self.noise_gen.get_state()
         bar = tqdm(total=self.total, initial=self.step, desc=f"train {s.method}", disable=None if s.progress else True)
         try:
             while self.step < self.total:
                 if s.max_seconds and self.elapsed >= s.max_seconds:
                     stop_reason = "time budget"
                     break
+                noise_state = self.noise_gen.get_state()
                 metrics = self.train_step(self.next_batch())
-                self.step += 1
+                self.step, self.batch_in_epoch = self.step + 1, self.batch_in_epoch + 1
                 self.elapsed = time.monotonic() - start
                 window.append(metrics)
                 bar.update(1)
@@ -233,6 +236,7 @@ class Trainer:
                 if self.state_path and s.save_every and self.step % s.save_every == 0:
                     self.save_state()
         except BaseException as exc:
+            self.noise_gen.set_state(noise_state)  # the state saved is that after the last whole step
             self.log(f"training stopped at step {self.step} by {type(exc).__name__}: {exc}")
             self.info["stopped_by"] = f"{type(exc).__name__}: {exc}"
             raise

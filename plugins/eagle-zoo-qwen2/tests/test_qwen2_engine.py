@@ -69,7 +69,6 @@ def write_llama_eagle3_head(directory, seed: int = 0, draft_vocab: int = 48):
            "num_hidden_layers": 1, "vocab_size": V, "draft_vocab_size": draft_vocab, "hidden_act": "silu",
            "rms_norm_eps": 1e-6, "rope_theta": TINY["rope_theta"], "max_position_embeddings": 256,
            "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
-           "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]},
            "eagle_aux_hidden_state_layer_ids": [1, 2, 3]}
 
     def rand(*shape):

@@ -1,0 +1,78 @@
+"""`python -m eagle_zoo.engine.tp_worker`: one tensor-parallel rank started by rank 0.
+
+Rank 0 (engine/parallel.py) writes a pickled start-up record on this process's stdin
+and keeps the pipe open. The worker joins rank 0's store and process group, builds
+the same LLM (its own shard), reports "ready" (or its traceback) through the store,
+then applies rank 0's engine calls as they arrive, one message per engine step,
+until told to shut down. End-of-file on stdin means rank 0 is gone: exit at once.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import sys
+import threading
+import traceback
+
+log = logging.getLogger("eagle_zoo.tp_worker")
+
+
+def _exit_when_driver_goes(stdin) -> None:
+    try:
+        stdin.read()  # blocks until rank 0 closes the pipe or dies
+    finally:
+        os._exit(0)
+
+
+def serve(engine, channel) -> None:
+    """Apply rank 0's calls in order until SHUTDOWN (see parallel.DriverEngine)."""
+    while True:
+        for name, args, kwargs in channel.recv():
+            if name == "shutdown":
+                return
+            try:
+                getattr(engine, name)(*args, **kwargs)
+            except Exception:  # rank 0 saw the same error and reported it to its caller
+                log.debug("rank call %s failed", name, exc_info=True)
+
+
+def main() -> int:
+    import datetime  # noqa: F401  (pickled timedeltas)
+
+    import torch
+    import torch.distributed as dist
+
+    from . import parallel
+
+    stdin = sys.stdin.buffer
+    start = pickle.load(stdin)
+    threading.Thread(target=_exit_when_driver_goes, args=(stdin,), daemon=True).start()
+    for entry in reversed(start["sys_path"]):  # what rank 0 could import, this rank can
+        if entry not in sys.path:
+            sys.path.insert(1, entry)
+    rank, world = int(os.environ["EAGLE_ZOO_TP_RANK"]), start["world_size"]
+    if start["backend"] == "gloo":  # ranks share the CPU cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    else:
+        torch.cuda.set_device(rank)
+    store = dist.TCPStore("127.0.0.1", start["port"], world_size=world, is_master=False)
+    store.set(f"{parallel.STORE_PREFIX}alive/{rank}", "1")
+    dist.init_process_group(start["backend"], store=dist.PrefixStore(parallel.STORE_PREFIX + "pg", store),
+                            rank=rank, world_size=world)
+    channel = parallel.Channel(dist.new_group(backend="gloo", timeout=parallel.CONTROL_TIMEOUT))
+    try:
+        from .llm import LLM
+
+        llm = LLM(**start["llm_kwargs"])
+    except BaseException:
+        store.set(f"{parallel.STORE_PREFIX}error/{rank}", traceback.format_exc())
+        return 1
+    store.set(f"{parallel.STORE_PREFIX}ready/{rank}", "1")
+    serve(llm.engine, channel)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

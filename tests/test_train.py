@@ -1,0 +1,353 @@
+"""`eagle-zoo train` on a tiny random Llama target (CPU, seconds).
+
+References nobody here wrote: transformers' generate() for the regenerated answers,
+the engine's own drafting path (ModelRunner + KV cache) for the training-time-test
+attention, the checkpoint readers + eagle_zoo.load for the saved layouts, and the
+d2t / t2d definition from FACTS.md.
+"""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from checkpoint_factory import write_target
+from eagle_zoo.train.batching import collate
+from eagle_zoo.train.build import build_head, head_config
+from eagle_zoo.train.data import GenerateSettings, TokenData, encode_prompt, generate_data, read_prompts
+from eagle_zoo.train.eagle3 import ttt_mask, ttt_steps_forward
+from eagle_zoo.train.save import FORMATS, export_tensors, parse_size, save_head
+from eagle_zoo.train.trainer import Trainer, TrainSettings
+from eagle_zoo.train.vocab import coverage, select_draft_vocab, token_counts, vocab_maps
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # Tiny matrices: threads only add contention (the CI machines have 2 cores).
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A 4-layer random Llama (saved by transformers), prompts as token ids, and the
+    greedy training data regenerated from them."""
+    root = tmp_path_factory.mktemp("train")
+    # Large init -> peaked next-token distributions (a distillation target worth learning).
+    write_target(root / "target", num_hidden_layers=4, initializer_range=0.5, seed=1)
+    cfg = json.loads((root / "target" / "config.json").read_text())
+    cfg["initializer_range"] = 0.02  # what the heads are initialised with
+    (root / "target" / "config.json").write_text(json.dumps(cfg))
+    rng = random.Random(0)
+    with open(root / "prompts.jsonl", "w") as f:
+        for _ in range(12):
+            f.write(json.dumps({"prompt_token_ids": [rng.randrange(3, 128) for _ in range(rng.randrange(3, 10))]}) + "\n")
+    settings = GenerateSettings(max_new_tokens=24, batch_size=8, backend="static")
+    data = generate_data(str(root / "target"), read_prompts(root / "prompts.jsonl"), settings, CPU, torch.float32,
+                         progress=False)
+    data.save(root / "data")
+    return root
+
+
+def _target(root):
+    from eagle_zoo.engine.model_loader import load_model
+
+    return load_model(str(root / "target"), torch.float32, CPU)
+
+
+def _settings(root, method, **kw):
+    base = dict(method=method, target=str(root / "target"), data=[str(root / "data")], steps=4, token_budget=4096,
+                max_len=64, lr=3e-3, warmup_steps=1, seed=0, device="cpu", log_every=1000, progress=False,
+                ttt_steps=3, draft_vocab_size=48, save_every=0)
+    base.update(kw)
+    return TrainSettings(**base)
+
+
+# -- data ----------------------------------------------------------------------------------
+def test_regenerated_answers_match_transformers_generate(tiny):
+    from transformers import LlamaForCausalLM
+
+    data = TokenData.load(tiny / "data")
+    prompts = [r["prompt_token_ids"] for r in read_prompts(tiny / "prompts.jsonl")]
+    ref_model = LlamaForCausalLM.from_pretrained(str(tiny / "target")).eval()
+    by_prompt = {}
+    for i in range(len(data)):
+        ids, mask = data.sequence(i)
+        n = int((mask == 0).sum())
+        assert mask[:n].eq(0).all() and mask[n:].eq(1).all(), "loss mask: prompt 0s then answer 1s"
+        by_prompt[tuple(ids[:n].tolist())] = ids[n:].tolist()
+    assert len(by_prompt) == len(prompts)
+    for p in prompts[:4]:
+        out = ref_model.generate(torch.tensor([p]), max_new_tokens=24, do_sample=False, eos_token_id=2,
+                                 pad_token_id=0, attention_mask=torch.ones(1, len(p), dtype=torch.long))
+        answer = out[0, len(p):].tolist()
+        if 2 in answer:
+            answer = answer[: answer.index(2) + 1]
+        assert by_prompt[tuple(p)] == answer
+
+
+def test_engine_backend_gives_the_same_data(tiny):
+    records = read_prompts(tiny / "prompts.jsonl", limit=5)
+    settings = GenerateSettings(max_new_tokens=24, batch_size=4, backend="engine")
+    engine = generate_data(str(tiny / "target"), records, settings, CPU, torch.float32, progress=False)
+    static = TokenData.load(tiny / "data")
+    ours = {tuple(static.sequence(i)[0].tolist()) for i in range(len(static))}
+    assert {tuple(engine.sequence(i)[0].tolist()) for i in range(len(engine))} <= ours
+
+
+def test_token_data_roundtrip_and_concat(tmp_path):
+    a = TokenData.from_sequences([([5, 6, 7], [0, 1, 1]), ([8, 9], [0, 1])], {"vocab_size": 10})
+    b = TokenData.from_sequences([([1, 2, 3, 4], [0, 0, 1, 1])], {"vocab_size": 10})
+    a.save(tmp_path / "a")
+    back = TokenData.load(tmp_path / "a")
+    assert back.input_ids.dtype == torch.int32 and back.offsets.tolist() == [0, 3, 5]
+    both = TokenData.concat([back, b])
+    assert len(both) == 3 and both.sequence(2)[0].tolist() == [1, 2, 3, 4]
+    assert both.sequence(1)[1].tolist() == [0, 1]
+    batch = collate(both, [0, 2], max_len=3)
+    assert batch.input_ids.tolist() == [[5, 6, 7], [1, 2, 3]] and batch.loss_mask[1].tolist() == [False, False, True]
+
+
+def test_chat_template_prompts_match_the_tokenizer():
+    from eagle_zoo.default_target import cache_root
+
+    dirs = sorted(cache_root().glob("SmolLM2-135M-Instruct-*")) if cache_root().is_dir() else []
+    if not dirs:
+        pytest.skip("the default target is not converted on this machine")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(dirs[0]))
+    msgs = [{"role": "user", "content": "What is 2+2?"}]
+    expected = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True, return_dict=False)
+    assert encode_prompt({"prompt": "What is 2+2?"}, tok) == list(expected)
+
+
+# -- draft vocabulary ---------------------------------------------------------------------------
+def test_draft_vocab_is_the_most_frequent_tokens_ascending():
+    counts = torch.tensor([0, 5, 1, 9, 5, 0, 7, 2])
+    ids = select_draft_vocab(counts, 4)
+    assert ids.tolist() == [1, 3, 4, 6]  # 9, 7, 5, 5 (tie 1 vs 4: both kept)
+    assert select_draft_vocab(counts, 3).tolist() == [1, 3, 6]  # tie at 5 goes to the lower id
+    assert abs(coverage(counts, ids) - 26 / 29) < 1e-9
+    d2t, t2d = vocab_maps(ids, 8)
+    assert d2t.dtype == torch.int64 and t2d.dtype == torch.bool
+    assert t2d[torch.arange(4) + d2t].all() and int(t2d.sum()) == 4
+    tokens = torch.tensor([3, 3, 1, 7])
+    assert token_counts(tokens, torch.tensor([1, 1, 0, 1]), 8).tolist() == [0, 0, 0, 2, 0, 0, 0, 1]
+    with pytest.raises(ValueError, match="draft-vocab-size"):
+        select_draft_vocab(counts, 9)
+
+
+# -- training-time test: the same attention as the engine's drafting -------------------------------
+def test_ttt_attention_matches_engine_drafting(tiny):
+    from eagle_zoo.engine.runner import ModelRunner
+    from eagle_zoo.plugins import get_registry
+
+    t = _target(tiny)
+    family = get_registry().family_for_config(t.config)
+    cfg = head_config(t.path, "eagle3", draft_vocab_size=48)
+    head = build_head(family, cfg, "eagle3", t.model, seed=0, draft_ids=torch.arange(40, 88))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    T, S = 12, 4
+    ids = torch.randint(3, 128, (1, T), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        _, aux = t.model(ids, torch.arange(T)[None], cfg["eagle_aux_hidden_state_layer_ids"])
+        feats = head.combine_hidden_states(torch.cat(aux, -1))[:, : T - 1]
+        ttt = [h for _, h in ttt_steps_forward(head, ids, feats, S)]
+        # The engine: the head catches up on positions 0..c from target features, then
+        # drafts step s at position c+s from its own previous output.
+        runner = ModelRunner(head, 1, 64, torch.float32, CPU)
+        slot, checked = torch.tensor([0]), 0
+        for c in range(T - S):
+            h = runner.run(ids[:, 1 : c + 2], torch.arange(c + 1)[None], slot, c + 1, feats[:, : c + 1])[:, -1:]
+            torch.testing.assert_close(h[0, 0], ttt[0][0, c], rtol=1e-4, atol=1e-4)
+            for s in range(1, S):
+                h = runner.run(ids[:, c + s + 1 : c + s + 2], torch.tensor([[c + s]]), slot, c + s + 1, h)
+                torch.testing.assert_close(h[0, 0], ttt[s][0, c], rtol=1e-4, atol=1e-4)
+                checked += 1
+        assert checked == (T - S) * (S - 1)
+        # Control: plain causal attention over the later steps is *not* what the engine does.
+        plain = head(ids[:, 2:T], torch.arange(1, T - 1)[None], ttt[0][:, : T - 2])
+        assert not torch.allclose(plain[0, 3], ttt[1][0, 3], atol=1e-3)
+
+
+def test_ttt_mask_pattern():
+    m = ttt_mask(3, 2)
+    assert m.shape == (3, 9)
+    assert m[:, :3].tolist() == [[True, False, False], [True, True, False], [True, True, True]]
+    assert m[:, 3:6].tolist() == m[:, 6:9].tolist() == torch.eye(3, dtype=torch.bool).tolist()
+
+
+# -- training ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_training_overfits_a_fixed_batch(tiny, method):
+    # One batch per epoch (token budget > the data): every step sees the same batch.
+    trainer = Trainer(_settings(tiny, method, steps=30, token_budget=8192, max_len=64, log_every=1, lr=1e-2),
+                      log=lambda *a: None)
+    assert len(trainer.epoch_batches) == 1
+    history = trainer.run().history
+    losses = [h["loss"] for h in history]
+    assert len(losses) == 30 and losses[-1] < 0.8 * losses[0], losses
+    acc = "acc0" if method == "eagle3" else "acc"
+    assert history[-1][acc] > history[0][acc] + 0.1
+
+
+def test_resume_reproduces_the_uninterrupted_run(tiny, tmp_path):
+    quiet = dict(log=lambda *a: None)
+    straight = Trainer(_settings(tiny, "eagle", steps=6, token_budget=256, max_len=48), **quiet)
+    straight.run()
+    assert len(straight.epoch_batches) > 1 and straight.epoch >= 1  # the plan spans epochs
+
+    state = str(tmp_path / "state")
+    first = Trainer(_settings(tiny, "eagle", steps=6, token_budget=256, max_len=48, state_dir=state), **quiet)
+    calls = {"n": 0}
+    real_step = first.train_step
+
+    def crash_after_three(batch):
+        if calls["n"] == 3:
+            raise KeyboardInterrupt("simulated interruption")
+        calls["n"] += 1
+        return real_step(batch)
+
+    first.train_step = crash_after_three
+    with pytest.raises(KeyboardInterrupt):
+        first.run()
+    resumed = Trainer(_settings(tiny, "eagle", steps=6, token_budget=256, max_len=48, state_dir=state, resume=True),
+                      **quiet)
+    assert resumed.step == 3
+    resumed.run()
+    for name, p in straight.params.items():
+        assert torch.equal(p, resumed.params[name]), name
+
+
+def test_resume_refuses_another_runs_state(tiny, tmp_path):
+    state = str(tmp_path / "state")
+    Trainer(_settings(tiny, "eagle", steps=1, state_dir=state), log=lambda *a: None).run()
+    with pytest.raises(ValueError, match="another run"):
+        Trainer(_settings(tiny, "eagle", steps=1, state_dir=state, resume=True, seed=5), log=lambda *a: None)
+
+
+# -- saving in the published layouts --------------------------------------------------------------
+def _logits(head, method, ids, feats):
+    pos = torch.arange(ids.shape[1])[None].expand_as(ids)
+    x = head.combine_hidden_states(feats) if method == "eagle3" else feats
+    return head.compute_logits(head(ids, pos, x))
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_saved_heads_reload_with_the_same_logits(tiny, tmp_path, method):
+    from eagle_zoo import load
+    from eagle_zoo.checkpoints.formats import detect_format, validate_vocab_map
+    from eagle_zoo.checkpoints.tensors import load_state_dict
+
+    trainer = Trainer(_settings(tiny, method, steps=3), log=lambda *a: None)
+    result = trainer.run()
+    head, target = result.head, trainer.target.model
+    skip = ("embed_tokens", "lm_head") if method == "eagle" else ("embed_tokens",)
+    H = head.config.hidden_size
+    ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(1))
+    feats = torch.randn(2, 7, 3 * H if method == "eagle3" else H, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        expected = _logits(head, method, ids, feats)
+    limit = parse_size("16KB")
+    for fmt in FORMATS[method]:
+        out = tmp_path / fmt
+        save_head(head, result.flat_config, fmt, out, mapping=trainer.mapping, skip=skip, dtype=torch.float32,
+                  max_shard_size=limit, target_name="tiny")
+        assert detect_format(out).name == fmt
+        weights = sorted(p for p in out.iterdir() if p.suffix == ".safetensors")
+        assert len(weights) > 1 and (out / "model.safetensors.index.json").is_file()
+        assert all(p.stat().st_size <= limit + 1024 for p in weights)  # + the safetensors header
+        names = set(load_state_dict(out))
+        assert not any(n.startswith("embed_tokens") or n.startswith("lm_head") for n in names) or method == "eagle3"
+        if method == "eagle3":
+            prefix = "midlayer." if fmt.startswith("yuhuili") else "layers.0."
+            assert {f"{prefix}hidden_norm.weight", "fc.weight", "lm_head.weight", "d2t", "t2d"} <= names
+            state = load_state_dict(out)
+            validate_vocab_map(state, {"vocab_size": 128, "draft_vocab_size": 48}, out)
+            d2t, t2d = state["d2t"], state["t2d"]
+            assert t2d[torch.arange(48) + d2t].all() and int(t2d.sum()) == 48
+            assert bool((torch.arange(48) + d2t).diff().gt(0).all())  # ascending draft vocab
+        else:
+            assert "layers.0.self_attn.q_proj.weight" in names and "layers.0.input_layernorm.weight" not in names
+        loaded = load(str(out), target=target, dtype=torch.float32)
+        assert loaded.format == fmt and loaded.method == method
+        with torch.no_grad():
+            torch.testing.assert_close(_logits(loaded.head, method, ids, feats), expected, rtol=0, atol=0)
+
+    # bf16 files: the reloaded head equals the trained one with weights rounded to bf16.
+    out = tmp_path / "bf16"
+    save_head(head, result.flat_config, FORMATS[method][0], out, mapping=trainer.mapping, skip=skip)
+    tensors = load_state_dict(out)
+    assert all(t.dtype == torch.bfloat16 for n, t in tensors.items() if n not in ("d2t", "t2d"))
+    with torch.no_grad():
+        for p in trainer.params.values():
+            p.copy_(p.to(torch.bfloat16).float())
+        rounded = _logits(head, method, ids, feats)
+        reloaded = _logits(load(str(out), target=target, dtype=torch.float32).head, method, ids, feats)
+    torch.testing.assert_close(reloaded, rounded, rtol=0, atol=0)
+
+
+def test_shard_limit_is_checked_before_training(tiny):
+    from eagle_zoo.train.save import check_shard_limit
+
+    trainer = Trainer(_settings(tiny, "eagle3", steps=1), log=lambda *a: None)
+    tensors = export_tensors(trainer.head, trainer.mapping, ("embed_tokens",), torch.bfloat16)
+    with pytest.raises(ValueError, match="draft-vocab-size"):
+        check_shard_limit({"lm_head.weight": tensors["lm_head.weight"]}, 100)
+
+
+def test_cli_trains_and_saves_both_eagle3_layouts(tiny, tmp_path):
+    from eagle_zoo import load
+    from eagle_zoo.cli import main
+
+    out = tmp_path / "head"
+    rc = main(["train", "eagle3", "--target", str(tiny / "target"), "--data", str(tiny / "data"), "--out", str(out),
+               "--format", "yuhuili-eagle3,speculators-eagle3", "--steps", "2", "--ttt-steps", "2",
+               "--draft-vocab-size", "32", "--max-len", "48", "--token-budget", "512", "--device", "cpu",
+               "--no-progress"])
+    assert rc == 0
+    assert (tmp_path / "head.state" / "state.pt").is_file()
+    spec = json.loads((out / "speculators-eagle3" / "config.json").read_text())
+    assert spec["speculators_model_type"] == "eagle3" and spec["norm_before_residual"] is False
+    assert spec["speculators_config"]["verifier"]["architectures"] == ["LlamaForCausalLM"]
+    yuhuili = json.loads((out / "yuhuili-eagle3" / "config.json").read_text())
+    assert yuhuili["architectures"] == ["LlamaForCausalLMEagle3"] and yuhuili["draft_vocab_size"] == 32
+    assert yuhuili["num_hidden_layers"] == 1 and len(yuhuili["eagle_aux_hidden_state_layer_ids"]) == 3
+    for fmt in ("yuhuili-eagle3", "speculators-eagle3"):
+        assert load(str(out / fmt), target=_target(tiny).model).format == fmt
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_trained_head_is_accepted_by_the_engine(tiny, tmp_path, method):
+    """End to end: train on the regenerated data, save, serve through LLM: the engine
+    accepts far more of the trained head's drafts than of the untrained head's."""
+    from eagle_zoo import LLM, SamplingParams
+
+    trainer = Trainer(_settings(tiny, method, steps=60, token_budget=8192, max_len=64, lr=1e-2), log=lambda *a: None)
+    skip = ("embed_tokens", "lm_head") if method == "eagle" else ("embed_tokens",)
+    fmt = FORMATS[method][0]
+    save = dict(mapping=trainer.mapping, skip=skip, dtype=torch.float32)
+    save_head(trainer.head, trainer.flat_config, fmt, tmp_path / "untrained", **save)
+    trainer.run()
+    save_head(trainer.head, trainer.flat_config, fmt, tmp_path / "trained", **save)
+    prompts = [{"prompt_token_ids": r["prompt_token_ids"]} for r in read_prompts(tiny / "prompts.jsonl", limit=6)]
+
+    def mean_acceptance_length(head_dir):
+        llm = LLM(str(tiny / "target"), {"method": method, "model": str(head_dir), "num_speculative_tokens": 3},
+                  device="cpu", dtype="float32")
+        llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24))
+        m = llm.engine.metrics
+        return 1 + m.num_accepted_tokens / m.num_drafts
+
+    trained, untrained = mean_acceptance_length(tmp_path / "trained"), mean_acceptance_length(tmp_path / "untrained")
+    assert trained > untrained + 0.5, (trained, untrained)
