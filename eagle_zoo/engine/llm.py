@@ -18,6 +18,7 @@ from .core import EngineCore
 from .graphs import GraphPool
 from .model_loader import load_model
 from .outputs import RequestOutput
+from .parallel import draft_scope, start as start_parallel, target_scope
 from .proposers import DraftModelProposer, EagleProposer, NgramProposer, Proposer
 from .sampling_params import SamplingParams
 
@@ -58,18 +59,23 @@ class LLM:
         max_num_seqs: Optional[int] = None,
         seed: int = 0,
         tensor_parallel_size: int = 1,
+        pipeline_parallel_size: int = 1,
         revision: Optional[str] = None,
         tokenizer: Optional[str] = None,
         enforce_eager: bool = False,
     ):
-        if tensor_parallel_size != 1:
-            from .parallel import check_tensor_parallel  # raises with the reason if it cannot run
-
-            check_tensor_parallel(tensor_parallel_size)
+        init_args = {k: v for k, v in locals().items() if k != "self"}  # tensor-parallel workers rebuild from these
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
+        self.speculative_config = SpeculativeConfig.parse(speculative_config)
+        # Checks the parallel sizes; with tensor_parallel_size > 1 brings up this rank
+        # (and, in a plain process, starts the other ranks): engine/parallel.py.
+        self.parallel = start_parallel(init_args, self.speculative_config, self.device, owner=self)
+        if self.parallel is not None:
+            self.device = self.parallel.device  # cuda:<local rank> on GPUs
         torch.manual_seed(seed)
-        loaded = load_model(model, self.dtype, self.device, revision=revision)
+        with target_scope(self.parallel):
+            loaded = load_model(model, self.dtype, self.device, revision=revision)
         self.model_path = loaded.path
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
@@ -86,10 +92,10 @@ class LLM:
             )
         if max_num_seqs is None:
             max_num_seqs = 64 if self.device.type == "cuda" else 8
-        self.speculative_config = SpeculativeConfig.parse(speculative_config)
         # CUDA graphs for decode-shaped steps unless eager mode is asked for.
         self.graph_pool = GraphPool() if self.device.type == "cuda" and not enforce_eager else None
-        proposer = self._build_proposer(loaded, max_model_len, max_num_seqs)
+        with draft_scope(self.parallel):
+            proposer = self._build_proposer(loaded, max_model_len, max_num_seqs)
         self.engine = EngineCore(
             loaded.model,
             self.tokenizer,
@@ -102,6 +108,14 @@ class LLM:
             eos_token_ids=_eos_token_ids(loaded.path, loaded.config, self.tokenizer),
             graph_pool=self.graph_pool,
         )
+        if self.parallel is not None:  # rank 0 of workers it started: mirror engine calls to them
+            self.engine = self.parallel.attach(self.engine)
+
+    def shutdown(self) -> None:
+        """Stops the tensor-parallel workers this LLM started (also done when it is
+        garbage-collected and at exit); nothing to do otherwise."""
+        if self.parallel is not None:
+            self.parallel.shutdown()
 
     # -- construction ----------------------------------------------------------
     def _build_proposer(self, loaded, max_model_len: int, max_num_seqs: int) -> Optional[Proposer]:

@@ -292,7 +292,7 @@ def _launch_workers(tp: int, device: torch.device, llm_kwargs: dict) -> WorkerPo
         proc = subprocess.Popen([sys.executable, "-m", "eagle_zoo.engine.tp_worker"], stdin=subprocess.PIPE, env=env)
         pool.procs.append(proc)
         # The pipe stays open: a worker sees end-of-file when this process goes away.
-        proc.stdin.write(payload)
+        proc.stdin.write(len(payload).to_bytes(8, "little") + payload)
         proc.stdin.flush()
     try:
         pool.wait_for("alive", "starting")

@@ -18,11 +18,29 @@ import traceback
 log = logging.getLogger("eagle_zoo.tp_worker")
 
 
-def _exit_when_driver_goes(stdin) -> None:
+def _exit_when_driver_goes(fd: int) -> None:
+    # Unbuffered reads: a daemon thread blocked in a buffered reader would stop the
+    # interpreter's own shutdown. Nothing more is written: this returns at end-of-file.
     try:
-        stdin.read()  # blocks until rank 0 closes the pipe or dies
+        while os.read(fd, 4096):
+            pass
     finally:
         os._exit(0)
+
+
+def _read_start(fd: int) -> dict:
+    """The start-up record: an 8-byte length, then the pickle (read unbuffered, so
+    nothing after it is consumed)."""
+    def read(n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = os.read(fd, n - len(data))
+            if not chunk:
+                raise SystemExit("eagle_zoo.engine.tp_worker: rank 0 went away before sending the start-up record")
+            data += chunk
+        return data
+
+    return pickle.loads(read(int.from_bytes(read(8), "little")))
 
 
 def serve(engine, channel) -> None:
@@ -45,9 +63,8 @@ def main() -> int:
 
     from . import parallel
 
-    stdin = sys.stdin.buffer
-    start = pickle.load(stdin)
-    threading.Thread(target=_exit_when_driver_goes, args=(stdin,), daemon=True).start()
+    start = _read_start(sys.stdin.fileno())
+    threading.Thread(target=_exit_when_driver_goes, args=(sys.stdin.fileno(),), daemon=True).start()
     for entry in reversed(start["sys_path"]):  # what rank 0 could import, this rank can
         if entry not in sys.path:
             sys.path.insert(1, entry)

@@ -44,12 +44,13 @@ index % moe_layer_freq == 0)
 
 Heads
   EAGLE-1 (EagleDeepseekV2/V3ForCausalLM, EagleDeepSeekMTPModel):
-  h = fc(cat([enorm(embed(ids)), hnorm(hidden)])) (no bias) -> full decoder layers (input
-  norm kept) -> final norm. As in vLLM, forward returns the *normed* h (that is what is
-  fed back at the next draft step) and compute_logits is lm_head(h) without another
-  norm. Head layers count after the target's layers (vLLM numbers them so; SGLang
-  marks them as next-n layers), so first_k_dense_replace never makes them dense: a head
-  layer is MoE whenever n_routed_experts > 0.
+  h = fc(cat([enorm(embed(ids)), hnorm(hidden)])) (vLLM's fc has no bias; as for every
+  EAGLE-1 head, the file decides) -> full decoder layers (input norm kept) -> final norm.
+  As in vLLM, forward returns the *normed* h (that is what is fed back at the next draft
+  step) and compute_logits is lm_head(h) without another norm. Head layers count after
+  the target's layers (vLLM numbers them so; SGLang marks them as next-n layers), so
+  first_k_dense_replace never makes them dense: a head layer is MoE whenever
+  n_routed_experts > 0.
   EAGLE-3 (Eagle3DeepseekV2/V3ForCausalLM): the generic EAGLE-3 layer with MLA attention
   reading cat([embeds, hidden]) (q_a_proj / q_proj and kv_a_proj_with_mqa take 2H) and
   a dense MLP (intermediate_size); later layers, if any, are dense DeepSeek layers.
@@ -57,7 +58,6 @@ Heads
 from __future__ import annotations
 
 import math
-from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -475,7 +475,7 @@ class DeepseekEagle3Head(Eagle3Head):
     attention_cls = DeepseekMLAAttention
     mlp_cls = DeepseekMLP
     decoder_layer_cls = DeepseekDenseDecoderLayer
-    weight_mapping: ClassVar[WeightMapping] = DEEPSEEK_MAPPING
+    weight_mapping = DEEPSEEK_MAPPING
 
     def __init__(self, config):
         super().__init__(config)

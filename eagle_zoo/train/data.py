@@ -187,7 +187,7 @@ def generate_data(target: str, records: list[dict], s: GenerateSettings, device:
     batches = [order[i:i + s.batch_size] for i in range(0, len(order), s.batch_size)]
 
     generator = torch.Generator(device=device).manual_seed(s.seed)
-    seqs, stopped_early = [], False
+    seqs, stopped_early, generated = [], False, 0
     bar = tqdm(batches, desc="generate", unit="batch", disable=None if progress else True)
     for batch in bar:
         if s.max_seconds is not None and time.monotonic() - start > s.max_seconds:
@@ -201,6 +201,10 @@ def generate_data(target: str, records: list[dict], s: GenerateSettings, device:
         for p, a in zip(batch_prompts, answers):
             if a:
                 seqs.append((p + a, [0] * len(p) + [1] * len(a)))
+                generated += len(a)
+        if bar.disable:  # no bar (no terminal, or --no-progress): one line per batch
+            print(f"batch {bar.n + 1}/{len(batches)}: {len(seqs)} answers, {generated:,} tokens, "
+                  f"{time.monotonic() - start:.0f} s", flush=True)
     bar.close()
     meta = {
         "target": str(target), "backend": s.backend, "temperature": s.temperature, "top_p": s.top_p,

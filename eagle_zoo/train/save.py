@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import Any, Optional
@@ -26,21 +25,14 @@ from typing import Any, Optional
 import torch
 from safetensors.torch import save_file
 
+from converters.plan import parse_size  # noqa: F401  (re-exported: '14MB' -> bytes, as `eagle-zoo convert shard`)
+
 from ..models.layers import FusedColumnLinear
 from ..specs import WeightMapping
 
 FORMATS = {"eagle": ("yuhuili-eagle",), "eagle3": ("yuhuili-eagle3", "speculators-eagle3")}
 PREFIX = {"yuhuili-eagle": "layers.0.", "yuhuili-eagle3": "midlayer.", "speculators-eagle3": "layers.0."}
 INFO_FILE = "eagle_zoo_training.json"
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
-
-
-def parse_size(text: str) -> int:
-    """'14MB' -> 14_000_000 (KB/MB/GB decimal, KiB/MiB/GiB binary, plain bytes)."""
-    m = re.fullmatch(r"\s*([0-9.]+)\s*([A-Za-z]*)\s*", str(text))
-    if not m or m.group(2).upper() not in _UNITS:
-        raise ValueError(f"--max-shard-size {text!r}: write a size like 14MB, 500KB or 1GiB")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
 
 
 # -- tensors ----------------------------------------------------------------------------

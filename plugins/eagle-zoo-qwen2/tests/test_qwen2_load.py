@@ -183,3 +183,22 @@ def test_speculators_head_with_a_qwen2_layer_config_resolves_by_model_type(tmp_p
     assert isinstance(loaded.head, Qwen2Eagle3Head) and loaded.shared == ["embed_tokens"]
     assert loaded.config.architectures == ["Eagle3Qwen2ForCausalLM"]
     assert torch.equal(loaded.head.layers[0].self_attn.qkv_proj.bias[: nh * d], w["layers.0.self_attn.q_proj.bias"])
+
+
+def test_eagle_zoo_converter_handles_the_plugin_family(published, tmp_path):
+    """eagle-zoo's own legacy (vLLM < 0.7) conversion needs nothing from the plugin: the
+    converted head (nested config, lm_head added from the target) loads into this
+    plugin's head and computes what the original does with the target's lm_head."""
+    from eagle_zoo.cli import main
+    from eagle_zoo.engine.model_loader import load_model
+
+    target_dir = tmp_path / "target"
+    hf.Qwen2ForCausalLM(hf_config(num_hidden_layers=1)).save_pretrained(target_dir)
+    assert main(["convert", "legacy", str(published.path), "--target", str(target_dir),
+                 "-o", str(tmp_path / "legacy"), "--quiet"]) == 0
+    cfg = json.loads((tmp_path / "legacy" / "config.json").read_text())
+    assert cfg["model_type"] == "eagle" and cfg["eagle_fc_bias"] is True and cfg["model"]["qkv_bias"] is True
+    target = load_model(str(target_dir), torch.float32, torch.device("cpu")).model
+    legacy = eagle_zoo.load(tmp_path / "legacy")
+    assert (legacy.format, legacy.family, legacy.shared) == ("legacy-vllm", "qwen2", [])
+    check_against_reference(legacy, published, target)

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Train the SmolLM2-135M-Instruct EAGLE-1 and EAGLE-3 heads on one H200 in ~8 minutes.
+#
+#   scripts/train_smollm2_heads.sh TARGET_DIR PROMPTS.jsonl [OUT]     (OUT defaults to $OUT)
+#
+# 1. data   the target regenerates answers (chat template, 256 new tokens): greedy
+#           over all prompts and sampled (T=0.7, top-p 0.9) over the same prompts with
+#           another seed, two processes side by side on the GPU, each time-boxed.
+# 2. train  EAGLE-1 and EAGLE-3 (TTT, 7 steps, draft vocab 8192) side by side, each
+#           time-boxed; a failure in one leaves the other alone.
+# 3. save   $OUT/eagle  yuhuili EAGLE-1 (config.json, model.safetensors)
+#           $OUT/eagle3 yuhuili EAGLE-3 (config.json, 2 shards + index)
+#           $OUT/report.tar.gz  logs, training records, data stats, the speculators
+#           layout's config.json (its weights are the eagle3 ones renamed: rebuild it
+#           with `eagle-zoo convert to-speculators`, see docs/training.md)
+# Only 8 files come back from the GPU machine: that is why the layout above is lean.
+# Everything else (data, full outputs, resumable states) stays in $WORK.
+#
+# Knobs (environment): DATA_SECONDS TRAIN_SECONDS DEVICE PYTHON WORK GEN_BATCH
+# EAGLE_TOKENS EAGLE3_TOKENS MAX_NEW_TOKENS MAX_PROMPTS DRAFT_VOCAB.
+set -u
+TARGET=${1:?usage: $0 TARGET_DIR PROMPTS.jsonl [OUT]}
+PROMPTS=${2:?usage: $0 TARGET_DIR PROMPTS.jsonl [OUT]}
+OUT=${3:-${OUT:?set OUT or pass an output directory as the third argument}}
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+WORK=${WORK:-$(mktemp -d /tmp/eagle_zoo_train.XXXXXX)}
+PY=${PYTHON:-python3}
+DEVICE=${DEVICE:-cuda}
+DATA_SECONDS=${DATA_SECONDS:-150}
+TRAIN_SECONDS=${TRAIN_SECONDS:-240}
+GEN_BATCH=${GEN_BATCH:-1024}
+MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-256}
+MAX_PROMPTS=${MAX_PROMPTS:-100000}
+EAGLE_TOKENS=${EAGLE_TOKENS:-32768}
+EAGLE3_TOKENS=${EAGLE3_TOKENS:-16384}
+DRAFT_VOCAB=${DRAFT_VOCAB:-8192}
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+mkdir -p "$OUT" "$WORK/logs"
+START=$SECONDS
+say() { printf '[%4ds] %s\n' $((SECONDS - START)) "$*"; }
+
+# Run "$@" in the background, its output tagged and logged; its exit code lands in $WORK/logs/NAME.rc.
+job() {
+  local name=$1; shift
+  ( "$@"; echo $? > "$WORK/logs/$name.rc" ) 2>&1 | sed -u "s/^/[$name] /" | tee "$WORK/logs/$name.log" &
+}
+rc() { cat "$WORK/logs/$1.rc" 2>/dev/null || echo 99; }
+ez() { "$PY" -m eagle_zoo.cli "$@"; }
+
+say "target $TARGET, prompts $PROMPTS, out $OUT, work $WORK, device $DEVICE"
+"$PY" - <<'EOF' || { say "the Python environment cannot run eagle_zoo (above); nothing was trained"; exit 2; }
+import torch, transformers, safetensors, pluggy, yaml, tqdm
+import eagle_zoo.plugins, eagle_zoo.train.trainer
+eagle_zoo.plugins.get_registry()
+print(f"torch {torch.__version__}, transformers {transformers.__version__}, cuda {torch.cuda.is_available()}")
+EOF
+
+# -- 1. data ---------------------------------------------------------------------------------
+common_data=(--target "$TARGET" --prompts "$PROMPTS" --max-prompts "$MAX_PROMPTS" --max-new-tokens "$MAX_NEW_TOKENS"
+             --max-prompt-len 768 --batch-size "$GEN_BATCH" --backend static --device "$DEVICE"
+             --max-seconds "$DATA_SECONDS" --no-progress)
+job data-greedy ez train data "${common_data[@]}" --out "$WORK/data/greedy" --temperature 0
+job data-sampled ez train data "${common_data[@]}" --out "$WORK/data/sampled" --temperature 0.7 --top-p 0.9 --seed 1
+wait
+DATA=()
+for d in greedy sampled; do
+  [ "$(rc data-$d)" = 0 ] && DATA+=("$WORK/data/$d") || say "data-$d failed (exit $(rc data-$d))"
+done
+[ ${#DATA[@]} -gt 0 ] || { say "no training data; stopping"; exit 1; }
+say "data ready: ${DATA[*]}"
+
+# -- 2. training (both heads at once; each is time-boxed) ------------------------------------
+common_train=(--target "$TARGET" --data "${DATA[@]}" --device "$DEVICE" --epochs 1000 --max-seconds "$TRAIN_SECONDS"
+              --max-len "${MAX_LEN:-1280}" --lr 1e-3 --warmup-steps 50 --log-every 25 --save-every 200 --no-progress)
+job eagle ez train eagle "${common_train[@]}" --token-budget "$EAGLE_TOKENS" --out "$WORK/heads/eagle"
+job eagle3 ez train eagle3 "${common_train[@]}" --token-budget "$EAGLE3_TOKENS" --draft-vocab-size "$DRAFT_VOCAB" \
+  --ttt-steps 7 --format yuhuili-eagle3,speculators-eagle3 --out "$WORK/heads/eagle3"
+wait
+say "training finished: eagle exit $(rc eagle), eagle3 exit $(rc eagle3)"
+
+# -- 3. what comes back ----------------------------------------------------------------------
+copy_head() {  # copy_head SRC DEST: config.json + weights only
+  [ -f "$1/config.json" ] || { say "no head in $1"; return 1; }
+  mkdir -p "$2" && cp "$1"/config.json "$1"/model*.safetensors* "$2"/ && say "$2: $(ls "$2" | tr '\n' ' ')"
+}
+copy_head "$WORK/heads/eagle" "$OUT/eagle"
+copy_head "$WORK/heads/eagle3/yuhuili-eagle3" "$OUT/eagle3"
+mkdir -p "$WORK/report"
+cp "$WORK"/logs/*.log "$WORK/report/" 2>/dev/null
+for d in greedy sampled; do cp "$WORK/data/$d/meta.json" "$WORK/report/data-$d-meta.json" 2>/dev/null; done
+cp "$WORK/heads/eagle/eagle_zoo_training.json" "$WORK/report/eagle-training.json" 2>/dev/null
+cp "$WORK/heads/eagle3/yuhuili-eagle3/eagle_zoo_training.json" "$WORK/report/eagle3-training.json" 2>/dev/null
+cp "$WORK/heads/eagle3/speculators-eagle3/config.json" "$WORK/report/eagle3-speculators-config.json" 2>/dev/null
+tar -czf "$OUT/report.tar.gz" -C "$WORK" report
+say "done in $((SECONDS - START)) s; files in $OUT:"
+find "$OUT" -type f -printf '  %p %s bytes\n'
+[ "$(rc eagle)" = 0 ] && [ "$(rc eagle3)" = 0 ]
