@@ -19,10 +19,28 @@ from .sequence import Sequence
 class SamplingBatch:
     tensors: SamplingTensors
     generators: list[Optional[torch.Generator]]
+    all_greedy: bool  # known on the host from the requests' parameters
 
     @classmethod
     def from_sequences(cls, seqs: list[Sequence], device: torch.device) -> "SamplingBatch":
-        return cls(SamplingTensors.from_params([s.params for s in seqs], device), [s.generator for s in seqs])
+        params = [s.params for s in seqs]
+        return cls(SamplingTensors.from_params(params, device), [s.generator for s in seqs],
+                   all(p.greedy for p in params))
+
+
+def verify_greedy(logits: torch.Tensor, drafts: torch.Tensor, num_draft: Optional[torch.Tensor]):
+    """The greedy rule on raw logits (the same result as rejection_sample's greedy rows,
+    without building probabilities or drawing noise): emit the target's argmax at
+    each position; accept drafts up to the first mismatch."""
+    argmax = logits.argmax(-1)  # [B, K+1]
+    B, K = drafts.shape
+    pos = torch.arange(K + 1, device=logits.device)
+    match = drafts == argmax[:, :K]
+    if num_draft is not None:
+        match &= pos[:K] < num_draft.view(B, 1)
+    accepted = match.long().cumprod(1).sum(1)
+    tokens = torch.where(pos <= accepted.unsqueeze(1), argmax, torch.full_like(argmax, -1))
+    return tokens, accepted
 
 
 def verify_drafts(
@@ -36,9 +54,11 @@ def verify_drafts(
     Returns (tokens [B, K+1]: accepted drafts, then the recovered or bonus token, then
     -1) and num_accepted [B]."""
     t = batch.tensors
-    probs = apply_sampling_params(logits, t.temperature, t.top_k, t.top_p, t.min_p)
     if drafts is None:
         drafts = torch.empty(logits.shape[0], 0, dtype=torch.long, device=logits.device)
+    if batch.all_greedy:
+        return verify_greedy(logits, drafts, num_draft)
+    probs = apply_sampling_params(logits, t.temperature, t.top_k, t.top_p, t.min_p)
     return rejection_sample(
         drafts, probs, t.temperature, None, num_draft_tokens=num_draft, generators=batch.generators
     )
