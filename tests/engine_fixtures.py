@@ -346,3 +346,14 @@ def write_bigram_eagle_head(directory, target_dir, seed: int = 3, every: int = 7
     write_config(directory, cfg)
     save_weights(directory, w, "bin")  # yuhuili ships pytorch_model.bin
     return Path(directory)
+
+
+def bigram_head_next_tokens(head_dir, target_dir) -> list[int]:
+    """What the write_bigram_eagle_head head drafts after each token x, computed from the
+    files alone: its feature is exactly embed'(x) (fc = [I | 0], zero attention and MLP
+    outputs), so its draft is argmax(target lm_head @ embed'(x))."""
+    from safetensors.torch import load_file
+
+    head = torch.load(Path(head_dir) / "pytorch_model.bin", weights_only=True)
+    lm_head = load_file(str(Path(target_dir) / "model.safetensors"))["lm_head.weight"]
+    return (head["embed_tokens.weight"] @ lm_head.T).argmax(-1).tolist()

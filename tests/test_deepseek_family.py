@@ -19,6 +19,7 @@ from transformers.models.deepseek_v2 import modeling_deepseek_v2 as hf2
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf3
 
 import eagle_zoo
+from eagle_zoo.config.eagle_config import rename_architecture
 from eagle_zoo.engine.cache import allocate_kv_caches
 from eagle_zoo.models import parallel_state as ps
 from eagle_zoo.models.attention import AttentionContext, use_context
@@ -253,7 +254,7 @@ def test_tensor_parallel_shards_sum_to_the_whole(monkeypatch, version):
     with torch.no_grad():
         attn, moe = build(0, 1)
         whole = attn(positions, x), moe(x)
-        monkeypatch.setattr(ps, "all_reduce", lambda t: t)  # each rank's partial sum
+        monkeypatch.setattr(ps, "all_reduce", lambda t, tp=None: t)  # each rank's partial sum
         parts = [build(r, 2) for r in range(2)]
         assert parts[0][0].num_heads == 2 and parts[0][1].experts.inter == 8
         summed = (sum(a(positions, x) for a, _ in parts), sum(m(x) for _, m in parts))
@@ -541,4 +542,6 @@ def test_registry_resolves_deepseek_head_names(builtin_plugins):
         assert registry.head_class(arch) is DeepseekEagleHead
     for arch in ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM", "DeepseekV3ForCausalLMEagle3"):
         assert registry.head_class(arch) is DeepseekEagle3Head
+    # vLLM's own draft name for DeepSeek, renamed by the EAGLE rule
+    assert registry.head_class(rename_architecture("DeepSeekMTPModel", "eagle")) is DeepseekEagleHead
     assert registry.family_for_config({"model_type": "deepseek_v2"}).name == "deepseek"

@@ -198,28 +198,15 @@ def bigram(tmp_path_factory):
     return target, head
 
 
-def test_eagle_high_acceptance_equals_plain(bigram):
-    target, head = bigram
-    prompts = ef.random_prompts(LENGTHS, VOCAB, seed=2)
-    want = ef.hf_greedy(target, prompts, MAX_TOKENS)
-    spec = {"method": "eagle", "model": str(head), "num_speculative_tokens": 3}
-    llm, outs = run(target, prompts, MAX_TOKENS, spec)
-    assert tokens(outs) == want
-    m = check_metrics(llm, outs, 3, "eagle")
-    # Multi-token acceptance, all-accepted rounds and rejections all happened.
-    assert m.num_accepted_tokens_per_pos[-1] > 0
-    assert m.num_accepted_tokens < m.num_draft_tokens
-    assert m.mean_acceptance_length > 1.5
-
-
-def expected_ngram_counters(prompts, continuations, max_tokens, k, n_min, n_max):
-    """The counters predicted from the reference continuation and the reference lookup."""
+def expected_counters(prompts, continuations, max_tokens, k, propose):
+    """The counters predicted from the reference continuation (greedy: request by request)
+    and a reference proposer ``propose(history) -> draft tokens``."""
     drafts = draft_tokens = accepted = 0
     per_pos = [0] * k
     for prompt, cont, m in zip(prompts, continuations, max_tokens):
         out = cont[:1]  # the prefill's token
         while len(out) < m:
-            draft = ef.ngram_lookup(prompt + out, k, n_min, n_max)
+            draft = propose(prompt + out)
             a = 0
             while a < len(draft) and draft[a] == cont[len(out) + a]:
                 a += 1
@@ -229,6 +216,33 @@ def expected_ngram_counters(prompts, continuations, max_tokens, k, n_min, n_max)
                     per_pos[i] += 1
             out = cont[:min(len(out) + a + 1, m)]
     return drafts, draft_tokens, accepted, per_pos
+
+
+def test_eagle_high_acceptance_counters_exact(bigram):
+    """The bigram head's drafts are known from its files (engine_fixtures), so every
+    counter of the EAGLE chain (first draft from the prefill, catch-up at the number
+    of accepted tokens, K-1 chained steps) is predicted exactly."""
+    target, head = bigram
+    k = 3
+    prompts = ef.random_prompts(LENGTHS, VOCAB, seed=2)
+    cont = ef.hf_greedy(target, prompts, [m + k for m in MAX_TOKENS])
+    spec = {"method": "eagle", "model": str(head), "num_speculative_tokens": k}
+    llm, outs = run(target, prompts, MAX_TOKENS, spec)
+    assert tokens(outs) == [c[:m] for c, m in zip(cont, MAX_TOKENS)]
+    m = check_metrics(llm, outs, k, "eagle")
+    g = ef.bigram_head_next_tokens(head, target)
+
+    def chain(history):
+        draft = [g[history[-1]]]
+        while len(draft) < k:
+            draft.append(g[draft[-1]])
+        return draft
+
+    want = expected_counters(prompts, cont, MAX_TOKENS, k, chain)
+    assert (m.num_drafts, m.num_draft_tokens, m.num_accepted_tokens, m.num_accepted_tokens_per_pos) == want
+    # Multi-token acceptance, all-accepted rounds and rejections all happened.
+    assert m.num_accepted_tokens_per_pos[-1] > 0
+    assert m.num_accepted_tokens < m.num_draft_tokens
 
 
 @pytest.mark.parametrize("n_min, n_max", [(1, 3), (2, 2)])
@@ -243,7 +257,7 @@ def test_ngram_counters_match_reference_lookup(bigram, n_min, n_max):
     llm, outs = run(target, prompts, max_tokens, spec)
     assert tokens(outs) == [c[:m] for c, m in zip(cont, max_tokens)]
     m = check_metrics(llm, outs, k, "ngram")
-    want = expected_ngram_counters(prompts, cont, max_tokens, k, n_min, n_max)
+    want = expected_counters(prompts, cont, max_tokens, k, lambda h: ef.ngram_lookup(h, k, n_min, n_max))
     assert (m.num_drafts, m.num_draft_tokens, m.num_accepted_tokens, m.num_accepted_tokens_per_pos) == want
     assert m.num_accepted_tokens_per_pos[-1] > 0
 

@@ -352,3 +352,23 @@ def test_trained_head_is_accepted_by_the_engine(tiny, tmp_path, method):
     trained, untrained = mean_acceptance_length(tmp_path / "trained"), mean_acceptance_length(tmp_path / "untrained")
     print(method, "mean acceptance length: trained", trained, "untrained", untrained)
     assert trained > untrained + 0.5, (trained, untrained)
+
+
+def test_out_of_memory_splits_the_batch_with_the_same_update(tiny):
+    quiet = dict(log=lambda *a: None)
+    settings = dict(steps=1, noise=0.0, token_budget=8192, max_len=64)
+    whole = Trainer(_settings(tiny, "eagle", **settings), **quiet)
+    whole.run()
+    split = Trainer(_settings(tiny, "eagle", **settings), **quiet)
+    real_loss = split._loss
+
+    def small_batches_only(part):
+        if part.input_ids.shape[0] > 6:
+            raise torch.OutOfMemoryError("simulated: CUDA out of memory")
+        return real_loss(part)
+
+    split._loss = small_batches_only
+    split.run()
+    assert split.micro == 2
+    for name, p in whole.params.items():
+        torch.testing.assert_close(split.params[name], p, rtol=1e-5, atol=1e-6)

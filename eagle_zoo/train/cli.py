@@ -142,13 +142,15 @@ def output_dirs(method: str, formats: str | None, out) -> dict[str, Path]:
 
 
 def _run_train(args) -> int:
-    from .build import shared_modules
     from .save import check_shard_limit, export_tensors
     from .trainer import Trainer
 
     method = args.method
     dirs = output_dirs(method, args.format, args.out)
-    max_shard = parse_size(args.max_shard_size)
+    try:
+        max_shard = parse_size(args.max_shard_size)
+    except Exception as exc:  # converters' ConvertError: the message names the option
+        raise SystemExit(str(exc)) from None
     save_dtype = getattr(torch, args.save_dtype)
     trainer = Trainer(settings_from_args(args))
     skip = _skip(method, args)

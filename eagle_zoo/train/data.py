@@ -189,7 +189,7 @@ def generate_data(target: str, records: list[dict], s: GenerateSettings, device:
     generator = torch.Generator(device=device).manual_seed(s.seed)
     seqs, stopped_early, generated = [], False, 0
     bar = tqdm(batches, desc="generate", unit="batch", disable=None if progress else True)
-    for batch in bar:
+    for number, batch in enumerate(bar, 1):
         if s.max_seconds is not None and time.monotonic() - start > s.max_seconds:
             stopped_early = True
             break
@@ -203,7 +203,7 @@ def generate_data(target: str, records: list[dict], s: GenerateSettings, device:
                 seqs.append((p + a, [0] * len(p) + [1] * len(a)))
                 generated += len(a)
         if bar.disable:  # no bar (no terminal, or --no-progress): one line per batch
-            print(f"batch {bar.n + 1}/{len(batches)}: {len(seqs)} answers, {generated:,} tokens, "
+            print(f"batch {number}/{len(batches)}: {len(seqs)} answers, {generated:,} tokens, "
                   f"{time.monotonic() - start:.0f} s", flush=True)
     bar.close()
     meta = {

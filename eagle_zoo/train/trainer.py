@@ -170,13 +170,14 @@ class Trainer:
                 metrics = self._accumulate(batch)
                 break
             except torch.cuda.OutOfMemoryError:
-                self.optimizer.zero_grad(set_to_none=True)
-                torch.cuda.empty_cache()
                 if self.micro >= batch.input_ids.shape[0]:
                     raise
-                self.micro *= 2
-                self.log(f"CUDA out of memory: splitting each batch into {self.micro} parts from now on "
-                         f"(lower --token-budget to avoid this)")
+            # Out of the except block, so the failed attempt's tensors are freed.
+            self.optimizer.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+            self.micro *= 2
+            self.log(f"CUDA out of memory: splitting each batch into {self.micro} parts from now on "
+                     f"(lower --token-budget to avoid this)")
         grad_norm = torch.nn.utils.clip_grad_norm_(list(self.params.values()), self.s.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
