@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import os
 import operator
 from pathlib import Path
 from typing import Any, Optional, Sequence as Seq, Union
@@ -93,6 +94,8 @@ class LLM:
         if max_num_seqs is None:
             max_num_seqs = 64 if self.device.type == "cuda" else 8
         # CUDA graphs for decode-shaped steps unless eager mode is asked for.
+        # EAGLE_ZOO_ENFORCE_EAGER=1 turns graphs off for a whole process (benchmarks, debugging).
+        enforce_eager = enforce_eager or os.environ.get("EAGLE_ZOO_ENFORCE_EAGER", "") in ("1", "true")
         self.graph_pool = GraphPool() if self.device.type == "cuda" and not enforce_eager else None
         with draft_scope(self.parallel):
             proposer = self._build_proposer(loaded, max_model_len, max_num_seqs)
