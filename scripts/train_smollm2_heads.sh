@@ -70,11 +70,24 @@ done
 say "data ready: ${DATA[*]}"
 
 # -- 2. training (both heads at once; each is time-boxed) ------------------------------------
-common_train=(--target "$TARGET" --data "${DATA[@]}" --device "$DEVICE" --epochs 1000 --max-seconds "$TRAIN_SECONDS"
-              --max-len "${MAX_LEN:-1280}" --lr 1e-3 --warmup-steps 50 --log-every 25 --save-every 200 --no-progress)
-job eagle ez train eagle "${common_train[@]}" --token-budget "$EAGLE_TOKENS" --out "$WORK/heads/eagle"
-job eagle3 ez train eagle3 "${common_train[@]}" --token-budget "$EAGLE3_TOKENS" --draft-vocab-size "$DRAFT_VOCAB" \
-  --ttt-steps 7 --format yuhuili-eagle3,speculators-eagle3 --out "$WORK/heads/eagle3"
+common_train=(--target "$TARGET" --data "${DATA[@]}" --device "$DEVICE" --epochs 1000 --max-len "${MAX_LEN:-1280}"
+              --lr 1e-3 --warmup-steps 50 --log-every 25 --save-every 200 --no-progress)
+# train_head METHOD OUT TOKENS HEAD_CONFIG ARGS...: a run that dies before saving anything
+# is retried once with half the token budget for the time that is left.
+train_head() {
+  local method=$1 out=$2 tokens=$3 saved=$4 t0=$SECONDS; shift 4
+  ez train "$method" "${common_train[@]}" --out "$out" --token-budget "$tokens" --max-seconds "$TRAIN_SECONDS" "$@"
+  local code=$? left=$((TRAIN_SECONDS - (SECONDS - t0)))
+  if [ $code -ne 0 ] && [ ! -f "$saved" ] && [ $left -ge 60 ]; then
+    echo "failed with exit $code and saved nothing: retrying with --token-budget $((tokens / 2)) for $left s"
+    ez train "$method" "${common_train[@]}" --out "$out" --token-budget $((tokens / 2)) --max-seconds $left "$@"
+    code=$?
+  fi
+  return $code
+}
+job eagle train_head eagle "$WORK/heads/eagle" "$EAGLE_TOKENS" "$WORK/heads/eagle/config.json"
+job eagle3 train_head eagle3 "$WORK/heads/eagle3" "$EAGLE3_TOKENS" "$WORK/heads/eagle3/yuhuili-eagle3/config.json" \
+  --draft-vocab-size "$DRAFT_VOCAB" --ttt-steps 7 --format yuhuili-eagle3,speculators-eagle3
 wait
 say "training finished: eagle exit $(rc eagle), eagle3 exit $(rc eagle3)"
 

@@ -35,6 +35,10 @@ def head_config(target_dir: Path, method: str, *, draft_vocab_size: Optional[int
         cfg["rope_theta"] = rope["rope_theta"]  # readers on transformers 4 look here
     n_target = cfg["num_hidden_layers"]
     cfg["num_hidden_layers"] = 1
+    # transformers 5 writes one layer_types entry per target layer (qwen2, qwen3, ...) and
+    # refuses a config whose list length differs from num_hidden_layers: let the config
+    # class derive the one-layer list again.
+    cfg.pop("layer_types", None)
     if method == "eagle":
         cfg["architectures"] = [archs[0]]  # yuhuili EAGLE-1: the plain target architecture
         return cfg
