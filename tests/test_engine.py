@@ -163,11 +163,70 @@ def spec_config(case: Case, method: str) -> dict:
     return {"method": "draft_model", "model": str(case.target), "num_speculative_tokens": k}
 
 
+def record_drafts(llm) -> list[tuple[list[int], list[int]]]:
+    """Wraps the engine's proposer: (token history, proposed drafts) of every sequence
+    at every step."""
+    proposer, seen = llm.engine.proposer, []
+    propose = proposer.propose
+
+    def recording(batch):
+        drafts, num = propose(batch)
+        n = [proposer.num_speculative_tokens] * len(drafts) if num is None else num.tolist()
+        for history, row, count in zip(batch.token_history, drafts.tolist(), n):
+            seen.append((list(history), row[:count]))
+        return drafts, num
+
+    proposer.propose = recording
+    return seen
+
+
+@torch.no_grad()
+def reference_eagle_drafts(hf_target, head, method: str, history: list[int], k: int) -> list[int]:
+    """The K greedy drafts of an EAGLE chain after ``history``, recomputed from scratch:
+    transformers' target gives the features of every verified position (its final
+    hidden state, or for EAGLE-3 the residual streams entering the aux layers, fused by
+    the head's fc); the head runs over the whole sequence without a KV cache, each
+    draft step appending (its last draft, its own last output) at the next position."""
+    n = len(history)
+    hf = hf_target(torch.tensor([history[:-1]]), output_hidden_states=True, use_cache=False)
+    if method == "eagle3":
+        layers = hf_target.config.num_hidden_layers
+        aux = getattr(head.config, "eagle_aux_hidden_state_layer_ids", None) or (2, layers // 2, layers - 3)
+        features = head.combine_hidden_states(torch.cat([hf.hidden_states[i] for i in aux], -1))
+    else:
+        features = hf.hidden_states[-1]
+    ids, drafts = list(history[1:]), []
+    for _ in range(k):
+        h = head(torch.tensor([ids]), torch.arange(len(ids))[None], features)[:, -1:]
+        drafts.append(int(head.compute_logits(h)[0, -1].argmax()))
+        ids.append(drafts[-1])
+        features = torch.cat([features, h], 1)
+    assert len(ids) == n - 1 + k
+    return drafts
+
+
 @pytest.mark.parametrize("kind, method", ef.family_params(METHODS))
 def test_greedy_speculative_equals_plain(family_case, kind, method):
     case = family_case(kind)
-    llm, outs = run(case.target, case.prompts, MAX_TOKENS, spec_config(case, method))
+    llm = LLM(str(case.target), speculative_config=spec_config(case, method), device="cpu",
+              max_model_len=MAX_MODEL_LEN, max_num_seqs=MAX_NUM_SEQS)
+    proposed = record_drafts(llm)
+    outs = llm.generate(token_prompts(case.prompts), [greedy(m) for m in MAX_TOKENS])
     assert tokens(outs) == tokens(case.plain)
+    if method in ("eagle", "eagle3"):
+        # Lossless whatever the drafts: check the drafts themselves against a from-scratch
+        # recomputation (features, positions, head cache and catch-up all matter here).
+        hf_target, head = ef.load_hf(case.target), llm.engine.proposer.head
+        for history, drafts in proposed[::3]:
+            assert drafts == reference_eagle_drafts(hf_target, head, method, history, K[method])
+    elif method == "ngram":
+        assert all(d == ef.ngram_lookup(h, K[method], NGRAM["prompt_lookup_min"], NGRAM["prompt_lookup_max"])
+                   for h, d in proposed)
+    else:  # the target drafting for itself: its drafts are its own greedy continuation
+        for history, drafts in proposed:
+            (cont,) = [c[len(history) - len(p):] for p, c in zip(case.prompts, tokens(case.plain))
+                       if history[:len(p)] == p]
+            assert len(drafts) == K[method] and drafts[:len(cont)] == cont[:K[method]]
     assert [len(t) for t in tokens(outs)] == list(MAX_TOKENS)
     m = check_metrics(llm, outs, K[method], method)
     if method == "draft_model":
@@ -276,6 +335,7 @@ def test_draft_model_partial_acceptance_step_by_step(tmp_path):
                                                "num_speculative_tokens": k},
               device="cpu", max_model_len=MAX_MODEL_LEN, max_num_seqs=MAX_NUM_SEQS)
     eng, m = llm.engine, llm.engine.metrics
+    proposed = record_drafts(llm)
     seqs = [eng.add_request(p, greedy(n)) for p, n in zip(prompts, MAX_TOKENS)]
     joined_while_decoding = False
     while eng.has_unfinished():
@@ -301,6 +361,10 @@ def test_draft_model_partial_acceptance_step_by_step(tmp_path):
     assert joined_while_decoding
     assert [s.output_token_ids for s in seqs] == want
     assert 0 < m.num_accepted_tokens < m.num_draft_tokens  # partial acceptance
+    # Each draft is the draft model's own greedy continuation (by transformers).
+    hf_draft = ef.load_hf(draft)
+    for history, drafts in proposed[::4]:
+        assert drafts == ef.hf_greedy(draft, [history], [k], model=hf_draft)[0]
 
 
 @pytest.mark.parametrize("fmt", sorted(cf.WRITERS))

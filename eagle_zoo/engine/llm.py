@@ -61,6 +61,7 @@ class LLM:
         seed: int = 0,
         tensor_parallel_size: int = 1,
         pipeline_parallel_size: int = 1,
+        distributed_executor_backend: Optional[str] = None,
         revision: Optional[str] = None,
         tokenizer: Optional[str] = None,
         enforce_eager: bool = False,

@@ -52,6 +52,8 @@ DRAFT_TP_OPTION = "speculative_config.draft_tensor_parallel_size"
 DIVIDED_KEYS = ("num_attention_heads", "intermediate_size", "moe_intermediate_size", "intermediate_size_mlp")
 KV_HEADS_KEY = "num_key_value_heads"
 
+# distributed_executor_backend values (vLLM's names): None picks by how the process started.
+BACKENDS = (None, "mp", "external_launcher")
 START_TIMEOUT_S = float(os.environ.get("EAGLE_ZOO_TP_START_TIMEOUT", "900"))
 # Workers wait for the driver's next engine call for as long as the driver lives (a
 # server may idle for days): the control group must not time out.
@@ -326,7 +328,11 @@ class TensorParallel:
         built theirs and returns the engine that mirrors its calls to them."""
         if self.pool is None:
             return engine
-        self.pool.wait_for("ready", "building the model")
+        try:
+            self.pool.wait_for("ready", "building the model")
+        except BaseException:
+            self.shutdown()
+            raise
         self.pool.ready = True
         return DriverEngine(engine, self.pool.channel)
 
@@ -355,6 +361,12 @@ def start(llm_kwargs: dict, speculative, device: torch.device, owner: Any = None
     ``owner``: the LLM, whose garbage collection stops the workers."""
     tp = llm_kwargs.get("tensor_parallel_size", 1)
     pp = llm_kwargs.get("pipeline_parallel_size", 1)
+    backend = llm_kwargs.get("distributed_executor_backend")
+    if backend not in BACKENDS:
+        raise TensorParallelError(
+            f"distributed_executor_backend={backend!r} is not supported; use one of {BACKENDS} "
+            f"(None: torchrun's ranks when started by torchrun, else workers the engine starts)"
+        )
     draft_tp = check_sizes(tp, pp, speculative)
     if tp == 1:
         return None
@@ -364,10 +376,13 @@ def start(llm_kwargs: dict, speculative, device: torch.device, owner: Any = None
 
     global _active_driver, _we_initialised
     if _active_driver is not None:
-        raise TensorParallelError(
-            "a tensor-parallel LLM started by this process is still running; call its shutdown() first "
-            "(one tensor-parallel LLM per process at a time)"
-        )
+        if _active_driver.pool is not None and not _active_driver.pool.ready:
+            _active_driver.shutdown()  # left over from an LLM whose construction failed
+        else:
+            raise TensorParallelError(
+                "a tensor-parallel LLM started by this process is still running; call its shutdown() first "
+                "(one tensor-parallel LLM per process at a time)"
+            )
     local_rank = _local_rank()
     check_devices(tp, device, local_rank)
     config = load_config(resolve_model_dir(llm_kwargs["model"], llm_kwargs.get("revision")))
@@ -377,6 +392,18 @@ def start(llm_kwargs: dict, speculative, device: torch.device, owner: Any = None
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     pool = None
+    external = dist.is_initialized() or int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if backend == "external_launcher" and not external:
+        raise TensorParallelError(
+            f"distributed_executor_backend='external_launcher' but this process was not started by torchrun "
+            f"(no WORLD_SIZE) and torch.distributed is not initialised: run it with "
+            f"torchrun --nproc-per-node {tp}, or leave the option out to let the engine start the workers"
+        )
+    if backend == "mp" and external:
+        raise TensorParallelError(
+            "distributed_executor_backend='mp' starts the workers itself, but this process is already one "
+            "rank of a torch.distributed job (torchrun): use 'external_launcher' or leave the option out"
+        )
     if dist.is_initialized():
         launcher = "external"
     elif int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -431,24 +458,29 @@ def _destroy_at_exit() -> None:
 
 
 @contextmanager
-def _scope(group: ps.TPGroup, option: str, tp: int, what: str):
+def _scope(parallel: TensorParallel, group: ps.TPGroup, option: str, what: str):
+    """Build for ``group``; a failure stops the workers at once (they are building the
+    same thing and would fail the same way, or wait for a driver that is not coming)."""
     with ps.use(group):
         try:
             yield
-        except ps.TPDivisionError as exc:
-            raise TensorParallelError(f"{option}={tp}: {what}: {exc}") from None
+        except BaseException as exc:
+            parallel.shutdown()
+            if isinstance(exc, ps.TPDivisionError):
+                raise TensorParallelError(f"{option}={group.size}: {what}: {exc}") from None
+            raise
 
 
 def target_scope(parallel: Optional[TensorParallel]):
     """Build the target model (and its tokenizer) for the target's group."""
     if parallel is None:
         return nullcontext()
-    return _scope(parallel.target, TP_OPTION, parallel.size, "the target model")
+    return _scope(parallel, parallel.target, TP_OPTION, "the target model")
 
 
 def draft_scope(parallel: Optional[TensorParallel]):
     """Build the draft (EAGLE head or draft model) for the draft's group."""
     if parallel is None:
         return nullcontext()
-    hint = "the draft model (use draft_tensor_parallel_size 1 to run it whole on every rank)"
-    return _scope(parallel.draft, DRAFT_TP_OPTION, parallel.draft.size, hint)
+    what = "the draft (use draft_tensor_parallel_size 1 to run it whole on every rank)"
+    return _scope(parallel, parallel.draft, DRAFT_TP_OPTION, what)
