@@ -36,8 +36,9 @@ TINY_TARGET = {**TINY, "num_hidden_layers": TARGET_LAYERS, "bos_token_id": 1, "e
 # Family-specific keys that keep a config tiny, by HF model_type. A family without an
 # entry gets TINY_TARGET alone (fine for Llama-shaped families).
 FAMILY_CONFIG: dict[str, dict] = {
-    # A window shorter than the sequences: the cache path must apply it.
+    # Windows shorter than the sequences: the cache path must apply them.
     "mistral": {"sliding_window": 24},
+    "cohere2": {"sliding_window": 16},
     "deepseek_v3": dict(
         num_key_value_heads=4, moe_intermediate_size=16, n_shared_experts=1, n_routed_experts=4,
         num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1, kv_lora_rank=16,
@@ -71,38 +72,52 @@ def _hf_causal_lm_names() -> dict[str, str]:
     return dict(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
-def target_kind(spec) -> tuple[Optional[TargetKind], str]:
-    """(kind, "") for a family the engine can be tested on, else (None, why not)."""
+def target_kinds(spec) -> tuple[list[TargetKind], str]:
+    """Every transformers causal-LM class the family says it serves (one per class),
+    or ([], why not)."""
     if spec.target_model is None:
-        return None, f"family {spec.name!r} registers no target model"
+        return [], f"family {spec.name!r} registers no target model"
     names = _hf_causal_lm_names()
     # Text-only configs first (llama4_text before the multimodal llama4 wrapper).
     types = sorted(spec.model_types, key=lambda mt: not mt.endswith("_text"))
+    kinds: dict[str, TargetKind] = {}
     for mt in types:
-        if names.get(mt) in spec.architectures:
-            return TargetKind(spec.name, mt, names[mt]), ""
-    return None, (f"family {spec.name!r}: transformers has no causal-LM class for model_types "
-                  f"{list(spec.model_types)} among its architectures {list(spec.architectures)}, "
-                  f"so no reference target can be written")
+        arch = names.get(mt)
+        if arch in spec.architectures and arch not in kinds:
+            kinds[arch] = TargetKind(spec.name, mt, arch)
+    if kinds:
+        return list(kinds.values()), ""
+    return [], (f"family {spec.name!r}: transformers has no causal-LM class for model_types "
+                f"{list(spec.model_types)} among its architectures {list(spec.architectures)}, "
+                f"so no reference target can be written")
+
+
+def target_kind(spec) -> tuple[Optional[TargetKind], str]:
+    """The family's first kind (see target_kinds), or (None, why not)."""
+    kinds, why = target_kinds(spec)
+    return (kinds[0] if kinds else None), why
 
 
 def family_params(methods=(None,)) -> list:
     """pytest params over (TargetKind, method) for every registered family with a
-    target model; unsupported combinations carry an explicit skip reason."""
+    target model, once per transformers class it serves; unsupported combinations
+    carry an explicit skip reason."""
     from eagle_zoo.plugins import get_registry
 
     params = []
     for name, spec in sorted(get_registry().families.items()):
-        kind, why = target_kind(spec)
-        for method in methods:
-            pid = name if method is None else f"{name}-{method}"
-            if kind is None:
-                params.append(pytest.param(None, method, id=pid, marks=pytest.mark.skip(reason=why)))
-            elif method in METHODS and spec.head_class(method) is None:
-                reason = f"family {name!r} registers no {method} head"
-                params.append(pytest.param(kind, method, id=pid, marks=pytest.mark.skip(reason=reason)))
-            else:
-                params.append(pytest.param(kind, method, id=pid))
+        kinds, why = target_kinds(spec)
+        for kind in kinds or [None]:
+            fid = name if len(kinds) <= 1 else f"{name}[{kind.model_type}]"
+            for method in methods:
+                pid = fid if method is None else f"{fid}-{method}"
+                if kind is None:
+                    params.append(pytest.param(None, method, id=pid, marks=pytest.mark.skip(reason=why)))
+                elif method in METHODS and spec.head_class(method) is None:
+                    reason = f"family {name!r} registers no {method} head"
+                    params.append(pytest.param(kind, method, id=pid, marks=pytest.mark.skip(reason=reason)))
+                else:
+                    params.append(pytest.param(kind, method, id=pid))
     return params
 
 
@@ -220,8 +235,6 @@ def export_state_dict(module: torch.nn.Module, mapping) -> dict[str, torch.Tenso
 
     out = {}
     fused_parts = _fused_parts(mapping)
-    params = dict(module.named_parameters())
-    params.update(dict(module.named_buffers()))
     for name, tensor in module.state_dict().items():
         owner_name, _, leaf = name.rpartition(".")
         owner = module.get_submodule(owner_name) if owner_name else module

@@ -6,9 +6,15 @@ output equals the plain output token for token, with continuous batching (more p
 than max_num_seqs, different prompt lengths and max_tokens, so requests join and leave
 between steps). The plain output itself is checked against transformers' forward.
 
-References nobody here wrote: transformers' forward and KV cache for greedy
-continuations and for the target distribution (sampled decoding), and a plain-Python
-prompt lookup from which the n-gram counters are predicted exactly.
+Lossless output says nothing about the drafts, so the drafts are checked too: EAGLE /
+EAGLE-3 chains against a from-scratch recomputation (transformers' target features, the
+head without a KV cache), n-gram drafts against a plain-Python lookup, draft-model
+drafts against transformers' greedy continuation of the draft; and for heads whose
+drafts are known in advance the counters are predicted exactly.
+
+References nobody here wrote: transformers' forward and KV cache (greedy continuations,
+features, the target distribution for sampled decoding) and the lookup in
+engine_fixtures. Tiny models run on one thread (see ``one_thread``).
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ import torch
 import checkpoint_factory as cf
 import engine_fixtures as ef
 from eagle_zoo import LLM, SamplingParams
+from eagle_zoo.engine.metrics import PREFIX
 from eagle_zoo.engine.sequence import Status
 
 METHODS = ("eagle", "eagle3", "ngram", "draft_model")
@@ -130,9 +137,9 @@ def check_metrics(llm, outs, k: int, method: str):
     assert m.mean_acceptance_length == pytest.approx(1 + m.num_accepted_tokens / m.num_drafts)
     assert m.acceptance_rate_per_pos == pytest.approx([a / m.num_drafts for a in per_pos])
     names = {x.name: x.value for x in llm.get_metrics() if not x.labels}
-    assert names["eagle_zoo:spec_decode_num_drafts"] == m.num_drafts
-    assert names["eagle_zoo:spec_decode_num_draft_tokens"] == m.num_draft_tokens
-    assert names["eagle_zoo:spec_decode_num_accepted_tokens"] == m.num_accepted_tokens
+    assert names[PREFIX + "spec_decode_num_drafts"] == m.num_drafts
+    assert names[PREFIX + "spec_decode_num_draft_tokens"] == m.num_draft_tokens
+    assert names[PREFIX + "spec_decode_num_accepted_tokens"] == m.num_accepted_tokens
     by_pos = {int(x.labels["position"]): x.value for x in llm.get_metrics() if x.labels}
     assert [by_pos[i] for i in range(k)] == per_pos
     return m
@@ -403,6 +410,30 @@ def test_stop_token_inside_accepted_run(llama_target):
         out = outs[0].outputs[0]
         assert out.token_ids == ref[:first + 1]
         assert (out.finish_reason, out.stop_reason) == ("stop", stop)
+
+
+def test_eos_inside_accepted_run(tmp_path, llama_target):
+    """EOS (from config.json / generation_config.json) ends a request mid-run unless
+    ignore_eos; the stop_reason of an EOS stop is None."""
+    import shutil
+
+    prompt = ef.random_prompts((7,), VOCAB, seed=6)[0]
+    ref = ef.hf_greedy(llama_target, [prompt], [30])[0]
+    eos = ref[11]
+    target = Path(shutil.copytree(llama_target, tmp_path / "target"))
+    for name in ("config.json", "generation_config.json"):
+        cfg = json.loads((target / name).read_text())
+        cfg["eos_token_id"] = eos
+        (target / name).write_text(json.dumps(cfg))
+    spec = {"method": "draft_model", "model": str(target), "num_speculative_tokens": 4}
+    for s in (None, spec):
+        stop = SamplingParams(temperature=0.0, max_tokens=30)
+        keep = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+        _, outs = run(target, [prompt, prompt], [30, 30], s, params=[stop, keep])
+        stopped, kept = (o.outputs[0] for o in outs)
+        assert stopped.token_ids == ref[:ref.index(eos) + 1]
+        assert (stopped.finish_reason, stopped.stop_reason) == ("stop", None)
+        assert kept.token_ids == ref and kept.finish_reason == "length"
 
 
 def test_no_max_tokens_stops_at_max_model_len(llama_target):

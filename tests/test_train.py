@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 
 import pytest
 import torch
@@ -266,7 +265,7 @@ def test_saved_heads_reload_with_the_same_logits(tiny, tmp_path, method):
         assert detect_format(out).name == fmt
         weights = sorted(p for p in out.iterdir() if p.suffix == ".safetensors")
         assert len(weights) > 1 and (out / "model.safetensors.index.json").is_file()
-        assert all(p.stat().st_size <= limit + 1024 for p in weights)  # + the safetensors header
+        assert all(p.stat().st_size <= limit for p in weights)
         names = set(load_state_dict(out))
         assert not any(n.startswith("embed_tokens") or n.startswith("lm_head") for n in names) or method == "eagle3"
         if method == "eagle3":
@@ -350,7 +349,6 @@ def test_trained_head_is_accepted_by_the_engine(tiny, tmp_path, method):
         return 1 + m.num_accepted_tokens / m.num_drafts
 
     trained, untrained = mean_acceptance_length(tmp_path / "trained"), mean_acceptance_length(tmp_path / "untrained")
-    print(method, "mean acceptance length: trained", trained, "untrained", untrained)
     assert trained > untrained + 0.5, (trained, untrained)
 
 
@@ -372,3 +370,16 @@ def test_out_of_memory_splits_the_batch_with_the_same_update(tiny):
     assert split.micro == 2
     for name, p in whole.params.items():
         torch.testing.assert_close(split.params[name], p, rtol=1e-5, atol=1e-6)
+
+
+def test_one_command_makes_the_data_then_trains(tiny, tmp_path):
+    from eagle_zoo import load
+    from eagle_zoo.cli import main
+
+    out = tmp_path / "head"
+    rc = main(["train", "eagle", "--target", str(tiny / "target"), "--prompts", str(tiny / "prompts.jsonl"),
+               "--max-prompts", "4", "--max-new-tokens", "16", "--out", str(out), "--steps", "2", "--max-len", "48", "--token-budget", "512",
+               "--device", "cpu", "--no-progress"])
+    assert rc == 0
+    assert len(TokenData.load(tmp_path / "head.data")) == 4
+    assert load(str(out), target=_target(tiny).model).format == "yuhuili-eagle"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import signal
 import sys
 import threading
 import traceback
@@ -63,6 +64,9 @@ def main() -> int:
 
     from . import parallel
 
+    # Ctrl-C in a terminal reaches every process of the group: rank 0 handles it and
+    # stops this worker (or its exit closes the pipe).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     start = _read_start(sys.stdin.fileno())
     threading.Thread(target=_exit_when_driver_goes, args=(sys.stdin.fileno(),), daemon=True).start()
     for entry in reversed(start["sys_path"]):  # what rank 0 could import, this rank can

@@ -40,7 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p = sub.add_parser(method, help=help_text, aliases=["eagle1"] if method == "eagle" else [])
         p.set_defaults(method=method)
         p.add_argument("--target", required=True, help="target model: directory or id")
-        p.add_argument("--data", required=True, nargs="+", help="directories written by `eagle-zoo train data`")
+        src = p.add_mutually_exclusive_group(required=True)
+        src.add_argument("--data", nargs="+", help="directories written by `eagle-zoo train data`")
+        src.add_argument("--prompts", help="prompts JSON lines: make the data first (greedy answers, as "
+                                           "`eagle-zoo train data`; kept in <out>.data and reused)")
+        p.add_argument("--max-prompts", type=int, help="with --prompts: use only the first N")
+        p.add_argument("--max-new-tokens", type=int, default=256, help="with --prompts: answer length")
         p.add_argument("--out", required=True, help="head directory (with several --format: one subdirectory each)")
         p.add_argument("--format", default=None,
                        help=f"comma-separated layouts; {method}: {', '.join(FORMATS[method])} (default: the first)")
@@ -65,6 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             p.add_argument("--draft-vocab-size", type=int, help="draft vocabulary (default min(32000, vocab))")
             p.add_argument("--aux-layers", help="three target layer ids, e.g. 2,15,27 (default 2,N//2,N-3)")
         p.add_argument("--num-speculative-tokens", type=int, default=3, help="default K written to speculators configs")
+        p.add_argument("--target-name", help="the target as speculators configs name it (default: --target), "
+                                             "e.g. a hub id when --target is a local directory")
         p.add_argument("--max-shard-size", default="14MB", help="largest weight file (e.g. 14MB, 2GB)")
         p.add_argument("--save-dtype", choices=("bfloat16", "float32"), default="bfloat16")
         p.add_argument("--state-dir", help="resumable training state (default: <out>.state)")
@@ -147,6 +154,8 @@ def _run_train(args) -> int:
 
     method = args.method
     dirs = output_dirs(method, args.format, args.out)
+    if args.prompts:
+        args.data = [_make_data(args)]
     try:
         max_shard = parse_size(args.max_shard_size)
     except Exception as exc:  # converters' ConvertError: the message names the option
@@ -166,7 +175,7 @@ def _run_train(args) -> int:
         result.info["partial"] = True
     for fmt, out in dirs.items():
         save_head(result.head, result.flat_config, fmt, out, mapping=trainer.mapping, skip=skip, dtype=save_dtype,
-                  max_shard_size=max_shard, target_name=str(args.target),
+                  max_shard_size=max_shard, target_name=args.target_name or str(args.target),
                   num_speculative_tokens=args.num_speculative_tokens, info=result.info)
         files = sorted(p.name for p in out.iterdir())
         size = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
@@ -182,6 +191,26 @@ def _run_train(args) -> int:
               f"from that step", file=sys.stderr)
         return 1
     return 0
+
+
+def _make_data(args) -> str:
+    """One-command training: regenerate the answers once into <out>.data."""
+    from .data import DATA_FILE, GenerateSettings, generate_data, read_prompts
+    from .trainer import resolve_device, resolve_dtype
+
+    out = Path(f"{str(args.out).rstrip('/')}.data")
+    if (out / DATA_FILE).is_file():
+        print(f"using the training data already in {out}")
+        return str(out)
+    device = resolve_device(args.device)
+    settings = GenerateSettings(max_new_tokens=args.max_new_tokens, batch_size=256 if device.type == "cuda" else 16,
+                                seed=args.seed)
+    data = generate_data(args.target, read_prompts(args.prompts, args.max_prompts), settings, device,
+                         resolve_dtype(args.dtype, device), progress=not args.no_progress)
+    data.meta["prompts"] = str(args.prompts)
+    data.save(out)
+    print(f"wrote {len(data)} sequences ({int(data.loss_mask.sum()):,} generated tokens) to {out}")
+    return str(out)
 
 
 def _skip(method: str, args) -> tuple[str, ...]:

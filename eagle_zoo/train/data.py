@@ -143,7 +143,7 @@ class GenerateSettings:
     seed: int = 0
     max_prompt_len: int = 1024
     max_seconds: Optional[float] = None
-    backend: str = "static"  # static | engine
+    backend: str = "engine"  # engine | static
 
 
 def generate_data(target: str, records: list[dict], s: GenerateSettings, device: torch.device, dtype: torch.dtype,
@@ -151,6 +151,7 @@ def generate_data(target: str, records: list[dict], s: GenerateSettings, device:
     """Regenerate the answers to ``records`` with the target; returns the stored form."""
     from tqdm import tqdm
 
+    from ..engine.llm import _eos_token_ids  # the EOS ids the engine stops on
     from ..engine.model_loader import load_config, load_model, resolve_model_dir
 
     start = time.monotonic()
@@ -167,7 +168,7 @@ def generate_data(target: str, records: list[dict], s: GenerateSettings, device:
     elif s.backend == "static":
         loaded = load_model(target, dtype, device)
         tokenizer = loaded.tokenizer
-        eos = eos_token_ids(loaded.path, loaded.config, tokenizer)
+        eos = _eos_token_ids(loaded.path, loaded.config, tokenizer)
     else:
         raise ValueError(f"--backend {s.backend!r}: use 'static' or 'engine'")
 
@@ -214,18 +215,6 @@ def generate_data(target: str, records: list[dict], s: GenerateSettings, device:
         "vocab_size": int((loaded.config if loaded is not None else llm.model_config).vocab_size),
     }
     return TokenData.from_sequences(seqs, meta)
-
-
-def eos_token_ids(path: Path, config, tokenizer) -> set[int]:
-    """generation_config.json's, the config's and the tokenizer's EOS ids (as the engine
-    stops on). Kept here: the engine module needs pydantic, which a GPU box may lack."""
-    ids: set[int] = set()
-    gen = Path(path) / "generation_config.json"
-    values = [json.loads(gen.read_text()).get("eos_token_id") if gen.is_file() else None,
-              getattr(config, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)]
-    for v in values:
-        ids.update([v] if isinstance(v, int) else [x for x in (v or []) if isinstance(x, int)])
-    return ids
 
 
 def _static(model, prompts, s: GenerateSettings, eos, generator, device, dtype):

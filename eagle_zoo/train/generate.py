@@ -48,10 +48,11 @@ def generate_batch(
     """Answers (token ids, ending with the EOS when one was produced) for ``prompts``."""
     B, P = len(prompts), max(len(p) for p in prompts)
     L = P + max_new_tokens
-    pad = torch.tensor([P - len(p) for p in prompts], device=device)
-    ids = torch.zeros(B, P, dtype=torch.long, device=device)
+    pad = torch.tensor([P - len(p) for p in prompts])
+    ids = torch.zeros(B, P, dtype=torch.long)
     for b, p in enumerate(prompts):
-        ids[b, P - len(p):] = torch.tensor(p, device=device)
+        ids[b, P - len(p):] = torch.tensor(p)
+    ids, pad = ids.to(device), pad.to(device)
     caches = allocate_kv_caches(model, B, L, dtype, device)
     cols = torch.arange(L, device=device)
     key_ok = cols.unsqueeze(0) >= pad.unsqueeze(1)  # [B, L]: not a padding column

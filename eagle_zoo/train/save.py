@@ -20,7 +20,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 from safetensors.torch import save_file
@@ -77,8 +77,13 @@ def tensor_bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+def _file_bytes(name: str, t: torch.Tensor) -> int:
+    """A tensor's share of a safetensors file: its data plus a generous header entry."""
+    return tensor_bytes(t) + len(name) + 128
+
+
 def check_shard_limit(tensors: dict, max_shard_size: int) -> None:
-    big = [(n, tensor_bytes(t)) for n, t in tensors.items() if tensor_bytes(t) > max_shard_size]
+    big = [(n, _file_bytes(n, t)) for n, t in tensors.items() if _file_bytes(n, t) + 8 > max_shard_size]
     if big:
         name, size = max(big, key=lambda x: x[1])
         raise ValueError(
@@ -89,17 +94,22 @@ def check_shard_limit(tensors: dict, max_shard_size: int) -> None:
 
 
 def write_weights(directory: Path, tensors: dict, max_shard_size: int) -> list[Path]:
+    """First-fit decreasing: few files, none over ``max_shard_size`` (8 bytes of header
+    length + header + data)."""
     check_shard_limit(tensors, max_shard_size)
+    shards: list[list[str]] = []
+    room: list[int] = []
+    for n in sorted(tensors, key=lambda n: (-tensor_bytes(tensors[n]), n)):
+        b = _file_bytes(n, tensors[n])
+        i = next((i for i, r in enumerate(room) if r >= b), None)
+        if i is None:
+            shards.append([])
+            room.append(max_shard_size - 8)
+            i = len(shards) - 1
+        shards[i].append(n)
+        room[i] -= b
+    shards = [sorted(group) for group in shards]
     names = sorted(tensors)
-    shards, current, size = [], [], 0
-    for n in names:
-        b = tensor_bytes(tensors[n])
-        if current and size + b > max_shard_size:
-            shards.append(current)
-            current, size = [], 0
-        current.append(n)
-        size += b
-    shards.append(current)
     meta = {"format": "pt"}
     if len(shards) == 1:
         path = directory / "model.safetensors"

@@ -7,8 +7,8 @@ cd "$(dirname "$0")/../.."
 source scripts/device/env.sh
 dir=$(python3 -c "from eagle_zoo.default_target import resolve_default as r; print(r('$TARGET'))") || exit 1
 echo "target dir: $dir"
-timeout 150 python3 scripts/device/smoke.py || echo "smoke test failed (above)"
-DATA_SECONDS=${DATA_SECONDS:-120} TRAIN_SECONDS=${TRAIN_SECONDS:-210} \
+timeout 100 python3 scripts/device/smoke.py || echo "smoke test failed (above)"
+DATA_SECONDS=${DATA_SECONDS:-100} TRAIN_SECONDS=${TRAIN_SECONDS:-180} \
   bash scripts/train_smollm2_heads.sh "$dir" /root/m/train_prompts.jsonl /root/m/heads
 cp -r /root/m/heads/. "$OUT"/
 ls -la "$OUT" "$OUT"/*
