@@ -172,7 +172,7 @@ def run(args) -> int:
     if spec is not None:
         print(f"method: {result.method}  draft: {result.draft}  k: {args.num_spec_tokens}")
         print(f"mean acceptance length: {result.mean_acceptance_length:.3f}")
-        print("acceptance rate per position: " + ", ".join(f"{r:.3f}" for r in result.acceptance_rate_per_pos))
+        print("acceptance rate per position: " + ", ".join(f"{r:.3f}" for r in result.acceptance_rates))
     print(f"generated tokens: {result.generated_tokens}  time: {result.seconds:.2f}s  "
           f"tokens/s: {result.tokens_per_second:.1f}")
     if args.compare_plain and spec is not None:
@@ -184,8 +184,8 @@ def run(args) -> int:
         print(f"plain decoding tokens/s: {plain.tokens_per_second:.1f}  speed-up: "
               f"{result.tokens_per_second / max(plain.tokens_per_second, 1e-9):.2f}x  "
               f"identical outputs: {same}/{len(prompts)}")
-    if args.plot and result.acceptance_rate_per_pos:
-        save_plot(result.acceptance_rate_per_pos, args.plot,
+    if args.plot and result.acceptance_rates:
+        save_plot(result.acceptance_rates, args.plot,
                   f"{result.draft} on {args.model}, k={args.num_spec_tokens}")
         print(f"plot: {args.plot}")
     if args.json_out:

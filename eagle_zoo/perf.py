@@ -66,6 +66,7 @@ def hf_generate_tps(model_dir, conversations, max_tokens, device, dtype):
     return tokens / seconds
 
 
+@torch.inference_mode()
 def decode_step_floor(device, dtype, steps: int = 50) -> dict:
     """A Llama-3-8B-shaped model with random weights: time one decode step (batch 1)
     through our engine's runner (CUDA graph) and compare with weight bytes / bandwidth."""

@@ -54,11 +54,7 @@ def one_thread():
 
 
 def llama_kind() -> ef.TargetKind:
-    from eagle_zoo.plugins import get_registry
-
-    kind, why = ef.target_kind(get_registry().families["llama"])
-    assert kind is not None, why
-    return kind
+    return ef.TargetKind("llama", "llama", "LlamaForCausalLM")
 
 
 @pytest.fixture(scope="module")
@@ -117,11 +113,11 @@ def greedy(max_tokens):
     return [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in max_tokens]
 
 
-def make_llm(target, spec, tp: int):
+def make_llm(target, spec, tp: int, **kwargs):
     if tp == 1 and spec:  # the TP 1 reference of a draft-TP case: the draft runs whole anyway
         spec = {k: v for k, v in spec.items() if k != "draft_tensor_parallel_size"}
     return LLM(str(target), spec, device="cpu", dtype="float32", max_model_len=MAX_MODEL_LEN,
-               max_num_seqs=MAX_NUM_SEQS, tensor_parallel_size=tp)
+               max_num_seqs=MAX_NUM_SEQS, tensor_parallel_size=tp, **kwargs)
 
 
 def generate(llm, prompts=PROMPTS, max_tokens=MAX_TOKENS):
@@ -200,13 +196,42 @@ def _mid_flight(engine) -> dict:
 def test_requests_joining_and_leaving_mid_flight(models):
     want = _mid_flight(make_llm(models["target"], None, tp=1).engine)
     assert 0 < len(want["b"]) < 20 and all(len(want[r]) == 20 for r in "acd")
-    llm = make_llm(models["target"], None, tp=2)
+    llm = make_llm(models["target"], None, tp=2, distributed_executor_backend="mp")
     try:
         assert _mid_flight(llm.engine) == want
         # The ranks are still in step: a later generate() agrees too.
         assert generate(llm, PROMPTS[:2], MAX_TOKENS[:2])[0] == models["hf"][:2]
     finally:
         stop(llm)
+
+
+def tp_worker_children() -> list[int]:
+    """Process ids of this process's children that are tensor-parallel workers."""
+    pids = []
+    for children in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
+        pids += [int(p) for p in children.read_text().split()]
+    found = []
+    for pid in pids:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"eagle_zoo.engine.tp_worker" in cmdline:
+            found.append(pid)
+    return found
+
+
+def test_draft_that_does_not_split_stops_the_workers(models, tmp_path):
+    """The error comes from building the head (after the workers started): it names the
+    option, the workers are stopped and the next tensor-parallel LLM starts normally."""
+    head = cf.write_yuhuili_eagle(tmp_path / "head", fc_bias=False, kind="safetensors", intermediate_size=67).path
+    spec = {"model": str(head), "num_speculative_tokens": K, "draft_tensor_parallel_size": 2}
+    with pytest.raises(parallel.TensorParallelError,
+                       match=r"speculative_config.draft_tensor_parallel_size=2: the draft .* 67 is not divisible"):
+        make_llm(models["target"], spec, tp=2)
+    assert not dist.is_initialized() and parallel._active_driver is None
+    if Path("/proc").is_dir():
+        assert tp_worker_children() == []
 
 
 # -- torchrun: the user's script on every rank ---------------------------------------------

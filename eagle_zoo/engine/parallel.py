@@ -283,7 +283,8 @@ def _launch_workers(tp: int, device: torch.device, llm_kwargs: dict) -> WorkerPo
     try:
         payload = pickle.dumps({
             "world_size": tp, "port": store.port, "backend": _backend(device),
-            "llm_kwargs": llm_kwargs, "sys_path": list(sys.path),
+            # A worker joins the group the driver made: it must not start workers itself.
+            "llm_kwargs": dict(llm_kwargs, distributed_executor_backend=None), "sys_path": list(sys.path),
         })
     except Exception as exc:
         raise TensorParallelError(
@@ -318,10 +319,6 @@ class TensorParallel:
     draft: ps.TPGroup
     launcher: str  # "spawn" (we are rank 0 and started the workers), "torchrun", "external"
     pool: Optional[WorkerPool] = None
-
-    @property
-    def is_driver(self) -> bool:
-        return self.rank == 0
 
     def attach(self, engine):
         """After this rank built its engine: a driver waits for its workers to have

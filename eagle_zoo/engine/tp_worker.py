@@ -52,13 +52,13 @@ def serve(engine, channel) -> None:
                 return
             try:
                 getattr(engine, name)(*args, **kwargs)
-            except Exception:  # rank 0 saw the same error and reported it to its caller
-                log.debug("rank call %s failed", name, exc_info=True)
+            except Exception:
+                # A rejected request failed the same way on rank 0, which told its
+                # caller. Anything else should not happen: say so.
+                (log.debug if name == "add_request" else log.exception)("engine call %s failed", name)
 
 
 def main() -> int:
-    import datetime  # noqa: F401  (pickled timedeltas)
-
     import torch
     import torch.distributed as dist
 

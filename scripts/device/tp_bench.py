@@ -97,22 +97,10 @@ def write(args) -> None:
     print(f"wrote {out}/target ({args.shape}), {out}/eagle, {out}/eagle3")
 
 
-def _sync():
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def _timed(llm, convs, params):
-    _sync()
-    start = time.perf_counter()
-    outs = llm.chat(convs, params)
-    _sync()
-    return outs, time.perf_counter() - start
-
-
 def bench(args) -> None:
     from eagle_zoo import LLM, SamplingParams
     from eagle_zoo.bench import load_prompts
+    from eagle_zoo.perf import timed_generate
 
     convs = [[{"role": "user", "content": p}] for p in load_prompts(None, args.num_prompts)]
     batches = [int(b) for b in args.batch.split(",")]
@@ -129,14 +117,11 @@ def bench(args) -> None:
             if b == 1:  # requests one after another
                 tokens, seconds, outs = 0, 0.0, []
                 for conv in convs:
-                    o, s = _timed(llm, [conv], params)
-                    outs += o
-                    seconds += s
-                    tokens += len(o[0].outputs[0].token_ids)
+                    o, t, s = timed_generate(llm, [conv], params)
+                    outs, tokens, seconds = outs + o, tokens + t, seconds + s
             else:
                 batch = (convs * ((b + len(convs) - 1) // len(convs)))[:b]
-                outs, seconds = _timed(llm, batch, params)
-                tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+                outs, tokens, seconds = timed_generate(llm, batch, params)
             rows.append({"model": args.label or args.model, "tp": args.tp, "batch": b, "eager": args.eager,
                          "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
                          "build_s": build_s,
