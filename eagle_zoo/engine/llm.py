@@ -69,7 +69,7 @@ class LLM:
         init_args = {k: v for k, v in locals().items() if k != "self"}  # tensor-parallel workers rebuild from these
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
-        self.speculative_config = SpeculativeConfig.parse(speculative_config)
+        self.speculative_config = SpeculativeConfig.parse(speculative_config, config_reader=read_draft_config)
         # Checks the parallel sizes; with tensor_parallel_size > 1 brings up this rank
         # (and, in a plain process, starts the other ranks): engine/parallel.py.
         self.parallel = start_parallel(init_args, self.speculative_config, self.device, owner=self)
@@ -253,6 +253,28 @@ class LLM:
         if len(sampling_params) != n:
             raise ValueError(f"got {len(sampling_params)} SamplingParams for {n} prompts: give one, or one per prompt")
         return sampling_params
+
+
+def read_draft_config(model: str) -> Optional[dict]:
+    """The draft's config.json for method inference, without downloading anything: a
+    local directory, a head shipped inside a plugin (catalog `path`), or a snapshot
+    already in the Hugging Face cache. None when it is not available offline."""
+    from ..config.speculative import read_local_config
+    from ..plugins import get_registry
+
+    found = read_local_config(model)
+    if found is not None:
+        return found
+    entry = get_registry().catalog.get(model)
+    if entry is not None and entry.path is not None:
+        return read_local_config(entry.path)
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(model, "config.json", revision=getattr(entry, "revision", None))
+    except Exception:  # not a valid repo id: the name rules decide
+        return None
+    return json.loads(Path(cached).read_text()) if isinstance(cached, str) else None
 
 
 def _eos_token_ids(path: Path, config: Any, tokenizer) -> set[int]:
