@@ -1,7 +1,17 @@
 """Shared fixtures (keep this file to fixtures every test module may want)."""
 from __future__ import annotations
 
-import pytest
+import os
+
+# One intra-op thread per process, for this process and every process a test starts
+# (servers, tensor-parallel ranks, CLI runs): on a 2-core machine two processes with two
+# spinning OpenMP threads each run an order of magnitude slower than with one thread.
+os.environ["OMP_NUM_THREADS"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
 
 from eagle_zoo import plugins
 

@@ -1,0 +1,70 @@
+"""The shipped SmolLM2 heads: discovered through the entry point, loadable by catalog
+id, small bf16 files, and `eagle-zoo bench --test` passes on a few MT-bench prompts."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors import safe_open
+
+from eagle_zoo.plugins import get_registry
+
+IDS = {"eagle": "eagle-zoo/EAGLE-SmolLM2-135M-Instruct", "eagle3": "eagle-zoo/EAGLE3-SmolLM2-135M-Instruct"}
+TARGET = "HuggingFaceTB/SmolLM2-135M-Instruct"
+MAX_FILE_BYTES = 15 * 1024 * 1024
+
+
+@pytest.mark.parametrize("method", sorted(IDS))
+def test_entry_registered_through_the_entry_point(method):
+    entry = get_registry().catalog[IDS[method]]
+    assert entry.source == "smollm2_heads"  # the entry-point name in pyproject.toml
+    assert entry.method == method and entry.target == TARGET
+    files = sorted(Path(entry.path).iterdir())
+    assert any(f.name == "config.json" for f in files)
+    for f in files:
+        assert f.stat().st_size < MAX_FILE_BYTES, f
+        if f.suffix == ".safetensors":
+            with safe_open(str(f), "pt") as st:
+                floats = [st.get_slice(k).get_dtype() for k in st.keys() if k not in ("d2t", "t2d")]
+            assert set(floats) == {"BF16"}, f
+
+
+@pytest.mark.parametrize("method", sorted(IDS))
+def test_loads_by_catalog_id_with_the_target(method):
+    import torch
+
+    from eagle_zoo import load
+    from eagle_zoo.engine.model_loader import load_model
+
+    target = load_model(TARGET, torch.float32, torch.device("cpu"))
+    head = load(IDS[method], target=target.model, dtype=torch.float32)
+    assert head.method == method
+    if method == "eagle3":
+        d2t, t2d = head.head.d2t, head.head.t2d
+        assert d2t.numel() == 12000 and int(t2d.sum()) == 12000
+        assert bool(t2d[torch.arange(12000) + d2t].all())  # every draft token maps into t2d
+
+
+# The catalog value is the 80-prompt x 256-token mean; on 4 prompts x 64 tokens the
+# mean acceptance length measured 1.477 (EAGLE-1, catalog 1.852: -20%) and 1.312
+# (EAGLE-3, catalog 1.474: -11%) on the CPU in fp32. rtol 0.25 covers that subset
+# effect while a head that accepts nothing (1.0: -46% / -32%) still fails.
+SUBSET_RTOL = 0.25
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", sorted(IDS))
+def test_bench_test_passes_on_a_few_prompts(method, tmp_path):
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "eagle_zoo.cli", "bench", "--draft", IDS[method], "--num-prompts", "4",
+           "--max-tokens", "64", "--max-num-seqs", "4", "--device", "cpu", "--dtype", "float32",
+           "--test", "--rtol", str(SUBSET_RTOL), "--json", str(out)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=dict(os.environ))
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "PASS" in run.stdout
+    report = json.loads(out.read_text())["speculative"]
+    assert report["method"] == method and report["mean_acceptance_length"] > 1.1
