@@ -35,7 +35,9 @@ DEFAULT_PLUGINS = (
     "eagle_zoo.models.deepseek",
     "eagle_zoo.models.llama4",
     "eagle_zoo.models.cohere",
+    "eagle_zoo.models.mistral_large3",
     "eagle_zoo.checkpoints.formats",
+    "eagle_zoo.checkpoints.mistral_native",
     "eagle_zoo.engine.proposers",
     "eagle_zoo.catalog",
 )

@@ -97,7 +97,8 @@ def test_root_registry_content():
     assert entries["yuhuili/EAGLE-LLaMA3.1-Instruct-8B"].acceptance_length == 2.296
     assert entries["yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"].acceptance_length == 2.811
     assert entries["yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"].draft_vocab_size == 32000
-    assert {e.family for e in entries.values()} <= SIX_FAMILIES
+    # mistral_large3: the Mistral Large 3 EAGLE head (DeepSeek MLA layers, native names)
+    assert {e.family for e in entries.values()} <= SIX_FAMILIES | {"mistral_large3"}
     assert {e.format for e in entries.values()} <= set(FORMATS)
     for e in entries.values():
         if e.method == "eagle":  # EAGLE-1 heads draft over the full target vocabulary

@@ -325,7 +325,10 @@ def detect_format(directory: Path) -> CheckpointFormat:
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointFormatError(f"{directory}: not a directory")
-    cfg = load_config_json(directory)
+    # Mistral-native directories have params.json and no config.json: their detector
+    # reads the files itself and sees an empty config here.
+    native = (directory / "params.json").is_file() and not (directory / "config.json").is_file()
+    cfg = {} if native else load_config_json(directory)
     formats = list(get_registry().formats.values())
     claims = [f for f in formats if f.detect(directory, cfg)]
     if len(claims) == 1:

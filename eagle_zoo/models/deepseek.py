@@ -374,6 +374,12 @@ class DeepseekMLAAttention(nn.Module):
         self.rotary_emb = get_rope(config, self.rope_dim, interleaved=bool(cfg(config, "rope_interleave", True)))
         self.attn = Attention(self.num_heads, self.num_heads, qk, scale=mla_softmax_scale(config, qk),
                               layer_idx=layer_idx, v_head_dim=self.v_dim)
+        # Mistral Large 3 (config key ``llama_4_scaling``: {original_max_position_embeddings,
+        # beta}, as vLLM's Mistral params.json adapter writes it): queries are scaled by
+        # 1 + beta * log(1 + floor(position / original_max_position_embeddings)).
+        scaling = cfg(config, "llama_4_scaling")
+        self.llama4_scaling = None if not scaling else (
+            float(scaling["original_max_position_embeddings"]), float(scaling["beta"]))
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         if self.q_lora_rank:
@@ -387,6 +393,9 @@ class DeepseekMLAAttention(nn.Module):
         k_nope, v = kv.split([self.nope, self.v_dim], -1)
         q_pe, k_pe = self.rotary_emb(positions, q_pe, k_pe.unsqueeze(-2))  # one rope key for all heads
         q = torch.cat([q_nope, q_pe], -1)
+        if self.llama4_scaling is not None:
+            original, beta = self.llama4_scaling
+            q = q * (1 + beta * torch.log1p(torch.floor(positions / original))).unsqueeze(-1).unsqueeze(-1).to(q.dtype)
         k = torch.cat([k_nope, k_pe.expand(*k_nope.shape[:-1], self.rope_dim)], -1)
         return self.o_proj(self.attn(q, k, v))
 
