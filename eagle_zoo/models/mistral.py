@@ -23,9 +23,9 @@ Mistral attention with the window.
 
 EagleMistralLarge3ForCausalLM is not served here: Mistral Large 3 is a DeepSeek-V3
 architecture (MLA attention, MoE) and vLLM builds that head from DeepseekV2 decoder
-layers (fc without enorm / hnorm, final norm, Mistral-native ``eagle_linear``). It
-belongs with the family that has the MLA decoder layer (deepseek), through
-``extra_head_architectures``; a Llama-layer head here would fail on its first MLA key.
+layers (fc without enorm / hnorm, final norm, Mistral-native ``eagle_linear``). It is
+served by the mistral_large3 family (models/mistral_large3.py, on DeepSeek's MLA
+layers), with the Mistral-native params.json format in checkpoints/mistral_native.py.
 """
 from __future__ import annotations
 
