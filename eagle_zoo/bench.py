@@ -42,6 +42,7 @@ def add_arguments(p):
     perf.add_argument("--perf", action="store_true", help="run the speed tables instead of the acceptance benchmark")
     perf.add_argument("--eagle", default=None, help="EAGLE-1 head for the batch-1 table")
     perf.add_argument("--eagle3", default=None, help="EAGLE-3 head for the batch-1 and throughput tables")
+    perf.add_argument("--ngram", action="store_true", help="add n-gram prompt lookup (min 2, max 4) rows")
     perf.add_argument("--ks", default="1,2,3,4,5", help="speculative depths of the batch-1 table")
     perf.add_argument("--batch-sizes", default="1,4,16,64")
     perf.add_argument("--tput-k", type=int, default=3, help="k of the throughput table")

@@ -114,6 +114,8 @@ def run_perf(args) -> int:
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     ks = [int(k) for k in args.ks.split(",")]
     heads = [h for h in (args.eagle, args.eagle3) if h]
+    if args.ngram:  # prompt lookup rows beside the heads
+        heads.append("ngram")
     report: dict = {"model": args.model, "prompts": len(prompts), "max_tokens": args.max_tokens}
 
     def make(spec=None, max_num_seqs=1):
@@ -140,7 +142,9 @@ def run_perf(args) -> int:
     lossless = {}
     for head in heads:
         for k in ks:
-            llm = make({"model": head, "num_speculative_tokens": k})
+            spec = ({"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+                    if head == "ngram" else {"model": head, "num_speculative_tokens": k})
+            llm = make(spec)
             warm(llm)
             outs, tps = batch1(llm, conversations, params)
             m = llm.engine.metrics
