@@ -159,7 +159,7 @@ def run_perf(args) -> int:
     # -- throughput vs batch size ------------------------------------------------
     tput = []
     spec_head = args.eagle3 or args.eagle
-    for bs in [int(b) for b in args.batch_sizes.split(",")]:
+    for bs in [int(b) for b in args.batch_sizes.split(",") if b]:
         convs = (conversations * ((bs + len(conversations) - 1) // len(conversations)))[:bs]
         row = {"batch": bs}
         for label, spec in (("plain", None), ("speculative", {"model": spec_head, "num_speculative_tokens": args.tput_k})):

@@ -7,4 +7,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/eagle-zoo bench --perf --device cpu --dtype float32 --num-prompts 10 --max-tokens 128 --ks 3 \
   --eagle eagle-zoo/EAGLE-SmolLM2-135M-Instruct --eagle3 eagle-zoo/EAGLE3-SmolLM2-135M-Instruct --ngram \
-  --batch-sizes 1 --hf-prompts 10 --json "${1:-cpu_perf.json}"
+  --batch-sizes "" --hf-prompts 10 --json "${1:-cpu_perf.json}"
