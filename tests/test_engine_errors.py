@@ -141,6 +141,12 @@ def test_method_the_engine_does_not_run(target):
         LLM(str(target), speculative_config={"method": "mtp", "model": str(target)}, device="cpu")
 
 
+def test_options_the_engine_does_not_run_yet_are_refused(target):
+    # Accepted by the config schema (vLLM's keys) but not implemented: never ignored silently.
+    with pytest.raises(NotImplementedError, match="disable_padded_drafter_batch is not supported"):
+        LLM(str(target), speculative_config={"method": "ngram", "disable_padded_drafter_batch": True}, device="cpu")
+
+
 # -- prompts ---------------------------------------------------------------------------------
 def test_prompt_longer_than_max_model_len(llm):
     with pytest.raises(ValueError, match=f"prompt of {MAX_MODEL_LEN} tokens does not fit max_model_len={MAX_MODEL_LEN}"):

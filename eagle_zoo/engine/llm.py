@@ -126,6 +126,17 @@ class LLM:
         spec = self.speculative_config
         if spec is None:
             return None
+        unsupported = [name for name, on in (("parallel_drafting", spec.parallel_drafting),
+                                             ("tree", spec.tree is not None),
+                                             ("disable_padded_drafter_batch", spec.disable_padded_drafter_batch))
+                       if on]
+        if unsupported:
+            # Accepted by the config (vLLM's schema) but not run by this engine yet:
+            # refuse rather than silently decode another way.
+            raise NotImplementedError(
+                f"speculative_config {', '.join(unsupported)} is not supported by this engine yet "
+                f"(chain drafting with the padded drafter batch only): remove it or set it to false"
+            )
         k = spec.num_speculative_tokens or DEFAULT_NUM_SPECULATIVE_TOKENS
         max_len = max_model_len + k + 1
         args = (max_num_seqs, max_len, self.dtype, self.device)
