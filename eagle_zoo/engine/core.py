@@ -120,18 +120,24 @@ class EngineCore:
         base = torch.tensor([s.num_cached for s in seqs], device=dev)
         last = torch.tensor([[s.last_token_id] for s in seqs], device=dev)
         kv_len = max(s.num_cached for s in seqs) + k + 1
-        batch = StepBatch(slots, base, [s.all_token_ids for s in seqs] if k else [], kv_len)
+        batch = StepBatch(slots, base, [s.all_token_ids for s in seqs] if k else [], kv_len,
+                          all_greedy=all(s.params.greedy for s in seqs))
         drafts = num_draft = None
         if k:
             drafts, num_draft = self.proposer.propose(batch)
-            input_ids = torch.cat([last, drafts], dim=1)
+            # A proposer may return fewer than K columns (n-gram: the longest match in
+            # the batch, known on the host); verify only those, down to plain decoding.
+            k = drafts.shape[1]
+            input_ids = torch.cat([last, drafts], dim=1) if k else last
+            if not k:
+                drafts = num_draft = None
         else:
             input_ids = last
         positions = base.unsqueeze(1) + torch.arange(k + 1, device=dev)
         hidden, aux = self.runner.run(input_ids, positions, slots, kv_len, self.aux_layer_ids)
         logits = self.target.compute_logits(hidden)
         tokens, accepted = verify_drafts(logits, drafts, num_draft, SamplingBatch.from_sequences(seqs, dev))
-        if k:
+        if k:  # (n-gram rounds without any draft skip this; its on_verify does nothing)
             self.proposer.on_verify(batch, TargetOutput(input_ids, tokens, positions, hidden, aux), accepted)
         # The one device->host synchronisation of the step: tokens, accepted, drafted.
         drafted = torch.full_like(accepted, k) if num_draft is None else num_draft.to(accepted.dtype)
@@ -139,7 +145,7 @@ class EngineCore:
         tokens_host = [row[: k + 1] for row in host]
         accepted_host = [row[k + 1] for row in host]
         num_draft_host = [row[k + 2] for row in host]
-        if k:
+        if self.k:
             self.metrics.observe(num_draft_host, accepted_host)
         for seq, row, a in zip(seqs, tokens_host, accepted_host):
             self._append(seq, row[: a + 1])

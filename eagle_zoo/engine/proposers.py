@@ -32,6 +32,10 @@ class StepBatch:
     base_positions: torch.Tensor  # [B] position of each sequence's last (unverified) token
     token_history: list[list[int]]  # host-side token ids per sequence (n-gram lookup)
     kv_len: int  # host-known bound: max base position + K + 1
+    # Every request greedy: a proposer may then return fewer than K draft columns. With
+    # sampling the width must stay K, since verification draws each request's random
+    # numbers by width and a seeded request must not depend on the rest of the batch.
+    all_greedy: bool = False
 
 
 @dataclass
@@ -138,8 +142,11 @@ class NgramProposer(Proposer):
     def propose(self, batch: StepBatch):
         k = self.num_speculative_tokens
         rows = [self.lookup(toks) for toks in batch.token_history]
+        # Greedy batches: only as many columns as the longest match, so a step where
+        # nothing matched is a plain one-token step rather than a verification of padding.
+        width = max(len(r) for r in rows) if batch.all_greedy else k
         num = torch.tensor([len(r) for r in rows], dtype=torch.long)
-        drafts = torch.tensor([r + [0] * (k - len(r)) for r in rows], dtype=torch.long)
+        drafts = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.long).view(len(rows), width)
         return drafts.to(self.device), num.to(self.device)
 
 
