@@ -120,7 +120,10 @@ class EngineCore:
         base = torch.tensor([s.num_cached for s in seqs], device=dev)
         last = torch.tensor([[s.last_token_id] for s in seqs], device=dev)
         kv_len = max(s.num_cached for s in seqs) + k + 1
-        batch = StepBatch(slots, base, [s.all_token_ids for s in seqs] if k else [], kv_len,
+        # Copying every sequence's token list is O(length) per step: only for proposers
+        # that read it (n-gram lookup, the draft model's last two tokens).
+        history = [s.all_token_ids for s in seqs] if k and self.proposer.needs_token_history else []
+        batch = StepBatch(slots, base, history, kv_len,
                           all_greedy=all(s.params.greedy for s in seqs))
         drafts = num_draft = None
         if k:

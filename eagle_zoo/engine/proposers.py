@@ -50,6 +50,7 @@ class TargetOutput:
 class Proposer:
     num_speculative_tokens: int
     aux_layer_ids: tuple[int, ...] = ()
+    needs_token_history = False  # StepBatch.token_history is built only for those that read it
 
     def on_prefill(self, slot: int, out: TargetOutput) -> None:
         pass
@@ -121,6 +122,8 @@ class NgramProposer(Proposer):
     n-gram (longest n first, prompt_lookup_max down to prompt_lookup_min) and propose
     the tokens that followed it."""
 
+    needs_token_history = True
+
     def __init__(self, k: int, n_min: int, n_max: int, device):
         self.num_speculative_tokens = k
         self.n_min, self.n_max = n_min, n_max
@@ -156,6 +159,8 @@ class DraftModelProposer(Proposer):
     Its cache holds every verified token but possibly the last two; each round
     starts by (re)feeding the last two verified tokens, which covers the case where
     all drafts were accepted and the last draft was never fed (one extra slot)."""
+
+    needs_token_history = True
 
     def __init__(self, model, k: int, num_slots: int, max_len: int, dtype, device, graph_pool=None):
         self.model = model
