@@ -3,6 +3,9 @@
 #
 #   scripts/train_smollm2_heads.sh TARGET_DIR PROMPTS.jsonl [OUT]     (OUT defaults to $OUT)
 #
+# 0. prompts (SYNTH_PROMPTS > 0) the target writes that many self-instruct user turns
+#           (`eagle-zoo train prompts`), interleaved with PROMPTS: chat and writing
+#           requests besides the file's math, code and role play.
 # 1. data   the target regenerates answers (chat template, 256 new tokens): greedy
 #           over all prompts and sampled (T=0.7, top-p 0.9) over the same prompts with
 #           another seed, two processes side by side on the GPU, each time-boxed.
@@ -17,7 +20,12 @@
 # Everything else (data, full outputs, resumable states) stays in $WORK.
 #
 # Knobs (environment): DATA_SECONDS TRAIN_SECONDS DEVICE PYTHON WORK GEN_BATCH
-# EAGLE_TOKENS EAGLE3_TOKENS MAX_LEN MAX_NEW_TOKENS MAX_PROMPTS DRAFT_VOCAB.
+# EAGLE_TOKENS EAGLE3_TOKENS MAX_LEN MAX_NEW_TOKENS MAX_PROMPTS DRAFT_VOCAB TTT_STEPS
+# SYNTH_PROMPTS SYNTH_SECONDS LR.
+# One run split over several time-limited jobs (same WORK each time):
+#   STOP_AFTER=300 ...   steps 0-2, training paused after 300 s of this job (state kept)
+#   RESUME=1 ...         training only, continued from the saved state, then step 3
+# TRAIN_SECONDS is the whole run's training time (the learning-rate schedule's horizon).
 set -u
 TARGET=${1:?usage: $0 TARGET_DIR PROMPTS.jsonl [OUT]}
 PROMPTS=${2:?usage: $0 TARGET_DIR PROMPTS.jsonl [OUT]}
@@ -34,6 +42,12 @@ MAX_PROMPTS=${MAX_PROMPTS:-100000}
 EAGLE_TOKENS=${EAGLE_TOKENS:-32768}
 EAGLE3_TOKENS=${EAGLE3_TOKENS:-16384}
 DRAFT_VOCAB=${DRAFT_VOCAB:-12000}  # 24% of the vocabulary, as 32000 of Llama-3's 128256; lm_head 13.8 MB
+TTT_STEPS=${TTT_STEPS:-7}
+SYNTH_PROMPTS=${SYNTH_PROMPTS:-0}
+SYNTH_SECONDS=${SYNTH_SECONDS:-60}
+LR=${LR:-1e-3}
+RESUME=${RESUME:-0}
+STOP_AFTER=${STOP_AFTER:-}
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 mkdir -p "$OUT" "$WORK/logs"
 START=$SECONDS
@@ -42,12 +56,25 @@ say() { printf '[%4ds] %s\n' $((SECONDS - START)) "$*"; }
 # Run "$@" in the background, its output tagged and logged; its exit code lands in $WORK/logs/NAME.rc.
 job() {
   local name=$1; shift
-  ( "$@"; echo $? > "$WORK/logs/$name.rc" ) 2>&1 | sed -u "s/^/[$name] /" | tee "$WORK/logs/$name.log" &
+  ( "$@"; echo $? > "$WORK/logs/$name.rc" ) 2>&1 | sed -u "s/^/[$name] /" | tee -a "$WORK/logs/$name.log" &
 }
 rc() { cat "$WORK/logs/$1.rc" 2>/dev/null || echo 99; }
 ez() { "$PY" -m eagle_zoo.cli "$@"; }
 
 say "target $TARGET, prompts $PROMPTS, out $OUT, work $WORK, device $DEVICE"
+
+if [ "$RESUME" = 1 ]; then
+  DATA=()
+  for d in greedy sampled; do [ -f "$WORK/data/$d/data.safetensors" ] && DATA+=("$WORK/data/$d"); done
+  [ ${#DATA[@]} -gt 0 ] || { say "RESUME=1: no data in $WORK/data; run without RESUME first"; exit 1; }
+  say "resuming training on ${DATA[*]}"
+else
+# -- 0. self-instruct prompts ------------------------------------------------------------------
+if [ "$SYNTH_PROMPTS" -gt 0 ]; then
+  ez train prompts --target "$TARGET" --num "$SYNTH_PROMPTS" --mix "$PROMPTS" --out "$WORK/prompts.jsonl" \
+    --device "$DEVICE" --max-seconds "$SYNTH_SECONDS" --max-new-tokens 128 --seed 0 2>&1 | tee "$WORK/logs/prompts.log"
+  [ -s "$WORK/prompts.jsonl" ] && PROMPTS="$WORK/prompts.jsonl" || say "self-instruct prompts failed: using $PROMPTS alone"
+fi
 
 # -- 1. data ---------------------------------------------------------------------------------
 common_data=(--target "$TARGET" --prompts "$PROMPTS" --max-prompts "$MAX_PROMPTS" --max-new-tokens "$MAX_NEW_TOKENS"
@@ -62,10 +89,13 @@ for d in greedy sampled; do
 done
 [ ${#DATA[@]} -gt 0 ] || { say "no training data; stopping"; exit 1; }
 say "data ready: ${DATA[*]}"
+fi
 
 # -- 2. training (both heads at once; each is time-boxed) ------------------------------------
 common_train=(--target "$TARGET" --data "${DATA[@]}" --device "$DEVICE" --epochs 1000 --max-len "${MAX_LEN:-1280}"
-              --lr 1e-3 --warmup-steps 50 --log-every 25 --save-every 200 --no-progress)
+              --lr "$LR" --warmup-steps 50 --log-every 25 --save-every 200 --no-progress)
+[ "$RESUME" = 1 ] && common_train+=(--resume)
+[ -n "$STOP_AFTER" ] && common_train+=(--stop-after-seconds "$STOP_AFTER")
 # train_head METHOD OUT TOKENS HEAD_CONFIG ARGS...: a run that dies before saving anything
 # is retried once with half the token budget for the time that is left.
 train_head() {
@@ -81,7 +111,7 @@ train_head() {
 }
 job eagle train_head eagle "$WORK/heads/eagle" "$EAGLE_TOKENS" "$WORK/heads/eagle/config.json"
 job eagle3 train_head eagle3 "$WORK/heads/eagle3" "$EAGLE3_TOKENS" "$WORK/heads/eagle3/yuhuili-eagle3/config.json" \
-  --draft-vocab-size "$DRAFT_VOCAB" --ttt-steps 7 --format yuhuili-eagle3,speculators-eagle3 \
+  --draft-vocab-size "$DRAFT_VOCAB" --ttt-steps "$TTT_STEPS" --format yuhuili-eagle3,speculators-eagle3 \
   --target-name HuggingFaceTB/SmolLM2-135M-Instruct
 wait
 say "training finished: eagle exit $(rc eagle), eagle3 exit $(rc eagle3)"

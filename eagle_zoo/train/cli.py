@@ -1,5 +1,6 @@
 """`eagle-zoo train`: make training data, train an EAGLE-1 or EAGLE-3 head, save it.
 
+    eagle-zoo train prompts --target T --num 20000 --out synth.jsonl   (self-instruct prompts)
     eagle-zoo train data   --target T --prompts prompts.jsonl --out data/
     eagle-zoo train eagle  --target T --data data/ --out heads/eagle
     eagle-zoo train eagle3 --target T --data data/ --out heads/eagle3
@@ -9,6 +10,7 @@ See docs/training.md.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -36,6 +38,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d.add_argument("--max-seconds", type=float, help="start no new batch after this many seconds")
     _common(d)
 
+    g = sub.add_parser("prompts", help="self-instruct prompts: the target writes user turns (to widen the data)")
+    g.add_argument("--target", required=True, help="target model (a chat model with a chat template)")
+    g.add_argument("--out", required=True, help="output JSON lines (what `train data --prompts` reads)")
+    g.add_argument("--num", type=int, default=10000, help="distinct prompts to make")
+    g.add_argument("--mix", help="a prompts file to interleave with the new prompts (a, b, a, b, ...) in --out")
+    g.add_argument("--max-new-tokens", type=int, default=128, help="longest user message (longer ones are dropped)")
+    g.add_argument("--temperature", type=float, default=1.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--min-words", type=int, default=3, help="drop shorter messages")
+    g.add_argument("--batch-size", type=int, help="rows generated together (default 1024 on CUDA, 16 on CPU)")
+    g.add_argument("--max-seconds", type=float, help="start no new batch after this many seconds")
+    _common(g)
+
     for method, help_text in (("eagle", "train an EAGLE-1 head"), ("eagle3", "train an EAGLE-3 head (TTT)")):
         p = sub.add_parser(method, help=help_text, aliases=["eagle1"] if method == "eagle" else [])
         p.set_defaults(method=method)
@@ -51,7 +66,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help=f"comma-separated layouts; {method}: {', '.join(FORMATS[method])} (default: the first)")
         p.add_argument("--steps", type=int, help="optimizer steps (default: --epochs over the data)")
         p.add_argument("--epochs", type=float, default=1.0)
-        p.add_argument("--max-seconds", type=float, help="stop training after this many seconds")
+        p.add_argument("--max-seconds", type=float, help="stop training after this many seconds (in all, over resumes; "
+                                                          "also the learning-rate schedule's horizon)")
+        p.add_argument("--stop-after-seconds", type=float,
+                       help="pause this process after N seconds: the state and the head are saved, --resume continues "
+                            "(to split one run over several time-limited jobs)")
         p.add_argument("--token-budget", type=int, default=16384, help="padded tokens per batch")
         p.add_argument("--max-len", type=int, default=2048, help="truncate sequences to this many tokens")
         p.add_argument("--lr", type=float, default=3e-4)
@@ -92,6 +111,8 @@ def _common(p) -> None:
 def run(args) -> int:
     if args.train_command == "data":
         return _run_data(args)
+    if args.train_command == "prompts":
+        return _run_prompts(args)
     return _run_train(args)
 
 
@@ -118,6 +139,28 @@ def _run_data(args) -> int:
     return 0 if len(data) else 1
 
 
+def _run_prompts(args) -> int:
+    from .data import read_prompts
+    from .synthesize import SynthesizeSettings, interleave, synthesize_prompts, write_prompts
+    from .trainer import resolve_device, resolve_dtype
+
+    if args.num < 1:
+        raise SystemExit(f"--num {args.num}: give at least 1")
+    if args.temperature <= 0:
+        raise SystemExit(f"--temperature {args.temperature}: self-instruct prompts need sampling (> 0)")
+    mix = read_prompts(args.mix) if args.mix else []  # fail on a bad file before generating anything
+    device = resolve_device(args.device)
+    settings = SynthesizeSettings(
+        num=args.num, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+        batch_size=args.batch_size or (1024 if device.type == "cuda" else 16), min_words=args.min_words,
+        seed=args.seed, max_seconds=args.max_seconds)
+    records, stats = synthesize_prompts(args.target, settings, device, resolve_dtype(args.dtype, device))
+    write_prompts(interleave(records, mix) if mix else records, args.out)
+    print(f"wrote {len(records)} self-instruct prompts" + (f" interleaved with {len(mix)} from {args.mix}" if mix else "")
+          + f" to {args.out} in {stats['seconds']} s ({json.dumps(stats)})")
+    return 0 if records else 1
+
+
 def settings_from_args(args):
     from .trainer import TrainSettings
 
@@ -129,7 +172,7 @@ def settings_from_args(args):
             raise SystemExit(f"--aux-layers {args.aux_layers!r}: give three comma-separated integers") from None
     return TrainSettings(
         method=args.method, target=args.target, data=list(args.data), steps=args.steps, epochs=args.epochs,
-        max_seconds=args.max_seconds, token_budget=args.token_budget, max_len=args.max_len, lr=args.lr,
+        max_seconds=args.max_seconds, stop_after_seconds=args.stop_after_seconds, token_budget=args.token_budget, max_len=args.max_len, lr=args.lr,
         warmup_steps=args.warmup_steps, min_lr_ratio=args.min_lr_ratio, weight_decay=args.weight_decay,
         grad_clip=args.grad_clip, noise=getattr(args, "noise", 0.2), ttt_steps=getattr(args, "ttt_steps", 7),
         ttt_decay=getattr(args, "ttt_decay", 0.8), draft_vocab_size=getattr(args, "draft_vocab_size", None),

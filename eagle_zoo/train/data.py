@@ -191,7 +191,8 @@ def generate_data(target: str, records: list[dict], s: GenerateSettings, device:
     seqs, stopped_early, generated = [], False, 0
     bar = tqdm(batches, desc="generate", unit="batch", disable=None if progress else True)
     for number, batch in enumerate(bar, 1):
-        if s.max_seconds is not None and time.monotonic() - start > s.max_seconds:
+        # The budget counts from the start (model load included) but never stops the first batch.
+        if number > 1 and s.max_seconds is not None and time.monotonic() - start > s.max_seconds:
             stopped_early = True
             break
         batch_prompts = [prompts[i] for i in batch]

@@ -35,7 +35,8 @@ class TrainSettings:
     data: list
     steps: Optional[int] = None  # default: epochs over the data
     epochs: float = 1.0
-    max_seconds: Optional[float] = None
+    max_seconds: Optional[float] = None  # the run's length in time (also the LR schedule's horizon)
+    stop_after_seconds: Optional[float] = None  # pause this process after N s (state saved; --resume continues)
     token_budget: int = 16384
     max_len: int = 2048
     lr: float = 3e-4
@@ -218,12 +219,16 @@ class Trainer:
                  f"{len(self.epoch_batches)} batches per epoch; {self.total} steps"
                  + (f" or {s.max_seconds:.0f} s" if s.max_seconds else "") + f"; device {self.device}, {self.dtype}")
         start, window, stop_reason = time.monotonic() - self.elapsed, [], "steps"
+        process_start = time.monotonic()
         noise_state = self.noise_gen.get_state()
         bar = tqdm(total=self.total, initial=self.step, desc=f"train {s.method}", disable=None if s.progress else True)
         try:
             while self.step < self.total:
                 if s.max_seconds and self.elapsed >= s.max_seconds:
                     stop_reason = "time budget"
+                    break
+                if s.stop_after_seconds and time.monotonic() - process_start >= s.stop_after_seconds:
+                    stop_reason = "--stop-after-seconds (continue with --resume)"
                     break
                 noise_state = self.noise_gen.get_state()
                 metrics = self.train_step(self.next_batch())
@@ -247,7 +252,7 @@ class Trainer:
                 self._log_window(window, None)
             if self.state_path:
                 self.save_state()
-        self.info.update(stop_reason=stop_reason, steps=self.step, seconds=round(self.elapsed, 1))
+        self.info.update(stop_reason=stop_reason, paused=stop_reason.startswith("--stop-after"), steps=self.step, seconds=round(self.elapsed, 1))
         self.log(f"done: {self.step} steps in {self.elapsed:.1f} s (stopped by {stop_reason})")
         return self.result()
 

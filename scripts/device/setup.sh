@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
-# GPU call 1: part one of the GGUF, the wheels, the prompts -> /root/m.
+# GPU setup calls: whatever part of .device/ the call carries -> /root/m
+# (GGUF parts, the wheels the GPU image lacks, the training prompts). The repo itself
+# (34 MB with the shipped heads) travels with every call, so the GGUF needs four calls
+# of ~26 MB (.device/a .. .device/d), made back to back; env.sh joins the parts.
 set -euo pipefail
 mkdir -p /root/m/site
-cp .device/a/gguf.part.aa .device/a/train_prompts.jsonl /root/m/
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /root/m/site .device/a/whl/*.whl
-nvidia-smi --query-gpu=name,memory.total --format=csv
+for part in .device/*/gguf.part.*; do [ -f "$part" ] && cp "$part" /root/m/; done
+[ -f .device/a/train_prompts.jsonl ] && cp .device/a/train_prompts.jsonl /root/m/
+if compgen -G ".device/a/whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /root/m/site .device/a/whl/*.whl
+  nvidia-smi --query-gpu=name,memory.total --format=csv
+fi
+ls -la /root/m
 echo "setup done"

@@ -59,7 +59,8 @@ def write(args) -> None:
     from eagle_zoo.engine.model_loader import resolve_model_dir
 
     out = Path(args.out)
-    tok = AutoTokenizer.from_pretrained(str(resolve_model_dir(SMOLLM2)))
+    # --tokenizer: a directory with SmolLM2's tokenizer files, so this part needs no GGUF
+    tok = AutoTokenizer.from_pretrained(args.tokenizer or str(resolve_model_dir(SMOLLM2)))
     shape = SHAPES[args.shape]
     config = LlamaConfig(**shape, vocab_size=len(tok), max_position_embeddings=4096, rope_theta=500000.0,
                          tie_word_embeddings=False, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
@@ -176,6 +177,7 @@ def main() -> None:
     w = sub.add_parser("write")
     w.add_argument("out")
     w.add_argument("--shape", choices=sorted(SHAPES), default="8b")
+    w.add_argument("--tokenizer", help="tokenizer directory (default: the embedded SmolLM2's)")
     b = sub.add_parser("bench")
     b.add_argument("model")
     b.add_argument("--label")

@@ -13,9 +13,18 @@
 # tp       that target plain, TP 1 vs TP 2, batch 1 and 16 (CUDA graphs; EAGER=1: eager)
 # examples the seed's two multi-GPU examples as written, model names changed:
 #          EAGLE with draft TP 1 and EAGLE-3 with draft TP 2, target TP 2
+# Without the GGUF (one call, carry .device/tp: tokenizer files + wheels):
+#   TP_ONLY=1 PARTS="write tp examples" bash scripts/device/tp_bench.sh   (carry .device/tp .device/pristine)
 # Results: /root/m/tp/results.jsonl and a markdown table at the end (for BENCHMARKS.md).
 set -uo pipefail
-source scripts/device/env.sh
+if [ "${TP_ONLY:-0}" = 1 ]; then  # no GGUF: the wheels and the tokenizer from .device/tp
+  mkdir -p /root/m/site
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /root/m/site .device/tp/whl/*.whl
+  [ -d .device/pristine ] && cp -r .device/pristine/. ./  # committed code only (see pack.sh)
+  export TOKENIZER=$PWD/.device/tp/tokenizer PYTHONPATH=/root/m/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+else
+  source scripts/device/env.sh
+fi
 PARTS=${PARTS:-"smol write tp examples"}
 SHAPE=${SHAPE:-8b}
 OUT=/root/m/tp
@@ -32,7 +41,7 @@ for part in $PARTS; do
       timeout 300 $B bench "$TARGET" --label SmolLM2-135M --tp 1 --json $RES $eager
       timeout 120 $B bench "$TARGET" --label SmolLM2-135M --tp 2 --json $RES $eager 2>&1 | tail -3 ;;
     write)
-      timeout 400 $B write $OUT/$SHAPE --shape $SHAPE ;;
+      timeout 400 $B write $OUT/$SHAPE --shape $SHAPE ${TOKENIZER:+--tokenizer $TOKENIZER} ;;
     tp)
       for tp in 1 2; do timeout 500 $B bench $OUT/$SHAPE/target --label "llama-$SHAPE-random" --tp $tp --json $RES $eager; done ;;
     examples)

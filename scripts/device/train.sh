@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# GPU call 2 (carry .device/b): join + check the GGUF, convert it once, smoke-test the
-# engine's CUDA path, then train both SmolLM2 heads (scripts/train_smollm2_heads.sh).
-# The heads stay in /root/m/heads for the benchmark call and come back through $OUT.
+# GPU call 2 (carry .device/b): join + check the GGUF, convert it once, then start the
+# SmolLM2 heads' training run (scripts/train_smollm2_heads.sh): self-instruct prompts,
+# data, and the first STOP_AFTER seconds of training. The run's state stays in
+# /root/m/work; call 3 (train_more.sh) continues it. Heads so far come back via $OUT.
 set -u
 cd "$(dirname "$0")/../.."
 source scripts/device/env.sh
 dir=$(python3 -c "from eagle_zoo.default_target import resolve_default as r; print(r('$TARGET'))") || exit 1
 echo "target dir: $dir"
-timeout 100 python3 scripts/device/smoke.py || echo "smoke test failed (above)"
-DATA_SECONDS=${DATA_SECONDS:-100} TRAIN_SECONDS=${TRAIN_SECONDS:-180} \
+[ "${SMOKE:-0}" = 1 ] && { timeout 100 python3 scripts/device/smoke.py || echo "smoke test failed (above)"; }
+export WORK=/root/m/work
+SYNTH_PROMPTS=${SYNTH_PROMPTS:-16000} SYNTH_SECONDS=${SYNTH_SECONDS:-50} DATA_SECONDS=${DATA_SECONDS:-140} \
+TRAIN_SECONDS=${TRAIN_SECONDS:-540} STOP_AFTER=${STOP_AFTER:-200} TTT_STEPS=${TTT_STEPS:-4} \
   bash scripts/train_smollm2_heads.sh "$dir" /root/m/train_prompts.jsonl /root/m/heads
 cp -r /root/m/heads/. "$OUT"/
 ls -la "$OUT" "$OUT"/*
