@@ -18,7 +18,7 @@ for p in a b c d; do mv .device/gguf.part.a$p .device/$p/; done
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d .device/a/whl pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 gguf==0.19.0
-cp ../shared/data/train_prompts.jsonl .device/a/
+cp ../shared/data/train_prompts.jsonl .device/b/
 # .device/tp: what the tensor-parallel run needs without the GGUF (tokenizer files, wheels)
 mkdir -p .device/tp/tokenizer && cp -r .device/a/whl .device/tp/
 tok=$(.venv/bin/python -c "from eagle_zoo.default_target import resolve_default as r; print(r('HuggingFaceTB/SmolLM2-135M-Instruct'))")

@@ -6,7 +6,7 @@
 set -euo pipefail
 mkdir -p /root/m/site
 for part in .device/*/gguf.part.*; do [ -f "$part" ] && cp "$part" /root/m/; done
-[ -f .device/a/train_prompts.jsonl ] && cp .device/a/train_prompts.jsonl /root/m/
+for f in .device/*/train_prompts.jsonl; do [ -f "$f" ] && cp "$f" /root/m/; done
 if compgen -G ".device/a/whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /root/m/site .device/a/whl/*.whl
   nvidia-smi --query-gpu=name,memory.total --format=csv
