@@ -104,7 +104,8 @@ def read_prompts(path, limit: Optional[int] = None) -> list[dict]:
     if not path.is_file():
         raise FileNotFoundError(f"--prompts {path}: no such file")
     records = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    # split on "\n" only: str.splitlines() also breaks at U+2028 and friends inside JSON strings
+    for n, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
         if not line.strip():
             continue
         try:
