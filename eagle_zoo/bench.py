@@ -49,6 +49,15 @@ def add_arguments(p):
     perf.add_argument("--hf-prompts", type=int, default=0, help="prompts for the transformers generate peer (0: skip)")
     perf.add_argument("--perf-max-model-len", type=int, default=1024)
     perf.add_argument("--floor", action="store_true", help="time an 8B-shaped decode step against the bandwidth floor")
+    perf.add_argument("--depth-schedule", default=None,
+                      help='adaptive depth for an extra "adaptive" column of the throughput table: "auto" or a '
+                           'JSON object like \'{"1": 3, "4": 1, "8": 0}\' (num_speculative_tokens_by_batch_size)')
+    perf.add_argument("--spec-options", default=None,
+                      help='JSON object merged into every EAGLE speculative_config, e.g. '
+                           '\'{"disable_padded_drafter_batch": true}\'')
+    perf.add_argument("--tree", default=None,
+                      help="add an EAGLE-2 dynamic tree row per head to the batch-1 table: TOP_K,DEPTH,TOTAL_TOKENS "
+                           "(e.g. 8,5,60; speculative_config tree)")
 
 
 def load_prompts(dataset: Optional[str], num_prompts: int) -> list[str]:

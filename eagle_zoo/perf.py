@@ -2,8 +2,10 @@
 
 Tables (all greedy, MT-bench first turns, chat template):
   batch 1: transformers `generate` (peer), our plain decoding, EAGLE / EAGLE-3 chains
-           for k in --ks, with mean acceptance length and speed-up over plain;
-  throughput at several batch sizes with and without speculation;
+           for k in --ks (and an EAGLE-2 dynamic tree with --tree TOP_K,DEPTH,TOTAL_TOKENS),
+           with mean acceptance length and speed-up over plain;
+  throughput at several batch sizes with and without speculation (and, with
+           --depth-schedule, with K chosen per step from the batch size);
   greedy losslessness: speculative outputs equal to plain outputs, per prompt;
   a Llama-3-8B-shaped random-weight decode step against the weight-bytes floor.
 Timing: warm-up first, torch.cuda.synchronize around timed regions, one run each.
@@ -105,6 +107,25 @@ def decode_step_floor(device, dtype, steps: int = 50) -> dict:
     return {"weight_GB": weight_bytes / 1e9, "step_ms": ms, "floor_ms": floor_ms, "ratio": ms / floor_ms}
 
 
+def _json_option(text: str, flag: str):
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SystemExit(f"{flag}: not valid JSON ({exc.msg} at column {exc.colno}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise SystemExit(f"{flag}: expected a JSON object, got {text!r}")
+    return value
+
+
+def _tree_option(text: str) -> dict:
+    """--tree TOP_K,DEPTH,TOTAL_TOKENS -> speculative_config's tree object."""
+    try:
+        top_k, depth, total = (int(x) for x in text.split(","))
+    except ValueError:
+        raise SystemExit(f"--tree: expected TOP_K,DEPTH,TOTAL_TOKENS (three integers, e.g. 8,5,60), got {text!r}") from None
+    return {"top_k": top_k, "depth": depth, "total_tokens": total}
+
+
 def run_perf(args) -> int:
     from .engine.llm import LLM
     from .engine.sampling_params import SamplingParams
@@ -117,6 +138,13 @@ def run_perf(args) -> int:
     if args.ngram:  # prompt lookup rows beside the heads
         heads.append("ngram")
     report: dict = {"model": args.model, "prompts": len(prompts), "max_tokens": args.max_tokens}
+    extra = _json_option(args.spec_options, "--spec-options") if getattr(args, "spec_options", None) else {}
+    schedule = getattr(args, "depth_schedule", None)
+    if schedule is not None and schedule != "auto":
+        schedule = _json_option(schedule, "--depth-schedule")
+    if extra or schedule is not None:
+        report["spec_options"] = extra
+        report["depth_schedule"] = schedule
 
     def make(spec=None, max_num_seqs=1):
         # Caches sized to the run: graphs attend over the whole row, so a short
@@ -127,6 +155,8 @@ def run_perf(args) -> int:
     def warm(llm):
         llm.chat(conversations[:2], SamplingParams(temperature=0, max_tokens=32))
         llm.engine.metrics.reset()
+        if llm.engine.depth_schedule is not None:
+            llm.engine.depth_schedule.steps_by_depth.clear()
 
     # -- batch 1 ---------------------------------------------------------------
     rows = []
@@ -140,16 +170,19 @@ def run_perf(args) -> int:
         rows.insert(0, {"config": f"transformers generate ({args.hf_prompts} prompts)", "tokens_per_s": hf_tps})
     reference = [o.outputs[0].token_ids for o in plain_outs]
     lossless = {}
+    tree = _tree_option(args.tree) if getattr(args, "tree", None) else None
     for head in heads:
-        for k in ks:
+        for k in ks + ([None] if tree and head != "ngram" else []):  # None: the --tree row
             spec = ({"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-                    if head == "ngram" else {"model": head, "num_speculative_tokens": k})
+                    if head == "ngram" else {"model": head, "num_speculative_tokens": k, **extra})
+            if k is None:
+                spec["tree"] = tree
             llm = make(spec)
             warm(llm)
             outs, tps = batch1(llm, conversations, params)
             m = llm.engine.metrics
             same = sum(o.outputs[0].token_ids == r for o, r in zip(outs, reference))
-            name = f"{llm.speculative_config.method} k={k}"
+            name = f"{llm.speculative_config.method} " + (f"k={k}" if k is not None else f"tree {args.tree}")
             lossless[name] = f"{same}/{len(prompts)}"
             rows.append({"config": name, "tokens_per_s": tps, "speedup": tps / plain_tps,
                          "mean_acceptance_length": m.mean_acceptance_length, "identical_to_plain": same})
@@ -162,13 +195,25 @@ def run_perf(args) -> int:
     for bs in [int(b) for b in args.batch_sizes.split(",") if b]:
         convs = (conversations * ((bs + len(conversations) - 1) // len(conversations)))[:bs]
         row = {"batch": bs}
-        for label, spec in (("plain", None), ("speculative", {"model": spec_head, "num_speculative_tokens": args.tput_k})):
-            if spec is not None and spec_head is None:
-                continue
+        configs = [("plain", None)]
+        if spec_head is not None:
+            fixed = {"model": spec_head, "num_speculative_tokens": args.tput_k, **extra}
+            configs.append(("speculative", fixed))
+            if schedule is not None:
+                configs.append(("adaptive", {**fixed, "num_speculative_tokens_by_batch_size": schedule}))
+        plain_tokens = None
+        for label, spec in configs:
             llm = make(spec, max_num_seqs=bs)
             warm(llm)
-            _, tokens, seconds = timed_generate(llm, convs, params)
+            outs, tokens, seconds = timed_generate(llm, convs, params)
             row[label] = tokens / seconds
+            ids = [o.outputs[0].token_ids for o in outs]
+            if spec is None:
+                plain_tokens = ids
+            else:  # bf16 batches may flip near-ties; reported, not asserted
+                row[f"{label}_identical_to_plain"] = sum(a == b for a, b in zip(ids, plain_tokens))
+            if llm.engine.depth_schedule is not None:  # decode steps run at each K
+                row["adaptive_steps_by_k"] = dict(sorted(llm.engine.depth_schedule.steps_by_depth.items()))
             del llm
         tput.append(row)
     report["throughput"] = tput

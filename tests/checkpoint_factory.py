@@ -248,10 +248,13 @@ def write_speculators(
     layer_model_type: str = "llama",
     aux_layer_ids: Optional[list[int]] = None,
     seed: int = 0,
+    mask_token_id: Optional[int] = None,
 ) -> Written:
     """speculators (``RedHatAI/*.speculator.eagle3`` style). ``flags`` are the norm
     flags written at top level (norm_before_residual, norm_before_fc, fc_norm,
-    norm_output); absent ones take the speculators defaults."""
+    norm_output); absent ones take the speculators defaults. ``mask_token_id`` (P-EAGLE)
+    also writes it at top level and the ``mask_hidden`` tensor [1, 1, 3 * H_target]
+    that speculators' P-EAGLE model keeps for parallel-drafting slots."""
     flags = dict(flags or {})
     layer_cfg = llama_config(model_type=layer_model_type)
     layer_cfg.pop("architectures")  # transformer_layer_config is a bare layer config
@@ -283,6 +286,10 @@ def write_speculators(
         cfg["eagle_aux_hidden_state_layer_ids"] = aux_layer_ids
     extra = tuple(n for n, f in (("input_norm", "norm_before_fc"), ("fc_norm", "fc_norm")) if flags.get(f))
     w = eagle3_weights(layer_cfg, draft_vocab, target_hidden_size, "layers.0.", embed, extra, seed=seed)
+    if mask_token_id is not None:
+        cfg["mask_token_id"] = mask_token_id
+        Ht = target_hidden_size or layer_cfg["hidden_size"]
+        w["mask_hidden"] = torch.randn(1, 1, 3 * Ht, generator=torch.Generator().manual_seed(seed + 7))
     write_config(directory, cfg)
     save_weights(directory, w, "safetensors", shards)
     return Written(Path(directory), cfg, w)

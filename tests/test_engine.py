@@ -387,9 +387,10 @@ def test_published_head_layouts_equal_plain(tmp_path, fmt):
     want = ef.hf_greedy(target, prompts, max_tokens)
     spec = {"model": str(head), "num_speculative_tokens": 2}
     if "peagle" in fmt:
-        # A P-EAGLE checkpoint turns parallel drafting on, which this engine refuses
-        # (it drafts chains only); with it off the head drafts as an EAGLE-3 chain.
-        with pytest.raises(NotImplementedError, match="parallel_drafting"):
+        # A P-EAGLE checkpoint turns parallel drafting on, which needs its mask_hidden
+        # tensor (this layout has none: tests/test_parallel_drafting.py runs one that
+        # does); with it off the head drafts as an EAGLE-3 chain.
+        with pytest.raises(ValueError, match="parallel_drafting needs the P-EAGLE mask_hidden"):
             LLM(str(target), speculative_config=spec, device="cpu")
         spec["parallel_drafting"] = False
     llm, outs = run(target, prompts, max_tokens, spec)

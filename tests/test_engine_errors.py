@@ -141,9 +141,8 @@ def test_method_the_engine_does_not_run(target):
         LLM(str(target), speculative_config={"method": "mtp", "model": str(target)}, device="cpu")
 
 
-def test_options_the_engine_does_not_run_yet_are_refused(target):
-    # Accepted by the config schema (vLLM's keys) but not implemented: never ignored silently.
-    with pytest.raises(NotImplementedError, match="disable_padded_drafter_batch is not supported"):
+def test_unpadded_drafter_batch_needs_an_eagle_head(target):
+    with pytest.raises(ValueError, match="disable_padded_drafter_batch applies to .* method 'ngram' has none"):
         LLM(str(target), speculative_config={"method": "ngram", "disable_padded_drafter_batch": True}, device="cpu")
 
 

@@ -41,7 +41,10 @@ SPECULATORS_TYPES: dict[str, dict[str, Any]] = {
     "peagle": {"parallel_drafting": True},
 }
 # Top-level speculators keys that describe the head (copied next to the layer config).
-SPECULATORS_HEAD_KEYS = ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids")
+SPECULATORS_HEAD_KEYS = ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids",
+                         # P-EAGLE: the token id fed at parallel-drafting slots (speculators
+                         # writes mask_token_id; vLLM also reads pard_token / ptd_token_id)
+                         "mask_token_id", "pard_token", "ptd_token_id")
 
 
 class CheckpointFormatError(CheckpointError):
@@ -251,6 +254,8 @@ def read_speculators(directory: Path) -> RawCheckpoint:
     fmt = f"speculators-{cfg['speculators_model_type']}"
     weights, files = _read_weights(directory, fmt)
     validate_vocab_map(weights, flat, files[0] if len(files) == 1 else directory)
+    if "mask_hidden" in weights:  # P-EAGLE's feature for parallel slots, stored [1, 1, 3*H]
+        weights["mask_hidden"] = weights["mask_hidden"].reshape(-1)
     return RawCheckpoint(_eagle_config(flat, "eagle3", path, **keywords), weights, files, fmt)
 
 

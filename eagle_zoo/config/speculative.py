@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from .eagle_config import CONFIG_FILE, LEGACY_MODEL_TYPE, is_eagle3_architecture
+from . import depth_schedule
 
 
 class SpeculativeConfigError(ValueError):
@@ -37,6 +38,7 @@ METHODS = ("eagle", "eagle3", "ngram", "draft_model", "mtp")
 # Only EAGLE-3 heads trained for it (P-EAGLE) draft all K tokens in one pass.
 PARALLEL_DRAFTING_METHODS = ("eagle3",)
 TREE_METHODS = ("eagle", "eagle3")
+PADDED_DRAFTER_METHODS = ("eagle", "eagle3")  # heads with a catch-up pass over verified tokens
 NEEDS_MODEL = ("eagle", "eagle3", "draft_model")  # mtp defaults to the target itself
 NGRAM_MODELS = ("ngram", "[ngram]")
 DEFAULT_PROMPT_LOOKUP = 5
@@ -210,6 +212,19 @@ class TreeConfig(BaseModel):
             raise _error(f"tree.{info.field_name} must be >= {least}, got {value}")
         return value
 
+    @model_validator(mode="after")
+    def _enough_candidates(self) -> "TreeConfig":
+        # The root's top_k children plus top_k * top_k per expansion round are all the
+        # candidates there are (engine/tree_proposer.py); the tree needs total_tokens - 1.
+        most = 1 + self.top_k + self.depth * self.top_k ** 2
+        if self.total_tokens > most:
+            raise _error(
+                f"tree.total_tokens={self.total_tokens} but top_k={self.top_k} and depth={self.depth} draft "
+                f"only {most - 1} candidates, so total_tokens can be at most {most}: lower total_tokens "
+                f"or raise top_k / depth"
+            )
+        return self
+
 
 class SpeculativeConfig(BaseModel):
     """A validated speculative_config. Build with ``SpeculativeConfig.parse(obj)``."""
@@ -229,6 +244,8 @@ class SpeculativeConfig(BaseModel):
     quantization: Optional[str] = None
     enforce_eager: Optional[bool] = None
     tree: Optional[TreeConfig] = None
+    # Adaptive depth: "auto" or {"<smallest batch size>": K}; config/depth_schedule.py.
+    num_speculative_tokens_by_batch_size: Union[None, str, dict[str, int]] = None
     # Why `method` has its value when the user gave none; None when given.
     inferred_from: Optional[str] = Field(default=None, exclude=True)
 
@@ -288,6 +305,7 @@ class SpeculativeConfig(BaseModel):
         if method is None:
             found = _infer(str(model), config)
             data["method"], data["inferred_from"] = found.method, found.reason
+        _prepare_depth_schedule(data)
         if data.get("num_speculative_tokens") is None:
             data["num_speculative_tokens"] = _speculators_default_k(config)
         if data.get("parallel_drafting") is None and data["method"] == "eagle3":
@@ -351,6 +369,16 @@ class SpeculativeConfig(BaseModel):
                     f"prompt_lookup_min ({lo}) > prompt_lookup_max ({hi}); "
                     f"the n-gram window needs min <= max: swap them or raise prompt_lookup_max"
                 )
+        if self.disable_padded_drafter_batch and self.method not in PADDED_DRAFTER_METHODS:
+            raise _error(
+                f"disable_padded_drafter_batch applies to the EAGLE heads' catch-up pass (methods "
+                f"{' and '.join(PADDED_DRAFTER_METHODS)}); method {self.method!r} has none: remove it"
+            )
+        if self.num_speculative_tokens_by_batch_size is not None and self.tree is not None:
+            raise _error(
+                f"{depth_schedule.OPTION} chooses a chain's depth per batch size and does not combine "
+                f"with 'tree' (whose depth is tree.depth): remove one of them"
+            )
         if self.tree is not None and self.method not in TREE_METHODS:
             raise _error(
                 f"'tree' (EAGLE-2 dynamic tree) applies to methods {' and '.join(TREE_METHODS)}; "
@@ -404,6 +432,23 @@ def _check_keys(data: dict) -> None:
                     f"SamplingParams (or the request), not in speculative_config"
                 )
             raise _unknown_key(key, USER_KEYS, "speculative_config")
+
+
+def _prepare_depth_schedule(data: dict) -> None:
+    """Validates num_speculative_tokens_by_batch_size in place; an explicit schedule's
+    largest depth is num_speculative_tokens when that is not given."""
+    value = data.get(depth_schedule.OPTION)
+    if value is None:
+        return
+    given = data.get("num_speculative_tokens")
+    given = given if isinstance(given, int) and not isinstance(given, bool) and given > 0 else None
+    try:
+        value = depth_schedule.normalize(value, given)
+    except depth_schedule.DepthScheduleError as exc:
+        raise _error(str(exc)) from None
+    data[depth_schedule.OPTION] = value
+    if isinstance(value, dict) and data.get("num_speculative_tokens") is None:
+        data["num_speculative_tokens"] = max(value.values())
 
 
 def _check_method(method: Any) -> None:

@@ -6,6 +6,8 @@ decoding):
   target([last, drafts]) at positions base .. base+K   (one pass, writes the cache)
   tokens, accepted     <- rejection sampler (greedy or lossless random)
   proposer catches up on the verified tokens
+  (K comes from the adaptive depth schedule when there is one: a plain step then
+  still lets the proposer catch up on the emitted token, on_plain_step)
   one device->host copy of (tokens, accepted); stop checks; metrics
 """
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Iterable, Optional
 
 import torch
 
+from .detokenizer import update_sequence_text
 from .metrics import SpecDecodingMetrics
 from .outputs import CompletionOutput, RequestOutput
 from .proposers import Proposer, StepBatch, TargetOutput
@@ -39,15 +42,18 @@ class EngineCore:
         seed: int = 0,
         eos_token_ids: Iterable[int] = (),
         graph_pool=None,
+        depth_schedule=None,
     ):
         self.target = target
         self.tokenizer = tokenizer
         self.device = device
         self.max_model_len = max_model_len
         self.proposer = proposer
-        self.k = proposer.num_speculative_tokens if proposer else 0
-        # Verification writes up to K positions past the last verified token.
-        self.max_len = max_model_len + self.k + 1
+        self.k = proposer.num_speculative_tokens if proposer else 0  # the largest K
+        self.depth_schedule = depth_schedule  # config/depth_schedule.py: K by batch size
+        # Verification writes up to K positions past the last verified token (a tree
+        # proposer: up to its total_tokens - 1 nodes, tree_verify.py).
+        self.max_len = max_model_len + max(self.k, getattr(proposer, "max_verify_tokens", 0)) + 1
         self.runner = ModelRunner(target, max_num_seqs, self.max_len, dtype, device, graph_pool)
         self.scheduler = Scheduler(max_num_seqs)
         self.metrics = SpecDecodingMetrics(num_speculative_tokens=self.k)
@@ -115,16 +121,24 @@ class EngineCore:
         self._append(seq, [int(tokens[0, 0])])
 
     def _decode(self, seqs: list[Sequence]) -> list[Sequence]:
-        k, dev = self.k, self.device
+        if hasattr(self.proposer, "propose_tree"):  # EAGLE-2 dynamic tree: engine/tree_verify.py
+            from .tree_verify import tree_decode_step
+
+            tree_decode_step(self, seqs)
+            return self._finish_if_done(seqs)
+        dev = self.device
+        k = self.k if self.depth_schedule is None or not self.k else self.depth_schedule.choose(len(seqs))
         slots = torch.tensor([s.slot for s in seqs], device=dev)
         base = torch.tensor([s.num_cached for s in seqs], device=dev)
         last = torch.tensor([[s.last_token_id] for s in seqs], device=dev)
         kv_len = max(s.num_cached for s in seqs) + k + 1
         # Copying every sequence's token list is O(length) per step: only for proposers
         # that read it (n-gram lookup, the draft model's last two tokens).
-        history = [s.all_token_ids for s in seqs] if k and self.proposer.needs_token_history else []
+        reads = self.proposer is not None and (self.proposer.needs_token_history if k else
+                                               self.proposer.needs_token_history_on_plain_steps)
+        history = [s.all_token_ids for s in seqs] if reads else []
         batch = StepBatch(slots, base, history, kv_len,
-                          all_greedy=all(s.params.greedy for s in seqs))
+                          all_greedy=all(s.params.greedy for s in seqs), depth=k)
         drafts = num_draft = None
         if k:
             drafts, num_draft = self.proposer.propose(batch)
@@ -140,8 +154,10 @@ class EngineCore:
         hidden, aux = self.runner.run(input_ids, positions, slots, kv_len, self.aux_layer_ids)
         logits = self.target.compute_logits(hidden)
         tokens, accepted = verify_drafts(logits, drafts, num_draft, SamplingBatch.from_sequences(seqs, dev))
-        if k:  # (n-gram rounds without any draft skip this; its on_verify does nothing)
+        if k:
             self.proposer.on_verify(batch, TargetOutput(input_ids, tokens, positions, hidden, aux), accepted)
+        elif self.proposer is not None:  # a plain step (schedule K = 0, or no n-gram match)
+            self.proposer.on_plain_step(batch, TargetOutput(input_ids, tokens, positions, hidden, aux))
         # The one device->host synchronisation of the step: tokens, accepted, drafted.
         drafted = torch.full_like(accepted, k) if num_draft is None else num_draft.to(accepted.dtype)
         host = torch.cat([tokens, accepted[:, None], drafted[:, None]], dim=1).cpu().tolist()
@@ -180,13 +196,7 @@ class EngineCore:
     def _update_text(self, seq: Sequence) -> None:
         if self.tokenizer is None:
             return
-        text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
-        for stop in seq.params.stop or ():
-            cut = text.find(stop)
-            if cut != -1 and seq.finish_reason is None:
-                text = text[:cut]
-                seq.finish_reason, seq.stop_reason = "stop", stop
-        seq.output_text = text
+        update_sequence_text(seq, self.tokenizer)  # incremental: decodes only the new tokens' window
 
     def _finish_if_done(self, seqs: list[Sequence]) -> list[Sequence]:
         done = []

@@ -14,6 +14,7 @@ from typing import Any, Optional, Sequence as Seq, Union
 
 import torch
 
+from ..config.depth_schedule import DepthSchedule
 from ..config.speculative import SpeculativeConfig
 from .core import EngineCore
 from .graphs import GraphPool
@@ -111,6 +112,7 @@ class LLM:
             seed=seed,
             eos_token_ids=_eos_token_ids(loaded.path, loaded.config, self.tokenizer),
             graph_pool=self.graph_pool,
+            depth_schedule=self._depth_schedule(proposer),
         )
         if self.parallel is not None:  # rank 0 of workers it started: mirror engine calls to them
             self.engine = self.parallel.attach(self.engine)
@@ -126,17 +128,6 @@ class LLM:
         spec = self.speculative_config
         if spec is None:
             return None
-        unsupported = [name for name, on in (("parallel_drafting", spec.parallel_drafting),
-                                             ("tree", spec.tree is not None),
-                                             ("disable_padded_drafter_batch", spec.disable_padded_drafter_batch))
-                       if on]
-        if unsupported:
-            # Accepted by the config (vLLM's schema) but not run by this engine yet:
-            # refuse rather than silently decode another way.
-            raise NotImplementedError(
-                f"speculative_config {', '.join(unsupported)} is not supported by this engine yet "
-                f"(chain drafting with the padded drafter batch only): remove it or set it to false"
-            )
         k = spec.num_speculative_tokens or DEFAULT_NUM_SPECULATIVE_TOKENS
         max_len = max_model_len + k + 1
         args = (max_num_seqs, max_len, self.dtype, self.device)
@@ -152,8 +143,21 @@ class LLM:
                     f"set method={head.method!r} or leave it out"
                 )
             n_layers = loaded.config.num_hidden_layers
+            if spec.tree is not None:  # EAGLE-2 dynamic tree (engine/tree_proposer.py)
+                from .tree_proposer import build_tree_proposer
+
+                return build_tree_proposer(spec, head.head, loaded.model, max_num_seqs, max_model_len, self.dtype,
+                                           self.device, n_layers, self.graph_pool)
+            if spec.parallel_drafting:  # P-EAGLE: all K drafts from one head pass
+                from .parallel_drafting import ParallelEagleProposer
+
+                return ParallelEagleProposer(head.head, k, *args, target_num_layers=n_layers,
+                                             graph_pool=self.graph_pool,
+                                             padded_drafter_batch=not spec.disable_padded_drafter_batch,
+                                             source=str(spec.model))
             return EagleProposer(head.head, head.method, k, *args, target_num_layers=n_layers,
-                                 graph_pool=self.graph_pool)
+                                 graph_pool=self.graph_pool,
+                                 padded_drafter_batch=not spec.disable_padded_drafter_batch)
         if spec.method == "draft_model":
             draft = load_model(spec.model, self.dtype, self.device, revision=spec.revision)
             if draft.config.vocab_size != loaded.config.vocab_size:
@@ -165,6 +169,12 @@ class LLM:
         raise ValueError(
             f"speculative method {spec.method!r} is not supported by this engine; use eagle, eagle3, ngram or draft_model"
         )
+
+    def _depth_schedule(self, proposer: Optional[Proposer]) -> Optional[DepthSchedule]:
+        spec = self.speculative_config
+        if proposer is None:
+            return None
+        return DepthSchedule.from_config(spec.num_speculative_tokens_by_batch_size, proposer.num_speculative_tokens)
 
     # -- generation ------------------------------------------------------------
     def generate(

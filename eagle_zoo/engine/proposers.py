@@ -7,10 +7,16 @@ A proposer answers three calls from the engine (all batched over sequences):
 Drafts are greedy (argmax), so the draft distribution q is one-hot and the
 rejection sampler needs no draft probabilities.
 
-The EAGLE proposers use the padded-batch catch-up: after verification the head
-always consumes all K+1 verified positions (fixed shape) and the state is gathered
+The EAGLE proposers use the padded-batch catch-up by default: after verification the
+head always consumes all K+1 verified positions (fixed shape) and the state is gathered
 at each sequence's number of accepted tokens; unaccepted positions are overwritten
-by the next round before anything attends to them.
+by the next round before anything attends to them. With disable_padded_drafter_batch
+the head is fed only each sequence's accepted tokens (drafter_batch.py).
+
+K may change from step to step (adaptive depth, config/depth_schedule.py): a step's K
+is StepBatch.depth, and a step without drafts (K = 0) calls on_plain_step so that a
+proposer with state (the head's cache and features, the draft model's cache) keeps up
+with the token the target emitted.
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ import torch
 
 from ..hookspecs import hookimpl
 from ..specs import ProposerSpec
+from .drafter_batch import catch_up_unpadded
 from .runner import ModelRunner
 
 
@@ -36,6 +43,8 @@ class StepBatch:
     # sampling the width must stay K, since verification draws each request's random
     # numbers by width and a seeded request must not depend on the rest of the batch.
     all_greedy: bool = False
+    # This step's number of draft tokens (adaptive depth); None: num_speculative_tokens.
+    depth: Optional[int] = None
 
 
 @dataclass
@@ -61,18 +70,30 @@ class Proposer:
     def on_verify(self, batch: StepBatch, out: TargetOutput, num_accepted: torch.Tensor) -> None:
         pass
 
+    # Plain steps (K = 0) read the token history only if this is set.
+    needs_token_history_on_plain_steps = False
+
+    def on_plain_step(self, batch: StepBatch, out: TargetOutput) -> None:
+        """A step that verified no drafts: ``out`` holds the one token the target consumed
+        per sequence and the one it emitted. Stateless proposers ignore it."""
+
+    def depth(self, batch: StepBatch) -> int:
+        return self.num_speculative_tokens if batch.depth is None else batch.depth
+
 
 class EagleProposer(Proposer):
     """EAGLE-1 and EAGLE-3 chains: the head drafts from the target's features."""
 
     def __init__(self, head, method: str, k: int, num_slots: int, max_len: int, dtype, device,
-                 target_num_layers: int, graph_pool=None):
+                 target_num_layers: int, graph_pool=None, padded_drafter_batch: bool = True):
         self.head = head
+        self.padded_drafter_batch = padded_drafter_batch
         self.method = method
         self.num_speculative_tokens = k
         self.runner = ModelRunner(head, num_slots, max_len, dtype, device, graph_pool)
         hidden_size = head.config.hidden_size
-        self.next_token = torch.zeros(num_slots, dtype=torch.long, device=device)
+        # The head's output at each sequence's last verified position; the first draft is
+        # computed from it in propose(), so plain steps skip the lm_head.
         self.next_hidden = torch.zeros(num_slots, hidden_size, dtype=dtype, device=device)
         if method == "eagle3":
             ids = getattr(head.config, "eagle_aux_hidden_state_layer_ids", None)
@@ -92,16 +113,14 @@ class EagleProposer(Proposer):
         slots = torch.tensor([slot], device=out.tokens.device)
         kv_len = out.positions.shape[1]
         h = self.runner.run(out.tokens, out.positions, slots, kv_len, self._features(out))
-        last = h[:, -1]
-        self.next_hidden[slot] = last[0]
-        self.next_token[slot] = self._draft_token(last)[0]
+        self.next_hidden[slot] = h[0, -1]
 
     @torch.inference_mode()
     def propose(self, batch: StepBatch):
-        token = self.next_token[batch.slots]
         hidden = self.next_hidden[batch.slots]
+        token = self._draft_token(hidden)
         drafts = [token]
-        for step in range(self.num_speculative_tokens - 1):
+        for step in range(self.depth(batch) - 1):
             pos = (batch.base_positions + step).unsqueeze(1)
             hidden = self.runner.run(token.unsqueeze(1), pos, batch.slots, batch.kv_len, hidden.unsqueeze(1))[:, 0]
             token = self._draft_token(hidden)
@@ -110,11 +129,19 @@ class EagleProposer(Proposer):
 
     @torch.inference_mode()
     def on_verify(self, batch: StepBatch, out: TargetOutput, num_accepted: torch.Tensor) -> None:
+        if not self.padded_drafter_batch:
+            self.next_hidden[batch.slots] = catch_up_unpadded(self.runner, out, batch, self._features(out), num_accepted)
+            return
         h = self.runner.run(out.tokens.clamp(min=0), out.positions, batch.slots, batch.kv_len, self._features(out))
         idx = num_accepted.view(-1, 1, 1).expand(-1, 1, h.shape[-1])
-        last = h.gather(1, idx)[:, 0]
-        self.next_hidden[batch.slots] = last
-        self.next_token[batch.slots] = self._draft_token(last)
+        self.next_hidden[batch.slots] = h.gather(1, idx)[:, 0]
+
+    @torch.inference_mode()
+    def on_plain_step(self, batch: StepBatch, out: TargetOutput) -> None:
+        # The head consumes the emitted token at the target's position, as in a catch-up
+        # after K = 0 drafts; one head layer, no lm_head (the next propose() computes it).
+        h = self.runner.run(out.tokens, out.positions, batch.slots, batch.kv_len, self._features(out))
+        self.next_hidden[batch.slots] = h[:, 0]
 
 
 class NgramProposer(Proposer):
@@ -129,8 +156,8 @@ class NgramProposer(Proposer):
         self.n_min, self.n_max = n_min, n_max
         self.device = device
 
-    def lookup(self, tokens: list[int]) -> list[int]:
-        k = self.num_speculative_tokens
+    def lookup(self, tokens: list[int], k: Optional[int] = None) -> list[int]:
+        k = self.num_speculative_tokens if k is None else k
         t = torch.tensor(tokens)
         for n in range(min(self.n_max, len(tokens) - 1), self.n_min - 1, -1):
             windows = t[:-1].unfold(0, n, 1) if len(tokens) - 1 >= n else None
@@ -143,8 +170,8 @@ class NgramProposer(Proposer):
         return []
 
     def propose(self, batch: StepBatch):
-        k = self.num_speculative_tokens
-        rows = [self.lookup(toks) for toks in batch.token_history]
+        k = self.depth(batch)
+        rows = [self.lookup(toks, k) for toks in batch.token_history]
         # Greedy batches: only as many columns as the longest match, so a step where
         # nothing matched is a plain one-token step rather than a verification of padding.
         width = max(len(r) for r in rows) if batch.all_greedy else k
@@ -158,9 +185,11 @@ class DraftModelProposer(Proposer):
 
     Its cache holds every verified token but possibly the last two; each round
     starts by (re)feeding the last two verified tokens, which covers the case where
-    all drafts were accepted and the last draft was never fed (one extra slot)."""
+    all drafts were accepted and the last draft was never fed (one extra slot). A plain
+    step (K = 0) feeds the two tokens before the emitted one, keeping that invariant."""
 
     needs_token_history = True
+    needs_token_history_on_plain_steps = True
 
     def __init__(self, model, k: int, num_slots: int, max_len: int, dtype, device, graph_pool=None):
         self.model = model
@@ -184,11 +213,19 @@ class DraftModelProposer(Proposer):
         pos = batch.base_positions.unsqueeze(1) + torch.arange(-1, 1, device=self.device)
         token = self._next(last_two, pos, batch.slots, batch.kv_len)
         drafts = [token]
-        for step in range(1, self.num_speculative_tokens):
+        for step in range(1, self.depth(batch)):
             pos = (batch.base_positions + step).unsqueeze(1)
             token = self._next(token.unsqueeze(1), pos, batch.slots, batch.kv_len)
             drafts.append(token)
         return torch.stack(drafts, dim=1), None
+
+    @torch.inference_mode()
+    def on_plain_step(self, batch: StepBatch, out: TargetOutput) -> None:
+        # Before the step the cache held all but the last two of the n tokens; after it
+        # there are n + 1, so the two before the emitted one must be in (positions n-2, n-1).
+        last_two = torch.tensor([h[-2:] for h in batch.token_history], device=self.device)
+        pos = batch.base_positions.unsqueeze(1) + torch.arange(-1, 1, device=self.device)
+        self.runner.run(last_two, pos, batch.slots, batch.kv_len)
 
 
 @hookimpl

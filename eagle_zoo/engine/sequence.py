@@ -30,6 +30,7 @@ class Sequence:
     stop_reason: Optional[object] = None
     generator: Optional[torch.Generator] = None
     output_text: str = ""
+    detokenizer: Optional[object] = None  # detokenizer.IncrementalDetokenizer, made on first use
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -219,6 +219,11 @@ class Eagle3Head(_HeadBase):
         self.register_buffer("t2d", torch.arange(self.vocab_size) < self.draft_vocab_size)
         if self.draft_vocab_size == self.vocab_size:
             self.optional_weights = (*self.optional_weights, "d2t")
+        if cfg(config, "speculators_model_type") == "peagle":
+            # P-EAGLE: the aux-concat feature fed at parallel-drafting slots (through fc like
+            # the target's); engine/parallel_drafting.py refuses a checkpoint without it.
+            self.register_buffer("mask_hidden", torch.zeros(self.num_aux * H_target))
+            self.optional_weights = (*self.optional_weights, "mask_hidden")
 
     def load_weights(self, weights: Weights, source: str) -> set[str]:
         loaded = super().load_weights(weights, source)

@@ -1,0 +1,122 @@
+"""Adaptive speculation depth: the number of draft tokens K chosen per engine step
+from the running batch size (speculative_config ``num_speculative_tokens_by_batch_size``).
+
+Why: verification makes every request of a step cost K+1 target positions. At batch 1
+the target pass is bound by reading the weights, so the extra positions are nearly
+free and accepted drafts are pure gain; at larger batches the pass becomes
+compute-bound and the rejected positions cost real time. Measured on an H200 (bf16,
+SmolLM2-135M target, EAGLE-3 head, K=3, tokens/s plain vs speculative):
+batch 1: 276 vs 334, batch 16: 2499 vs 2221, batch 64: 4664 vs 3623.
+
+A schedule maps the smallest batch size a depth applies to onto that depth:
+``{"1": 3, "4": 1, "8": 0}`` drafts 3 tokens for batches of 1-3 requests, 1 for 4-7,
+and runs plain steps (K = 0) from 8 on. ``"auto"`` is DEFAULT_SCHEDULE with its top
+depth replaced by num_speculative_tokens. Pure Python: no torch here.
+"""
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from typing import Any, Optional, Union
+
+OPTION = "num_speculative_tokens_by_batch_size"
+AUTO = "auto"
+
+
+def default_schedule(k: int) -> dict[int, int]:
+    """"auto": K below batch 4, 1 from 4 to 7, plain (0) from 8 on.
+
+    Speculation wins 1.21x at batch 1 and loses at 16 (0.89x) and 64 (0.78x) in the
+    measurements above; between 1 and 16 nothing was measured, so the rung at 4-7 is
+    an interpolation (a single draft token costs one extra target position per request)
+    and the switch-off at 8 sits just above where a straight line through the measured
+    speed-ups on log2(batch) crosses 1 (about 6). Measure your own with
+    ``eagle-zoo bench --perf --depth-schedule ...``."""
+    return {1: k, 4: min(k, 1), 8: 0}
+
+
+class DepthScheduleError(ValueError):
+    pass
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def normalize(value: Any, num_speculative_tokens: Optional[int]) -> Union[None, str, dict[str, int]]:
+    """The option as the user wrote it -> None, "auto" or {"<min batch>": K, ...} sorted
+    by batch size. Raises DepthScheduleError naming the option and the fix."""
+    if value is None or value == AUTO:
+        return value
+    example = '{"1": 3, "4": 1, "8": 0}'
+    if value is True:
+        raise DepthScheduleError(f"{OPTION}: write \"auto\" for the default schedule, or an object like {example}")
+    if not isinstance(value, dict):
+        raise DepthScheduleError(
+            f"{OPTION} must be \"auto\" or an object mapping the smallest batch size to the number of "
+            f"draft tokens, like {example}; got {value!r}"
+        )
+    out: dict[int, int] = {}
+    for key, k in value.items():
+        size = key if _is_int(key) else (int(key) if isinstance(key, str) and key.strip().isdigit() else None)
+        if size is None or size < 1:
+            raise DepthScheduleError(
+                f"{OPTION}: key {key!r} is not a batch size; keys are batch sizes >= 1 written as strings "
+                f"(JSON), like {example}"
+            )
+        if not _is_int(k) or k < 0:
+            raise DepthScheduleError(
+                f"{OPTION}[{key!r}] must be an integer >= 0 (0: a plain step without drafts), got {k!r}"
+            )
+        if size in out:
+            raise DepthScheduleError(f"{OPTION}: batch size {size} appears twice ({key!r}); keep one")
+        out[size] = k
+    if 1 not in out:
+        raise DepthScheduleError(
+            f"{OPTION}: the schedule must start at batch size 1 (it says where each depth starts); "
+            f"add \"1\": <draft tokens at batch 1>, e.g. {example}"
+        )
+    top = max(out.values())
+    if top == 0:
+        raise DepthScheduleError(
+            f"{OPTION}: every depth is 0, so nothing would ever be drafted; remove speculative_config "
+            f"or give some batch sizes a depth >= 1"
+        )
+    if num_speculative_tokens is not None and top > num_speculative_tokens:
+        raise DepthScheduleError(
+            f"{OPTION} asks for {top} draft tokens but num_speculative_tokens is {num_speculative_tokens}; "
+            f"num_speculative_tokens is the largest depth: raise it to {top} or leave it out"
+        )
+    return {str(size): out[size] for size in sorted(out)}
+
+
+class DepthSchedule:
+    """K for a step's batch size. Depths are a few fixed values, so every step still has
+    a fixed shape per (batch bucket, K) and CUDA graphs (keyed by batch bucket and
+    tokens per sequence, K + 1) cover each of them."""
+
+    def __init__(self, schedule: dict[int, int]):
+        self.starts = sorted(schedule)
+        self.depths = [schedule[s] for s in self.starts]
+        self.max_depth = max(self.depths)
+        self.steps_by_depth: Counter = Counter()  # decode steps run at each K (benchmarks)
+
+    @classmethod
+    def from_config(cls, value: Union[None, str, dict], num_speculative_tokens: int) -> Optional["DepthSchedule"]:
+        if value is None:
+            return None
+        if value == AUTO:
+            return cls(default_schedule(num_speculative_tokens))
+        return cls({int(size): k for size, k in value.items()})
+
+    def depth(self, batch_size: int) -> int:
+        return self.depths[bisect.bisect_right(self.starts, batch_size) - 1]
+
+    def choose(self, batch_size: int) -> int:
+        """depth(batch_size), counted in steps_by_depth."""
+        k = self.depth(batch_size)
+        self.steps_by_depth[k] += 1
+        return k
+
+    def as_dict(self) -> dict[str, int]:
+        return {str(s): k for s, k in zip(self.starts, self.depths)}

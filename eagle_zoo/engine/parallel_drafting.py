@@ -1,0 +1,120 @@
+"""Parallel drafting for P-EAGLE heads (speculators ``peagle``; speculative_config
+``parallel_drafting``): all K drafts of a sequence from one head pass.
+
+A P-EAGLE head is an EAGLE-3 head trained so that K-1 extra slots appended after the
+last verified position predict the tokens after the first draft in the same forward
+pass (FACTS: extra draft slots per request K-1). Each extra slot is fed the
+checkpoint's placeholder instead of a real token and feature:
+  token    config.json ``mask_token_id`` (vLLM also reads ``pard_token`` /
+           ``ptd_token_id``; the first one present wins, in that order)
+  feature  the ``mask_hidden`` tensor, an aux-concat vector [3 * H_target] that goes
+           through the head's fc like the target's concatenated aux states
+and the slots take the positions after the last verified one, attending causally to
+the context and to the slots before them.
+
+One pass per step does the catch-up and the drafting (engine/proposers.py explains the
+catch-up): the K+1 verified positions of the step (padded; rejected ones included) plus
+K-1 slots at positions p+1 .. p+K-1, p the last accepted position. The rejected
+positions' keys/values would collide with the slots', so their cache writes are moved
+K columns on (cache_positions; rope positions unchanged): nothing reads them, and the
+next round overwrites them. Draft 0 is the output at p, drafts 1..K-1 the slots'
+outputs. With disable_padded_drafter_batch each sequence feeds its accepted tokens
+then the slots, one contiguous run, grouped by length. The drafts are made at the end
+of a step (and at prefill) for the next one, always K of them; a step of depth
+d < K (adaptive depth) proposes the first d. A plain step (K = 0) runs the same pass
+over its one emitted token.
+
+The explicit cache positions keep these passes eager (no CUDA graphs yet). The mask
+token must be inside the head's embedding: a checkpoint whose mask_token_id is past
+the target vocabulary needs its own embed_tokens with that row.
+"""
+from __future__ import annotations
+
+import torch
+
+from .proposers import EagleProposer, StepBatch, TargetOutput
+
+MASK_TOKEN_KEYS = ("mask_token_id", "pard_token", "ptd_token_id")
+
+
+def mask_token_id(config, source: str) -> int:
+    for key in MASK_TOKEN_KEYS:
+        value = getattr(config, key, None)
+        if value is not None:
+            return int(value)
+    raise ValueError(
+        f"{source}: parallel_drafting needs the P-EAGLE placeholder token id in config.json "
+        f"({' / '.join(MASK_TOKEN_KEYS)}); it has none: add it, or set \"parallel_drafting\": false "
+        f"to draft one token at a time"
+    )
+
+
+class ParallelEagleProposer(EagleProposer):
+    def __init__(self, head, k: int, num_slots: int, max_len: int, dtype, device, target_num_layers: int,
+                 graph_pool=None, padded_drafter_batch: bool = True, source: str = "the draft head"):
+        # Room for the moved writes of rejected positions: up to 2K past the last verified one.
+        super().__init__(head, "eagle3", k, num_slots, max_len + k, dtype, device, target_num_layers,
+                         graph_pool, padded_drafter_batch)
+        if "mask_hidden" not in getattr(head, "loaded", ()):
+            raise ValueError(
+                f"{source}: parallel_drafting needs the P-EAGLE mask_hidden tensor (the feature of "
+                f"parallel slots) and the checkpoint has none: set \"parallel_drafting\": false to "
+                f"draft one token at a time"
+            )
+        self.mask_token = mask_token_id(head.config, source)
+        vocab = head.embed_tokens.num_embeddings
+        if not 0 <= self.mask_token < vocab:
+            raise ValueError(
+                f"{source}: mask token id {self.mask_token} is outside the head's embedding of {vocab} "
+                f"rows; the checkpoint needs its own embed_tokens with that row"
+            )
+        self.drafts = torch.zeros(num_slots, k, dtype=torch.long, device=device)
+
+    def _run(self, tokens, positions, cache_positions, slots, kv_len: int, features, last: torch.Tensor):
+        """Verified columns + K-1 slots in one pass; returns the K drafts [B, K].
+        last [B]: the column of the last accepted position."""
+        B, k = tokens.shape[0], self.num_speculative_tokens
+        p = positions.gather(1, last.view(-1, 1))
+        slot_pos = p + torch.arange(1, k, device=positions.device)
+        mask_feature = self.head.combine_hidden_states(self.head.mask_hidden.view(1, 1, -1))
+        ids = torch.cat([tokens, tokens.new_full((B, k - 1), self.mask_token)], 1)
+        hidden = torch.cat([features, mask_feature.to(features.dtype).expand(B, k - 1, -1)], 1)
+        h = self.runner.run(ids, torch.cat([positions, slot_pos], 1), slots, kv_len + k, hidden,
+                            cache_positions=torch.cat([cache_positions, slot_pos], 1))
+        first = h.gather(1, last.view(-1, 1, 1).expand(-1, 1, h.shape[-1]))
+        return self._draft_token(torch.cat([first, h[:, h.shape[1] - (k - 1):]], 1))
+
+    @torch.inference_mode()
+    def on_prefill(self, slot: int, out: TargetOutput) -> None:
+        slots = torch.tensor([slot], device=out.tokens.device)
+        L = out.positions.shape[1]
+        last = torch.tensor([L - 1], device=out.tokens.device)
+        self.drafts[slot] = self._run(out.tokens, out.positions, out.positions, slots, L, self._features(out), last)[0]
+
+    @torch.inference_mode()
+    def propose(self, batch: StepBatch):
+        return self.drafts[batch.slots, : self.depth(batch)], None
+
+    @torch.inference_mode()
+    def on_verify(self, batch: StepBatch, out: TargetOutput, num_accepted: torch.Tensor) -> None:
+        features, tokens = self._features(out), out.tokens.clamp(min=0)
+        if self.padded_drafter_batch:
+            col = torch.arange(tokens.shape[1], device=tokens.device)
+            moved = torch.where(col <= num_accepted.view(-1, 1), out.positions, out.positions + self.num_speculative_tokens)
+            self.drafts[batch.slots] = self._run(tokens, out.positions, moved, batch.slots, batch.kv_len, features,
+                                                 num_accepted)
+            return
+        counts = (num_accepted + 1).tolist()  # host copy: the group shapes depend on it
+        for n in sorted(set(counts)):
+            rows = torch.tensor([i for i, c in enumerate(counts) if c == n], device=tokens.device)
+            pos = out.positions[rows, :n]
+            last = torch.full((len(rows),), n - 1, device=tokens.device)
+            self.drafts[batch.slots[rows]] = self._run(tokens[rows, :n], pos, pos, batch.slots[rows], batch.kv_len,
+                                                       features[rows, :n], last)
+
+    @torch.inference_mode()
+    def on_plain_step(self, batch: StepBatch, out: TargetOutput) -> None:
+        last = torch.zeros(out.tokens.shape[0], dtype=torch.long, device=out.tokens.device)
+        self.drafts[batch.slots] = self._run(out.tokens, out.positions, out.positions, batch.slots, batch.kv_len,
+                                             self._features(out), last)
+

@@ -1,0 +1,116 @@
+"""EAGLE-2 dynamic draft trees: which candidates become the tree, and its shape tensors.
+
+Everything here is batched ([B, ...], one tree per sequence), fixed-shape and free of
+host synchronisation: a tree always has exactly ``total_tokens`` nodes.
+
+Vocabulary
+- candidate: a drafted token with a cumulative score (sum of the draft's log-probs
+  along its path). Candidates are numbered level by level (the root's top_k
+  children first, then each expansion round's top_k * top_k children), so a
+  candidate's parent always has a smaller number.
+- node: a member of the tree. Node 0 is the root (the sequence's last, not yet
+  cached token); nodes 1.. are the selected candidates in candidate order, so a
+  node's parent again has a smaller index.
+- level / depth: the root is level 0, its children level 1, ...
+
+Selection keeps the best ``total_tokens - 1`` candidates by score. A child's score
+is its parent's plus a log-prob <= 0, and the sort is stable over candidate numbers
+(parents first), so the kept set always contains every kept node's ancestors, ties
+and -inf scores (tokens outside an EAGLE-3 draft vocabulary) included.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class TreeDraft:
+    """One dynamic tree per sequence, N = total_tokens nodes, L = the deepest level allowed.
+
+    tokens    [B, N]      node tokens (node 0: placeholder for the root, filled by the caller)
+    parents   [B, N]      parent node index; -1 for the root
+    depth     [B, N]      level of each node (root 0)
+    ancestors [B, N, L+1] ancestors[b, i, d] = the node at level d on the root->i path
+                          (itself at d = depth[b, i]); -1 for d > depth[b, i]. A leaf's
+                          row is the official code's "retrieve indices" path.
+    mask      [B, N, N]   mask[b, i, j]: node j is node i or one of its ancestors
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    depth: torch.Tensor
+    ancestors: torch.Tensor
+    mask: torch.Tensor
+
+    @property
+    def num_nodes(self) -> int:
+        return self.tokens.shape[1]
+
+    @property
+    def max_depth(self) -> int:
+        return self.ancestors.shape[2] - 1
+
+
+def stable_top(scores: torch.Tensor, n: int) -> torch.Tensor:
+    """Indices of the n largest entries along the last dim; ties go to the lower index."""
+    return torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :n]
+
+
+def build_tree(parents: torch.Tensor, max_depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """From parents [B, N] (-1 for node 0, else a smaller node index) and a bound on the
+    depth: (depth [B, N], ancestors [B, N, max_depth+1], mask [B, N, N])."""
+    B, N = parents.shape
+    up = parents.clamp(min=0)  # the root points at itself
+    # chain[:, :, s] = the node s steps above each node (the root once reached)
+    steps = [torch.arange(N, device=parents.device).expand(B, N)]
+    for _ in range(max_depth):
+        steps.append(up.gather(1, steps[-1]))
+    chain = torch.stack(steps, dim=2)  # [B, N, max_depth+1]
+    depth = (chain != 0).sum(-1)
+    level = torch.arange(max_depth + 1, device=parents.device)
+    above = (depth.unsqueeze(-1) - level).clamp(min=0)  # steps up to reach level d
+    ancestors = chain.gather(2, above)
+    ancestors = torch.where(level <= depth.unsqueeze(-1), ancestors, torch.full_like(ancestors, -1))
+    node = torch.arange(N, device=parents.device)
+    mask = (chain.unsqueeze(-1) == node).any(2)  # [B, N, N]
+    return depth, ancestors, mask
+
+
+def select_tree(scores: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
+                total_tokens: int, max_depth: int) -> TreeDraft:
+    """The tree of the best ``total_tokens - 1`` candidates.
+
+    scores, tokens [B, M]: candidate cumulative scores and tokens; parents [B, M]: the
+    parent's candidate number, -1 for the root's children. Requires
+    total_tokens - 1 <= M and that no kept candidate is deeper than max_depth."""
+    B, M = scores.shape
+    n = total_tokens - 1
+    if n > M:
+        raise ValueError(f"select_tree: {total_tokens - 1} draft nodes asked for but only {M} candidates")
+    device = scores.device
+    chosen = stable_top(scores, n).sort(dim=1).values  # candidate order: parents first
+    node_of = torch.zeros(B, M, dtype=torch.long, device=device)
+    node_of.scatter_(1, chosen, torch.arange(1, n + 1, device=device).expand(B, n))
+    cand_parent = parents.gather(1, chosen)
+    node_parent = torch.where(cand_parent < 0, torch.zeros_like(cand_parent),
+                              node_of.gather(1, cand_parent.clamp(min=0)))
+    root = torch.full((B, 1), -1, dtype=torch.long, device=device)
+    node_parents = torch.cat([root, node_parent], dim=1)
+    node_tokens = torch.cat([torch.zeros_like(root), tokens.gather(1, chosen)], dim=1)
+    depth, ancestors, mask = build_tree(node_parents, max_depth)
+    return TreeDraft(node_tokens, node_parents, depth, ancestors, mask)
+
+
+def cache_mask(base: torch.Tensor, local: torch.Tensor, kv_len: int, offset: int = 0) -> torch.Tensor:
+    """Attention mask [B, T, kv_len] for T queries of sequences whose history fills cache
+    columns [0, base[b]): all of the history, plus the columns base[b] + offset + j for
+    which local[b, t, j] is True (tree nodes written after the history); nothing else
+    (stale columns of longer sequences in the batch, or of an earlier step)."""
+    B, T, S = local.shape
+    rel = torch.arange(kv_len, device=base.device) - base.view(B, 1) - offset  # [B, kv_len]
+    inside = (rel >= 0) & (rel < S)
+    picked = local.gather(2, rel.clamp(0, S - 1).unsqueeze(1).expand(B, T, kv_len))
+    history = (rel + offset < 0).unsqueeze(1)
+    return history | (picked & inside.unsqueeze(1))

@@ -1,0 +1,157 @@
+"""EAGLE / EAGLE-3 heads drafting EAGLE-2 dynamic trees (speculative_config ``tree``).
+
+The head state between steps is the chain's (EagleProposer): ``next_hidden[slot]`` is
+the head's output at the sequence's last verified position, and the head's KV cache
+holds every verified position (prefill is the chain's on_prefill).
+
+Drafting one tree per sequence (B sequences, k = top_k, R = expansion rounds):
+  level 1: the top k tokens of the head's distribution at next_hidden; all k expanded.
+  round r = 1..R: the head runs once over the k expanded nodes of level r (rope position
+      base + r - 1, the position of their parent), each attending to the history plus
+      its own ancestors; each gets its top k children, scored by cumulative log-prob,
+      giving k * k candidates at level r + 1, of which the global top k are expanded
+      in the next round.
+  selection (tree.select_tree): the best total_tokens - 1 candidates of all levels.
+The expanded nodes' keys/values go to scratch columns base + (r-1) * k + j of the head
+cache, past the history; they are overwritten by the catch-up before anything else
+reads them.
+
+Catch-up (after verification): the head runs over the accepted path like the chain's
+catch-up, consuming the target's features at the root and the accepted nodes, so
+its cache gets exactly the entries a chain of the same tokens would have written
+(the drafting-time entries were computed from the head's own features, not the
+target's, so they are recomputed rather than moved).
+"""
+from __future__ import annotations
+
+import torch
+
+from .proposers import EagleProposer
+from .tree import TreeDraft, cache_mask, select_tree, stable_top
+
+
+def tree_shape(depth: int, total_tokens: int) -> tuple[int, int]:
+    """(expansion rounds, deepest level) actually needed. A kept node at level l comes
+    with its l - 1 ancestors, so levels beyond total_tokens - 1 can never be kept and
+    rounds producing them are skipped without changing the tree."""
+    rounds = min(depth, total_tokens - 2)
+    return rounds, rounds + 1
+
+
+class TreeEagleProposer(EagleProposer):
+    """EagleProposer whose steps draft trees (engine/tree_verify.py runs them);
+    num_speculative_tokens is the tree's deepest level (the metrics' positions)."""
+
+    def __init__(self, head, method: str, tree, num_slots: int, max_model_len: int, dtype, device,
+                 target_num_layers: int, graph_pool=None):
+        self.top_k, self.total_tokens = tree.top_k, tree.total_tokens
+        self.rounds, self.max_depth = tree_shape(tree.depth, tree.total_tokens)
+        # Cache columns past the history one step may write: the target's tree, the head's
+        # drafting scratch, the head's catch-up.
+        self.max_verify_tokens = max(self.total_tokens, self.rounds * self.top_k, self.max_depth + 1)
+        max_len = max_model_len + self.max_verify_tokens + 1
+        super().__init__(head, method, self.max_depth, num_slots, max_len, dtype, device,
+                         target_num_layers, graph_pool)
+
+    def _log_probs(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(self.head.compute_logits(h).float(), dim=-1)
+
+    @torch.inference_mode()
+    def propose_tree(self, slots: torch.Tensor, base: torch.Tensor, max_base: int) -> TreeDraft:
+        """One tree per sequence; base [B] is each sequence's root position (its number of
+        cached tokens), max_base its maximum (a host int)."""
+        k, R = self.top_k, self.rounds
+        B = slots.shape[0]
+        hidden = self.next_hidden[slots]
+        H = hidden.shape[-1]
+        scores, tokens = self._log_probs(hidden).topk(k, dim=-1)  # level 1
+        cand_scores, cand_tokens = [scores], [tokens]
+        cand_parents = [torch.full((B, k), -1, dtype=torch.long, device=slots.device)]
+        node_cand = torch.arange(k, device=slots.device).expand(B, k)  # candidate numbers of the expanded
+        node_hidden = hidden.unsqueeze(1).expand(B, k, H)
+        # visible[b, j, c]: expanded node j sees scratch column base + c (its ancestors, itself)
+        visible = torch.zeros(B, k, R * k, dtype=torch.bool, device=slots.device)
+        kv_len = max_base + R * k
+        own = torch.arange(k, device=slots.device)
+        for r in range(R):
+            visible[:, own, r * k + own] = True
+            cols = base.view(B, 1) + r * k + own
+            pos = (base + r).view(B, 1).expand(B, k)
+            mask = cache_mask(base, visible, kv_len)
+            h = self.runner.run(tokens, pos, slots, kv_len, node_hidden, attn_mask=mask, cache_positions=cols)
+            child_scores, child_tokens = self._log_probs(h).topk(k, dim=-1)  # [B, k, k]
+            cum = (scores.unsqueeze(-1) + child_scores).flatten(1)  # [B, k*k]
+            first = k + r * k * k  # candidate number of this round's first child
+            cand_scores.append(cum)
+            cand_tokens.append(child_tokens.flatten(1))
+            cand_parents.append(node_cand.repeat_interleave(k, dim=1))
+            if r + 1 < R:
+                pick = stable_top(cum, k)
+                parent = pick // k
+                scores = cum.gather(1, pick)
+                tokens = child_tokens.flatten(1).gather(1, pick)
+                node_cand = first + pick
+                node_hidden = h.gather(1, parent.unsqueeze(-1).expand(B, k, H))
+                visible = visible.gather(1, parent.unsqueeze(-1).expand(B, k, R * k))
+        return select_tree(torch.cat(cand_scores, 1), torch.cat(cand_tokens, 1), torch.cat(cand_parents, 1),
+                           self.total_tokens, self.max_depth)
+
+    @torch.inference_mode()
+    def on_tree_verify(self, slots: torch.Tensor, base: torch.Tensor, max_base: int, path: torch.Tensor,
+                       out_tokens: torch.Tensor, num_accepted: torch.Tensor, hidden: torch.Tensor,
+                       aux: list[torch.Tensor]) -> None:
+        """Catch up on the accepted path. path [B, L+1]: node index at each level (any valid
+        node past the accepted depth); out_tokens [B, L+1]: the emitted tokens (-1 after)."""
+        B, T = path.shape
+        idx = path.unsqueeze(-1)
+        if self.method == "eagle3":
+            feats = self.head.combine_hidden_states(
+                torch.cat([a.gather(1, idx.expand(B, T, a.shape[-1])) for a in aux], dim=-1))
+        else:
+            feats = hidden.gather(1, idx.expand(B, T, hidden.shape[-1]))
+        positions = base.view(B, 1) + torch.arange(T, device=base.device)
+        # Fixed width: positions past the accepted ones get garbage, overwritten next step.
+        h = self.runner.run(out_tokens.clamp(min=0), positions, slots, max_base + T, feats)
+        self.next_hidden[slots] = h.gather(1, num_accepted.view(B, 1, 1).expand(B, 1, h.shape[-1]))[:, 0]
+
+
+def _short_windows(model, max_len: int) -> list[str]:
+    """Attention layers whose sliding window or attention chunk is shorter than the cache:
+    an explicit tree mask replaces the window rule (models/attention.py), so they would
+    see keys they must not."""
+    from .cache import attention_layers
+
+    out = []
+    for layer in attention_layers(model):
+        for name in ("sliding_window", "attention_chunk_size"):
+            value = getattr(layer, name, None)
+            if value is not None and value < max_len:
+                out.append(f"layer {layer.layer_idx} {name}={value}")
+    return out
+
+
+def build_tree_proposer(spec, head, target, max_num_seqs: int, max_model_len: int, dtype, device,
+                        target_num_layers: int, graph_pool=None) -> TreeEagleProposer:
+    """The proposer for speculative_config ``tree`` (methods eagle / eagle3), after the
+    checks that this engine's tree steps need."""
+    if spec.parallel_drafting:
+        raise NotImplementedError(
+            "speculative_config: 'tree' drafts level by level and does not combine with "
+            "parallel_drafting: set \"parallel_drafting\": false or remove 'tree'"
+        )
+    if spec.disable_padded_drafter_batch:
+        raise NotImplementedError(
+            "speculative_config: 'tree' catches the head up with the padded drafter batch only: "
+            "remove disable_padded_drafter_batch or 'tree'"
+        )
+    proposer = TreeEagleProposer(head, spec.method, spec.tree, max_num_seqs, max_model_len, dtype, device,
+                                 target_num_layers, graph_pool)
+    for who, model in (("the target", target), ("the draft head", head)):
+        short = _short_windows(model, max_model_len + proposer.max_verify_tokens + 1)
+        if short:
+            raise NotImplementedError(
+                f"speculative_config 'tree': {who} has sliding-window / chunked attention shorter than "
+                f"the context ({', '.join(short[:3])}), which tree verification does not apply yet: "
+                f"remove 'tree' (chain drafting handles these models)"
+            )
+    return proposer

@@ -1,0 +1,179 @@
+"""One engine step with EAGLE-2 dynamic trees: draft, verify every node in one target
+pass, accept a path (greedy: the longest matching one; sampled: recursive rejection
+sampling over siblings, lossless), compact the cache, let the head catch up.
+
+Target pass: node i of sequence b is written at cache column base[b] + i with rope
+position base[b] + depth[b, i] and attends to the history (columns < base[b]) and to
+its own ancestors. After acceptance of a nodes on the path root -> n_1 -> ... -> n_a,
+the k/v of n_d are copied to column base[b] + d, so the cache looks as if the path had
+been decoded as a chain (same tokens, same positions, same visible keys).
+"""
+from __future__ import annotations
+
+import torch
+
+from .sampler import apply_sampling_params, draw, sample_from_probs
+from .tree import TreeDraft, cache_mask
+from .verify import SamplingBatch
+
+
+def accept_greedy(target_argmax: torch.Tensor, tree: TreeDraft):
+    """target_argmax [B, N]: the target's greedy token after each node.
+
+    A node is correct when its token is the target's choice after its parent; a path is
+    accepted while all its nodes are correct. Siblings hold distinct tokens, so the
+    accepted nodes form one path. Returns (tokens [B, L+1]: the accepted tokens, then
+    the target's token after the deepest accepted node, then -1; num_accepted [B];
+    path [B, L+1]: node at each level of the accepted path, and for levels past it the
+    level number itself, a valid node index that compaction copies onto itself)."""
+    B, N = target_argmax.shape
+    L = tree.max_depth
+    expected = target_argmax.gather(1, tree.parents.clamp(min=0))
+    correct = tree.tokens == expected
+    correct[:, 0] = True  # the root is given
+    anc = tree.ancestors  # [B, N, L+1]
+    along = correct.gather(1, anc.clamp(min=0).flatten(1)).view(B, N, L + 1)
+    ok = (along | (anc < 0)).all(-1)
+    num_accepted, leaf = torch.where(ok, tree.depth, torch.full_like(tree.depth, -1)).max(1)
+    return _emit(tree, leaf, num_accepted, target_argmax.gather(1, leaf.view(B, 1))[:, 0])
+
+
+def _emit(tree: TreeDraft, leaf: torch.Tensor, num_accepted: torch.Tensor, next_token: torch.Tensor):
+    """(tokens, num_accepted, path) as accept_greedy returns them, for the accepted path
+    ending at node ``leaf`` [B] followed by ``next_token`` [B]."""
+    B, L = leaf.shape[0], tree.max_depth
+    level = torch.arange(L + 1, device=leaf.device)
+    path = tree.ancestors.gather(1, leaf.view(B, 1, 1).expand(B, 1, L + 1))[:, 0]
+    path = torch.where(path >= 0, path, level.expand(B, L + 1))
+    path_tokens = torch.nn.functional.pad(tree.tokens.gather(1, path)[:, 1:], (0, 1), value=-1)
+    na = num_accepted.view(B, 1)
+    pad = torch.full_like(path_tokens, -1)
+    tokens = torch.where(level < na, path_tokens, torch.where(level == na, next_token.view(B, 1), pad))
+    return tokens, num_accepted, path
+
+
+def children_table(parents: torch.Tensor, width: int) -> torch.Tensor:
+    """[B, N, width]: the children of each node in node order, -1 padded (a node of a
+    tree with top_k = width has at most width children)."""
+    B, N = parents.shape
+    same = parents.unsqueeze(2) == parents.unsqueeze(1)  # [B, i, j]: i and j are siblings
+    earlier = torch.ones(N, N, dtype=torch.bool, device=parents.device).tril(-1)
+    rank = (same & earlier).sum(-1)  # earlier siblings of each node
+    slot = torch.where(parents >= 0, parents * width + rank, torch.full_like(rank, N * width))  # root: dropped
+    table = torch.full((B, N * width + 1), -1, dtype=torch.long, device=parents.device)
+    table.scatter_(1, slot, torch.arange(N, device=parents.device).expand(B, N))
+    return table[:, : N * width].view(B, N, width)
+
+
+def accept_sampled(probs: torch.Tensor, tree: TreeDraft, width: int, uniforms: torch.Tensor,
+                   exponentials: torch.Tensor):
+    """Lossless verification of a tree of deterministic drafts (the head's top-k, so the
+    draft distribution behind each child is one-hot).
+
+    probs [B, N, V]: the target's distribution after each node (after the request's
+    sampling parameters; one-hot for greedy rows); uniforms [B, L+1, width] in [0, 1);
+    exponentials [B, V] Exp(1). From the root, the children of the current node are
+    tried in node order: child x is accepted with probability p(x) / sum(p), p the
+    current residual; on rejection x's mass is removed from p (max(p - onehot_x, 0),
+    renormalised implicitly) and the next child is tried. An accepted child becomes the
+    current node with the target's distribution at it; when every child is rejected (or
+    there is none) the next token is drawn from the residual. Each emitted token is then
+    distributed exactly as p: P(x_i emitted) = prod_{j<i} (1 - p_j / m_j) * p_i / m_i = p_i
+    with m_i the mass left before trying x_i, and any other token comes from the residual.
+    Returns what accept_greedy returns."""
+    B, N, V = probs.shape
+    L = tree.max_depth
+    children = children_table(tree.parents, width)
+    probs = probs.float()
+    cur = torch.zeros(B, dtype=torch.long, device=probs.device)
+    active = torch.ones(B, dtype=torch.bool, device=probs.device)
+    num_accepted = torch.zeros(B, dtype=torch.long, device=probs.device)
+    p = probs[:, 0].clone()
+    final = torch.zeros_like(p)
+    for level in range(L + 1):  # at level L there are no children: every row stops by then
+        kids = children.gather(1, cur.view(B, 1, 1).expand(B, 1, width))[:, 0]
+        moved = torch.zeros_like(active)
+        nxt = cur.clone()
+        for s in range(width):
+            child = kids[:, s]
+            tryit = active & ~moved & (child >= 0)
+            x = tree.tokens.gather(1, child.clamp(min=0).view(B, 1))
+            px = p.gather(1, x)[:, 0]
+            take = tryit & (uniforms[:, level, s] * p.sum(-1) < px)
+            moved |= take
+            nxt = torch.where(take, child, nxt)
+            p = p.scatter(1, x, torch.where(tryit & ~take, 0.0, px).view(B, 1))
+        stop = active & ~moved
+        final = torch.where(stop.view(B, 1), p, final)
+        active &= moved
+        num_accepted += moved.long()
+        cur = nxt
+        p = torch.where(moved.view(B, 1), probs.gather(1, cur.view(B, 1, 1).expand(B, 1, V))[:, 0], p)
+    return _emit(tree, cur, num_accepted, sample_from_probs(final, exponentials))
+
+
+def compact_kv(kv_caches, slots: torch.Tensor, base: torch.Tensor, path: torch.Tensor) -> None:
+    """Move the k/v of the path's node at level d (column base + path[d]) to column base + d,
+    d = 1..L, in every layer's cache. A node's index is at least its level, so no source
+    is overwritten before it is read (and the gather copies first anyway)."""
+    B, T = path.shape
+    src = base.view(B, 1) + path[:, 1:]
+    dst = base.view(B, 1) + torch.arange(1, T, device=path.device)
+    rows = slots.view(B, 1).expand(B, T - 1)
+    for k_cache, v_cache in kv_caches:
+        k_cache[rows, dst] = k_cache[rows, src]
+        v_cache[rows, dst] = v_cache[rows, src]
+
+
+def observe_tree(metrics, num_nodes: int, accepted: list[int], max_depth: int) -> None:
+    """Counters for tree steps: one draft per sequence of num_nodes draft tokens; the
+    per-position counts run over tree levels 1..max_depth (position i: the accepted
+    path reached level i + 1)."""
+    per_pos = metrics.num_accepted_tokens_per_pos
+    per_pos += [0] * (max_depth - len(per_pos))
+    for a in accepted:
+        metrics.num_drafts += 1
+        metrics.num_draft_tokens += num_nodes
+        metrics.num_accepted_tokens += a
+        for i in range(a):
+            per_pos[i] += 1
+
+
+@torch.inference_mode()
+def tree_decode_step(engine, seqs) -> None:
+    """One tree step for the running sequences ``seqs`` of ``engine`` (EngineCore), greedy
+    or sampled; appends the emitted tokens. The caller finishes sequences."""
+    proposer, dev = engine.proposer, engine.device
+    B = len(seqs)
+    cached = [s.num_cached for s in seqs]
+    max_base = max(cached)
+    slots = torch.tensor([s.slot for s in seqs], device=dev)
+    base = torch.tensor(cached, device=dev)
+    tree = proposer.propose_tree(slots, base, max_base)
+    N = tree.num_nodes
+    tree.tokens[:, 0] = torch.tensor([s.last_token_id for s in seqs], device=dev)
+    positions = base.view(B, 1) + tree.depth
+    columns = base.view(B, 1) + torch.arange(N, device=dev)
+    kv_len = max_base + N
+    mask = cache_mask(base, tree.mask, kv_len)
+    hidden, aux = engine.runner.run(tree.tokens, positions, slots, kv_len, engine.aux_layer_ids,
+                                    attn_mask=mask, cache_positions=columns)
+    logits = engine.target.compute_logits(hidden)
+    sampling = SamplingBatch.from_sequences(seqs, dev)
+    if sampling.all_greedy:
+        tokens, accepted, path = accept_greedy(logits.argmax(-1), tree)
+    else:
+        t = sampling.tensors
+        probs = apply_sampling_params(logits, t.temperature, t.top_k, t.top_p, t.min_p)
+        # Fixed shapes per request, so a seeded request draws the same numbers in any batch.
+        uniforms = draw("uniform", (B, tree.max_depth + 1, proposer.top_k), sampling.generators, dev)
+        exponentials = draw("exponential", (B, logits.shape[-1]), sampling.generators, dev)
+        tokens, accepted, path = accept_sampled(probs, tree, proposer.top_k, uniforms, exponentials)
+    compact_kv(engine.runner.kv_caches, slots, base, path)
+    proposer.on_tree_verify(slots, base, max_base, path, tokens, accepted, hidden, aux)
+    # The one device->host synchronisation of the step.
+    L = tree.max_depth
+    host = torch.cat([tokens, accepted.view(B, 1)], dim=1).cpu().tolist()
+    observe_tree(engine.metrics, N - 1, [row[L + 1] for row in host], L)
+    for seq, row in zip(seqs, host):
+        engine._append(seq, row[: row[L + 1] + 1])
