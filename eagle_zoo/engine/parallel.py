@@ -244,12 +244,17 @@ class WorkerPool:
                 )
             time.sleep(0.02)
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def announce_stop(self) -> None:
+        """Tells the workers to leave their loop (they then tear down their process group)."""
         if self.ready and self.channel is not None:
             try:
                 self.channel.send([SHUTDOWN])
             except Exception:  # a worker is gone already: the others are stopped below
                 pass
+            self.channel = None
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.announce_stop()
         deadline = time.monotonic() + (timeout if self.ready else 0.0)
         for proc in self.procs:
             try:
@@ -340,9 +345,13 @@ class TensorParallel:
         import torch.distributed as dist
 
         pool, self.pool = self.pool, None
-        pool.stop()
+        # Every rank tears its process group down at the same time: NCCL's teardown waits
+        # for the peers, so destroying here only after the workers had exited (as before)
+        # hung rank 0 on two H200s; gloo does not mind either order.
+        pool.announce_stop()
         if dist.is_initialized():
             dist.destroy_process_group()
+        pool.stop()
         if _active_driver is self:
             _active_driver = None
 

@@ -128,12 +128,11 @@ def bench(args) -> None:
                          "build_s": build_s,
                          "first_tokens": [o.outputs[0].token_ids[:32] for o in outs[: min(len(outs), 5)]]})
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "first_tokens"}), flush=True)
+            if args.json:  # written at once: a hang or a kill later keeps what was measured
+                with open(args.json, "a") as f:
+                    f.write(json.dumps(rows[-1]) + "\n")
     finally:
         llm.shutdown()
-    if args.json:
-        with open(args.json, "a") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
 
 
 def example(args) -> None:
