@@ -220,6 +220,7 @@ class Trainer:
                  + (f" or {s.max_seconds:.0f} s" if s.max_seconds else "") + f"; device {self.device}, {self.dtype}")
         start, window, stop_reason = time.monotonic() - self.elapsed, [], "steps"
         process_start = time.monotonic()
+        first_step = self.step
         noise_state = self.noise_gen.get_state()
         bar = tqdm(total=self.total, initial=self.step, desc=f"train {s.method}", disable=None if s.progress else True)
         try:
@@ -227,7 +228,9 @@ class Trainer:
                 if s.max_seconds and self.elapsed >= s.max_seconds:
                     stop_reason = "time budget"
                     break
-                if s.stop_after_seconds and time.monotonic() - process_start >= s.stop_after_seconds:
+                # never before this process's first step: a job too short for one step would pause forever
+                if (s.stop_after_seconds and self.step > first_step
+                        and time.monotonic() - process_start >= s.stop_after_seconds):
                     stop_reason = "--stop-after-seconds (continue with --resume)"
                     break
                 noise_state = self.noise_gen.get_state()
