@@ -8,7 +8,7 @@ Without a context, attention is plain causal attention over the T given tokens
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -28,6 +28,10 @@ class AttentionContext:
     kv_len: attend over cache columns [:kv_len] (a host int: fixed per CUDA graph).
     attn_mask [B,T,kv_len] bool (True = may attend) or None: key index <= the
         query's cache position, and within the layer's sliding window or attention chunk.
+    memo: tensors that every layer of one forward would otherwise rebuild from the same
+        inputs (the attention mask per (window, chunk, dtype), rope angles per positions
+        tensor), built by the first layer that needs them. A context serves one forward
+        (or one captured graph): do not modify its tensors in place between forwards.
     """
 
     kv_caches: list
@@ -35,6 +39,7 @@ class AttentionContext:
     cache_positions: torch.Tensor
     kv_len: int
     attn_mask: Optional[torch.Tensor] = None
+    memo: dict = field(default_factory=dict)
 
 
 _context: Optional[AttentionContext] = None
@@ -99,9 +104,11 @@ class Attention(nn.Module):
                 pos = torch.arange(q.shape[1], device=q.device)
                 mask = _window_mask(pos, pos, self.sliding_window, self.attention_chunk_size)
         else:
-            keys, values, mask = self._use_cache(ctx, k, v)
+            keys, values, mask = self._use_cache(ctx, k, v, q.dtype)
+        if keys.dtype != q.dtype:  # (a no-op .to still costs a dispatch per layer)
+            keys, values = keys.to(q.dtype), values.to(q.dtype)
         out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys.transpose(1, 2).to(q.dtype), values.transpose(1, 2).to(q.dtype),
+            q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
             attn_mask=mask, is_causal=ctx is None and mask is None, scale=self.scale,
             enable_gqa=self.num_kv_heads != self.num_heads,
         )
@@ -122,23 +129,37 @@ class Attention(nn.Module):
                               attn_mask=ctx.attn_mask, window=self.sliding_window)
         return out.flatten(2)
 
-    def _use_cache(self, ctx: AttentionContext, k, v):
+    def _use_cache(self, ctx: AttentionContext, k, v, dtype: torch.dtype):
         k_cache, v_cache = ctx.kv_caches[self.layer_idx]
         B, T = k.shape[:2]
         rows = ctx.slot_ids.view(B, 1).expand(B, T)
         # Index writes: no host sync, fixed shapes (CUDA-graph friendly).
-        k_cache[rows, ctx.cache_positions] = k.to(k_cache.dtype)
-        v_cache[rows, ctx.cache_positions] = v.to(v_cache.dtype)
+        k_cache[rows, ctx.cache_positions] = k if k.dtype == k_cache.dtype else k.to(k_cache.dtype)
+        v_cache[rows, ctx.cache_positions] = v if v.dtype == v_cache.dtype else v.to(v_cache.dtype)
         # index_select on the narrowed view: advanced indexing `cache[slots, :L]` takes a
         # slow general path on CPU (milliseconds per layer).
         keys = k_cache[:, : ctx.kv_len].index_select(0, ctx.slot_ids)
         values = v_cache[:, : ctx.kv_len].index_select(0, ctx.slot_ids)
-        if ctx.attn_mask is not None:
-            mask = ctx.attn_mask
-        else:
-            key_pos = torch.arange(ctx.kv_len, device=k.device)
-            mask = _window_mask(ctx.cache_positions, key_pos, self.sliding_window, self.attention_chunk_size)
-        return keys, values, mask.unsqueeze(1)  # [B,1,T,L]: same for every head
+        return keys, values, self._mask(ctx, dtype, k.device)
+
+    def _mask(self, ctx: AttentionContext, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """[B,1,T,L] (same for every head), built once per context and reused by every
+        layer with the same window and chunk. On CPU it is the additive float mask (0 /
+        -inf) that SDPA would otherwise derive from the bool mask in every layer; the
+        same values, so the same result."""
+        key = ("mask", self.sliding_window, self.attention_chunk_size, dtype)
+        mask = ctx.memo.get(key)
+        if mask is None:
+            if ctx.attn_mask is not None:
+                mask = ctx.attn_mask
+            else:
+                key_pos = torch.arange(ctx.kv_len, device=device)
+                mask = _window_mask(ctx.cache_positions, key_pos, self.sliding_window, self.attention_chunk_size)
+            mask = mask.unsqueeze(1)
+            if device.type == "cpu" and mask.dtype == torch.bool and dtype.is_floating_point:
+                mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, float("-inf"))
+            ctx.memo[key] = mask
+        return mask
 
     def extra_repr(self) -> str:
         return (f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "

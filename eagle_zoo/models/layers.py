@@ -9,6 +9,7 @@ which the loader turns into an error naming the file and key.
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import parallel_state as ps
+from .attention import get_context
 
 
 class ShapeMismatch(ValueError):
@@ -46,6 +48,94 @@ def _param(*shape: int) -> nn.Parameter:
 
 # -- linear layers -------------------------------------------------------------
 
+# On CPU, MKL computes x @ W^T for a few rows of x (decode T=1, verification T=k+1)
+# through a general sgemm path that is up to 2x slower than (W @ x^T)^T on the same
+# row-major weight (measured with SmolLM2 shapes: lm_head at 4 rows 22 -> 14 ms,
+# the 30 layers' matmuls at 4 rows 56 -> 38 ms); at 8 rows they are about even, so
+# verification of up to 5 drafts takes it and prefill does not. Only the float32 CPU
+# path switches: CUDA keeps F.linear (cuBLAS, graph capture). Not bit-identical to
+# F.linear (another summation order), like any change of BLAS kernel.
+CPU_FEW_ROWS = 6
+
+
+# One row (plain decoding, draft steps) is another story: MKL's matrix-vector product
+# streams a row-major [out, in] weight at ~11 GB/s on this AMD CPU but the same matrix
+# stored column-major at ~20 GB/s, for matrices at least as tall as wide (lm_head 8.7
+# -> 5.1 ms, gate_up 18.7 -> 11.1 ms for 30 layers; down_proj, wider than tall, is not
+# faster). Column-major is 2x slower at 4 rows, so the engine gives one-row calls a
+# column-major *copy* (prepare_one_row_copies, called by engine/runner.py on CPU) and
+# other calls keep the parameter (SmolLM2 decode step 55 -> 42 ms). The copies cost
+# memory: at most CPU_ONE_ROW_COPY_BYTES in the process (0 turns them off).
+CPU_ONE_ROW_COPY_BYTES = 1 << 30
+_one_row_copies: dict[int, "weakref.ref[torch.Tensor]"] = {}
+
+
+def _stamp(weight: torch.Tensor):
+    # Training steps bump the version, .to() moves the data: a copy then no longer applies.
+    return weight._version, weight.data_ptr(), weight.device, weight.dtype
+
+
+def one_row_copy_bytes() -> int:
+    """Bytes held by live column-major copies."""
+    total = 0
+    for key, ref in list(_one_row_copies.items()):
+        w = ref()
+        if w is None or getattr(w, "_one_row_copy", None) is None:
+            del _one_row_copies[key]
+        else:
+            copy = w._one_row_copy[0]
+            total += copy.numel() * copy.element_size()
+    return total
+
+
+@torch.no_grad()
+def prepare_one_row_copies(module: nn.Module) -> int:
+    """Column-major copies of the tall float32 CPU weights of ``module``'s linear layers
+    and lm head, within the process budget; returns the bytes added. Call it after the
+    weights are loaded (a copy made earlier is ignored, not refreshed, once they change
+    through the parameter; loads through ``param.data`` are not seen: load first)."""
+    added = 0
+    for m in module.modules():
+        if not isinstance(m, (LinearBase, ParallelLMHead)):
+            continue
+        w = m.weight
+        if w.device.type != "cpu" or w.dtype != torch.float32 or w.dim() != 2 or w.shape[0] < w.shape[1]:
+            continue
+        try:
+            stamp = _stamp(w)
+        except RuntimeError:  # an inference-mode tensor keeps no version: no copy
+            continue
+        cached = getattr(w, "_one_row_copy", None)
+        if cached is not None and cached[1] == stamp:
+            continue
+        nbytes = w.numel() * w.element_size()
+        if one_row_copy_bytes() + nbytes > CPU_ONE_ROW_COPY_BYTES:
+            break
+        w._one_row_copy = (w.detach().t().contiguous().t(), stamp)
+        _one_row_copies[id(w)] = weakref.ref(w)
+        added += nbytes
+    return added
+
+
+def _one_row_weight(weight: torch.Tensor) -> torch.Tensor:
+    cached = getattr(weight, "_one_row_copy", None)
+    if cached is None or (weight.requires_grad and torch.is_grad_enabled()) or cached[1] != _stamp(weight):
+        return weight
+    return cached[0]
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """F.linear(x, weight, bias), with the faster formulations for a few rows on CPU."""
+    rows = x.numel() // max(x.shape[-1], 1)  # shapes only: no host sync
+    if x.device.type != "cpu" or x.dtype != torch.float32 or not 0 < rows <= CPU_FEW_ROWS:
+        return F.linear(x, weight, bias)
+    if rows == 1:
+        return F.linear(x, _one_row_weight(weight), bias)
+    y = (weight @ x.reshape(rows, x.shape[-1]).t()).t()
+    y = y.contiguous()  # [rows, out]: later splits and elementwise ops want rows contiguous
+    y = y.view(*x.shape[:-1], weight.shape[0])
+    return y if bias is None else y + bias
+
 
 class LinearBase(nn.Module):
     """y = x W^T + b with per-rank sizes; subclasses say how the full matrix is split."""
@@ -64,7 +154,7 @@ class LinearBase(nn.Module):
             self.register_parameter("bias", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}, tp={self.tp_size}"
@@ -112,7 +202,7 @@ class RowParallelLinear(LinearBase):
         param.data.copy_(loaded.narrow(1, self.tp_rank * n, n))
 
     def forward(self, x):
-        y = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
+        y = linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
         return ps.all_reduce(y, self.tp)
 
 
@@ -231,7 +321,7 @@ class ParallelLMHead(VocabParallelEmbedding):
     """Logits over the vocabulary; each rank computes its rows, then they are gathered."""
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(h, self.weight)
+        logits = linear(h, self.weight)
         if self.tp_size == 1:
             return logits
         return ps.all_gather(logits, -1, self.tp)[..., : self.num_embeddings]
@@ -359,6 +449,8 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.rotary_dim, self.scaling, self.interleaved = 2 * inv_freq.numel(), scaling, interleaved
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        # Layers with equal frequencies share their angles within one forward.
+        self._memo_key = (tuple(inv_freq.float().tolist()), float(scaling))
 
     def _apply(self, fn, recurse=True):
         # model.to(bfloat16) must not round the frequencies (angles grow with the
@@ -370,10 +462,45 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """positions [B,T]; q [B,T,heads,d], k [B,T,kv_heads,d] -> rotated q, k."""
+        cos, sin = self._angles(positions)
+        if self.interleaved or q.shape[-1] != self.rotary_dim or k.shape[-1] != self.rotary_dim or q.dtype != k.dtype:
+            return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        # Whole-head neox rotation of q and k as one tensor: x * [cos, cos] + [x2, x1] *
+        # [-sin, sin]. Bit for bit the pairwise formula (x1 cos - x2 sin = x1 cos + x2 (-sin)
+        # exactly), in 5 ops instead of 2 x 7 per layer (decode steps are op-bound on CPU).
+        cos2, sin2 = self._signed_angles(positions, cos, sin, q.dtype)
+        qk = torch.cat((q, k), -2)
+        x1, x2 = qk.chunk(2, -1)
+        out = qk * cos2 + torch.cat((x2, x1), -1) * sin2
+        return out.split((q.shape[-2], k.shape[-2]), -2)
+
+    def _angles(self, positions: torch.Tensor):
+        """cos, sin [B,T,1,rot/2] (float32, times the scaling), once per forward: every
+        layer of a model rotates by the same positions (memo in the attention context)."""
+        ctx = get_context()
+        key = ("rope", self._memo_key)
+        hit = ctx.memo.get(key) if ctx is not None else None
+        if hit is not None and hit[0] is positions:
+            return hit[1], hit[2]
         angles = positions.unsqueeze(-1).float() * self.inv_freq  # [B,T,rot/2]
-        cos = (angles.cos() * self.scaling).unsqueeze(-2)
-        sin = (angles.sin() * self.scaling).unsqueeze(-2)
-        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        cos, sin = angles.cos().unsqueeze(-2), angles.sin().unsqueeze(-2)
+        if self.scaling != 1.0:
+            cos, sin = cos * self.scaling, sin * self.scaling
+        if ctx is not None:
+            ctx.memo[key] = (positions, cos, sin)
+        return cos, sin
+
+    def _signed_angles(self, positions, cos, sin, dtype):
+        ctx = get_context()
+        key = ("rope-signed", self._memo_key, dtype)
+        hit = ctx.memo.get(key) if ctx is not None else None
+        if hit is not None and hit[0] is positions:
+            return hit[1], hit[2]
+        cos2 = torch.cat((cos, cos), -1).to(dtype)
+        sin2 = torch.cat((-sin, sin), -1).to(dtype)
+        if ctx is not None:
+            ctx.memo[key] = (positions, cos2, sin2)
+        return cos2, sin2
 
     def _rotate(self, x, cos, sin):
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
