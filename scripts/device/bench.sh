@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# GPU call 3: acceptance of the trained heads (MT-bench 80, k=3, greedy, 256 tokens,
-# fp32 so the numbers match CPU runs) and the speed tables (bf16).
+# GPU speed tables (issue 7), after setup.sh x3 and with .device/d (+ .device/pristine)
+# carried, or in a lease where train.sh already ran: bf16, batch 1 on 10 MT-bench
+# prompts (transformers, plain, EAGLE-1 / EAGLE-3 chains k = 1..5, EAGLE-3 tree),
+# throughput at batch 1, 4, 16, 64 with and without speculation plus the adaptive
+# depth schedule, the 8B-shaped decode step against its floor. Heads: the shipped ones
+# (HEADS=/root/m/heads for freshly trained ones).
 set -u
 cd "$(dirname "$0")/../.."
 source scripts/device/env.sh
-H=/root/m/heads
-for m in eagle eagle3; do
-  python3 -m eagle_zoo.cli bench --model "$TARGET" --draft "$H/$m" --num-spec-tokens 3 --num-prompts 80 \
-    --max-tokens 256 --max-num-seqs 80 --dtype float32 --compare-plain \
-    --json "$OUT/accept_$m.json" --plot "$OUT/accept_$m.png" || echo "acceptance bench $m failed"
-done
-python3 -m eagle_zoo.cli bench --perf --model "$TARGET" --eagle "$H/eagle" --eagle3 "$H/eagle3" --num-prompts 10 \
-  --max-tokens 256 --ks 1,3,5 --batch-sizes 1,4,16,64 --hf-prompts 2 --floor --json "$OUT/perf.json" \
-  || echo "perf bench failed"
+python3 -c "from eagle_zoo.default_target import resolve_default as r; print(r('$TARGET'))" || exit 1
+# The plugin package is not installed there: its head directories are read directly.
+H=${HEADS:-plugins/eagle-zoo-smollm2-heads/eagle_zoo_smollm2_heads/heads}
+E1=$H/eagle E3=$H/eagle3
+timeout ${PERF_TIMEOUT:-540} python3 -m eagle_zoo.cli bench --perf --model "$TARGET" --eagle "$E1" --eagle3 "$E3" \
+  --num-prompts 10 --max-tokens 256 --ks 1,2,3,4,5 --batch-sizes 1,4,16,64 --tree 8,5,60 \
+  --depth-schedule auto --hf-prompts 2 --floor --json "$OUT/perf.json" 2>&1 | grep -v "it/s\]" \
+  || echo "perf bench failed or timed out (rows measured so far are above)"
