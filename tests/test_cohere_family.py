@@ -18,12 +18,10 @@ from transformers.models.cohere import modeling_cohere as hf1
 from transformers.models.cohere2 import modeling_cohere2 as hf2
 
 import eagle_zoo
+import reference_models as rm
 from eagle_zoo.config.eagle_config import EagleConfig
 from eagle_zoo.models import parallel_state as ps
-from eagle_zoo.models.attention import AttentionContext, use_context
 from eagle_zoo.models.cohere import COHERE_MAPPING, CohereEagleHead, CohereForCausalLM, register_families
-from eagle_zoo.models.loader import map_name
-from eagle_zoo.specs import FamilySpec
 
 V, H, B, T, WINDOW, SCALE = 96, 32, 2, 9, 3, 0.5
 COMMON = dict(vocab_size=V, hidden_size=H, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
@@ -43,31 +41,15 @@ def hf_module(kind, name):
     return getattr(KINDS[kind][1], prefix + name)
 
 
-def randomize(module: nn.Module, seed: int) -> nn.Module:
-    """Random weights everywhere, norms included (transformers initialises them to 1)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.3 + (1.0 if p.dim() == 1 else 0.0))
-    return module.eval()
+randomize, additive = rm.randomize, rm.causal_mask
 
 
 def reference_target(kind, config, seed=0):
-    ref = randomize(hf_module(kind, "ForCausalLM")(config), seed)
-    if config.tie_word_embeddings:
-        ref.tie_weights()
-    return ref
+    return rm.reference_target(hf_module(kind, "ForCausalLM"), config, seed)
 
 
 def ids_and_positions(seed=1, offset=0, t=T):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, V, (B, t), generator=g), (torch.arange(t) + offset).expand(B, t), g
-
-
-def additive(t: int, window=None) -> torch.Tensor:
-    i, j = torch.arange(t)[:, None], torch.arange(t)[None]
-    seen = (j <= i) & ((i - j < window) if window else True)
-    return torch.zeros(t, t).masked_fill(~seen, float("-inf"))[None, None]
+    return rm.token_inputs(V, B, t, seed, offset)
 
 
 # -- target model -------------------------------------------------------------------
@@ -96,25 +78,14 @@ def test_target_matches_transformers(case):
         ropes = [layer.self_attn.rotary_emb is not None for layer in model.layers]
         assert windows == [WINDOW, None, WINDOW, None] and ropes == [True, False, True, False]
     ids, positions, _ = ids_and_positions(offset=0)
-    with torch.no_grad():
-        out = ref(ids, position_ids=positions, output_hidden_states=True)
-        hidden, aux = model(ids, positions, aux_layer_ids=(2, 0, 3))
-        logits = model.compute_logits(hidden)
-    torch.testing.assert_close(logits, out.logits, atol=1e-5, rtol=1e-5)
-    for got, i in zip(aux, (2, 0, 3)):
-        torch.testing.assert_close(got, out.hidden_states[i], atol=1e-5, rtol=1e-5)
+    rm.assert_target_matches(model, ref, ids, positions, aux_layer_ids=(2, 0, 3), tol=1e-5)
 
 
 def test_target_tied_checkpoint_without_lm_head():
     config = tiny_config("cohere")
     ref = reference_target("cohere", config, seed=2)
-    weights = {k: v for k, v in ref.state_dict().items() if k != "lm_head.weight"}
-    model = CohereForCausalLM(config)
-    model.load_weights(weights, "model.safetensors")
     ids, positions, _ = ids_and_positions(offset=4)
-    with torch.no_grad():
-        torch.testing.assert_close(model.compute_logits(model(ids, positions)[0]),
-                                   ref(ids, position_ids=positions).logits, atol=1e-5, rtol=1e-5)
+    rm.assert_tied_checkpoint_matches(CohereForCausalLM(config), ref, ids, positions, tol=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["cohere", "cohere2"])
@@ -122,19 +93,10 @@ def test_cached_prefill_and_decode_match_full_forward(kind):
     """Through the KV cache: sliding layers see the last WINDOW keys, global ones all."""
     config = tiny_config(kind)
     ref = reference_target(kind, config, seed=3)
-    model = CohereForCausalLM(config)
-    model.load_weights(ref.state_dict(), "m")
+    model = rm.load_reference(CohereForCausalLM(config), ref, "m")
     ids, positions, _ = ids_and_positions(seed=4)
-    with torch.no_grad():
-        expected = ref(ids, position_ids=positions).logits
-    caches = [(torch.zeros(2, 12, 2, 8), torch.zeros(2, 12, 2, 8)) for _ in model.layers]
-    slots, prompt = torch.tensor([1, 0]), 4
-    with torch.no_grad(), use_context(AttentionContext(caches, slots, positions[:, :prompt], kv_len=prompt)):
-        got = [model.compute_logits(model(ids[:, :prompt], positions[:, :prompt])[0])]
-    for t in range(prompt, T):
-        with torch.no_grad(), use_context(AttentionContext(caches, slots, positions[:, t:t + 1], kv_len=t + 1)):
-            got.append(model.compute_logits(model(ids[:, t:t + 1], positions[:, t:t + 1])[0]))
-    torch.testing.assert_close(torch.cat(got, 1), expected, atol=1e-5, rtol=1e-5)
+    caches = rm.zero_caches(model, (2, 12, 2, 8))
+    rm.assert_cached_decode_matches(model, ref, ids, positions, caches, torch.tensor([1, 0]), prompt=4, tol=1e-5)
 
 
 def test_tensor_parallel_qk_norm_slices():
@@ -196,10 +158,8 @@ def test_eagle_head_matches_reference(kind):
     hidden, x = torch.randn(B, T, H, generator=g), torch.randn(B, T, H, generator=g)
     with torch.no_grad():
         torch.testing.assert_close(head.layers[0](positions, x), ref.layer(x, positions), atol=1e-5, rtol=1e-5)
-        expected = ref(ids, positions, hidden)
-        h = head(ids, positions, hidden)
-        torch.testing.assert_close(h, expected, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(head.compute_logits(h), ref.logits(expected), atol=1e-5, rtol=1e-5)
+        _, expected, logits = rm.eagle_step(head, ref, ids, positions, hidden, tol=1e-5)
+        torch.testing.assert_close(logits, ref.logits(expected), atol=1e-5, rtol=1e-5)
 
 
 # -- published layout through eagle_zoo.load ------------------------------------------------------
@@ -244,10 +204,8 @@ def test_published_layout_loads(tmp_path, layout):
     ids, positions, g = ids_and_positions(seed=10, offset=2)
     hidden = torch.randn(B, T, H, generator=g)
     with torch.no_grad():
-        expected = ref(ids, positions, hidden)
-        h = loaded.head(ids, positions, hidden)
-        torch.testing.assert_close(h, expected, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(loaded.head.compute_logits(h), ref.logits(expected), atol=1e-5, rtol=1e-5)
+        _, expected, logits = rm.eagle_step(loaded.head, ref, ids, positions, hidden, tol=1e-5)
+        torch.testing.assert_close(logits, ref.logits(expected), atol=1e-5, rtol=1e-5)
 
 
 # -- the mapping table and registration ----------------------------------------------------------
@@ -256,26 +214,16 @@ def test_published_layout_loads(tmp_path, layout):
 def test_every_mapping_entry_is_used_by_a_published_name():
     state = reference_target("cohere", tiny_config("cohere")).state_dict()
     keys = list(state) + ["model.rotary_emb.inv_freq"]
-    for old, _ in COHERE_MAPPING.renames:
-        assert any(k.startswith(old[1:]) if old.startswith("^") else old in k for k in keys), old
-    for _, part, _ in COHERE_MAPPING.stacked:
-        assert any(part in k for k in keys), part
-    for part in COHERE_MAPPING.ignored:
-        assert any(part in k for k in keys) and all(map_name(k, COHERE_MAPPING)[0] == "" for k in keys if part in k)
+    rm.assert_mapping_entries_used(COHERE_MAPPING, keys)
     model = CohereForCausalLM(tiny_config("cohere"))
     assert model.load_weights({**state, "model.rotary_emb.inv_freq": torch.zeros(4)}, "m")
 
 
 def test_registers_cohere_family():
-    got = []
-    register_families(register=got.append)
-    (spec,) = got
-    assert isinstance(spec, FamilySpec) and spec.name == "cohere"
-    assert spec.architectures == ("CohereForCausalLM", "Cohere2ForCausalLM")
-    assert spec.model_types == ("cohere", "cohere2")
-    assert spec.target_model is CohereForCausalLM
-    assert spec.head_class("eagle") is CohereEagleHead and spec.head_class("eagle3") is None
-    assert spec.weight_mapping is COHERE_MAPPING
+    spec = rm.registered_spec(register_families, name="cohere",
+                              architectures=("CohereForCausalLM", "Cohere2ForCausalLM"),
+                              model_types=("cohere", "cohere2"), target_model=CohereForCausalLM,
+                              weight_mapping=COHERE_MAPPING, heads={"eagle": CohereEagleHead, "eagle3": None})
     assert type(spec.config_class(hidden_size=64, num_attention_heads=4)) is CohereConfig
     assert type(spec.config_class(model_type="cohere2", hidden_size=64, num_attention_heads=4)) is Cohere2Config
 

@@ -19,10 +19,10 @@ from transformers.models.deepseek_v2 import modeling_deepseek_v2 as hf2
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf3
 
 import eagle_zoo
+import reference_models as rm
 from eagle_zoo.config.eagle_config import rename_architecture
 from eagle_zoo.engine.cache import allocate_kv_caches
 from eagle_zoo.models import parallel_state as ps
-from eagle_zoo.models.attention import AttentionContext, use_context
 from eagle_zoo.models.deepseek import (
     DEEPSEEK_MAPPING,
     DeepseekEagle3Head,
@@ -35,7 +35,6 @@ from eagle_zoo.models.deepseek import (
     register_families,
 )
 from eagle_zoo.models.loader import WeightLoadError, load_weights, map_name
-from eagle_zoo.specs import FamilySpec
 
 V, H, B, T = 96, 32, 2, 7
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 0.8,
@@ -76,27 +75,17 @@ def tiny_config(version: str, **kw):
     return HF(version).config(**base)
 
 
-@torch.no_grad()
 def randomize(module: nn.Module, seed: int) -> nn.Module:
-    """Random weights everywhere, norms and V3's routing bias included (transformers
-    initialises them to 1 / 0)."""
-    g = torch.Generator().manual_seed(seed)
-    tensors = list(module.named_parameters()) + [(n, b) for n, b in module.named_buffers() if "e_score" in n]
-    for name, p in tensors:
-        shift = 1.0 if p.dim() == 1 and "e_score" not in name else 0.0
-        p.copy_(torch.randn(p.shape, generator=g) * 0.3 + shift)
-    return module.eval()
+    """Random weights everywhere, norms and V3's routing bias (a buffer, around 0) included
+    (transformers initialises them to 1 / 0)."""
+    return rm.randomize(module, seed, zero_centred=("e_score",))
 
 
-def causal_mask(t: int) -> torch.Tensor:
-    return torch.full((t, t), float("-inf")).triu(1)[None, None]
+causal_mask = rm.causal_mask
 
 
 def inputs(seed=1, offset=3):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, V, (B, T), generator=g)
-    positions = (torch.arange(T) + offset).expand(B, T)  # not starting at 0: exercises rope
-    return ids, positions, g
+    return rm.token_inputs(V, B, T, seed, offset)
 
 
 def published_experts(state: dict, prefix: str = "") -> dict:
@@ -124,9 +113,7 @@ def hf_target(version: str, seed: int = 0, **kw):
 
 
 def zoo_target(ref) -> DeepseekForCausalLM:
-    model = DeepseekForCausalLM(ref.config)
-    model.load_weights(ref.state_dict(), "model.safetensors")
-    return model.eval()
+    return rm.load_reference(DeepseekForCausalLM(ref.config), ref).eval()
 
 
 # -- target model ------------------------------------------------------------------------
@@ -150,13 +137,7 @@ def test_target_matches_transformers(case):
     assert "layers.1.mlp.experts.gate_up_proj" in loaded and "layers.0.mlp.gate_up_proj.weight" in loaded
     assert ("layers.2.self_attn.fused_qkv_a_proj.weight" in loaded) == (kw.get("q_lora_rank", 24) is not None)
     ids, positions, _ = inputs()
-    with torch.no_grad():
-        out = ref(ids, position_ids=positions, output_hidden_states=True)
-        hidden, aux = model(ids, positions, aux_layer_ids=(2, 0, 1))
-        logits = model.compute_logits(hidden)
-    assert_close(logits, out.logits)
-    for got, i in zip(aux, (2, 0, 1)):
-        assert_close(got, out.hidden_states[i])
+    rm.assert_target_matches(model, ref, ids, positions, aux_layer_ids=(2, 0, 1), check=assert_close)
 
 
 @pytest.mark.parametrize("version", ["v2", "v3"])
@@ -176,8 +157,7 @@ def test_target_loads_published_layout(tmp_path, version):
     model = DeepseekForCausalLM(ref.config)
     model.load_weights(weights, str(tmp_path))
     ids, positions, _ = inputs(seed=3)
-    with torch.no_grad():
-        assert_close(model.compute_logits(model(ids, positions)[0]), ref(ids, position_ids=positions).logits)
+    rm.assert_target_matches(model, ref, ids, positions, check=assert_close)
 
 
 @pytest.mark.parametrize("version", ["v2", "v3"])
@@ -188,15 +168,8 @@ def test_cached_decode_matches_full_forward(version):
     ids, positions, _ = inputs(seed=5, offset=0)
     caches = allocate_kv_caches(model, num_slots=3, max_len=16, dtype=torch.float32, device=torch.device("cpu"))
     assert caches[0][0].shape[-2:] == (4, 16) and caches[0][1].shape[-2:] == (4, 12)
-    slots, P = torch.tensor([2, 0]), 4
-    with torch.no_grad():
-        expected = ref(ids, position_ids=positions).logits
-        with use_context(AttentionContext(caches, slots, positions[:, :P], kv_len=P)):
-            got = [model.compute_logits(model(ids[:, :P], positions[:, :P])[0])]
-        for t in range(P, T):
-            with use_context(AttentionContext(caches, slots, positions[:, t:t + 1], kv_len=t + 1)):
-                got.append(model.compute_logits(model(ids[:, t:t + 1], positions[:, t:t + 1])[0]))
-    assert_close(torch.cat(got, 1), expected)
+    rm.assert_cached_decode_matches(model, ref, ids, positions, caches, slots=torch.tensor([2, 0]), prompt=4,
+                                    check=assert_close)
 
 
 # -- MoE -------------------------------------------------------------------------------------
@@ -355,56 +328,32 @@ def test_eagle_head_loads_and_matches_reference(tmp_path, builtin_plugins, case)
 
     ids, positions, g = inputs(seed=11)
     hidden = torch.randn(B, T, H, generator=g)
+    _, expected, logits = rm.eagle_step(head, ref, ids, positions, hidden, check=assert_close)  # the normed feature
     with torch.no_grad():
-        expected = ref(ids, positions, hidden)
-        h = head(ids, positions, hidden)
-        assert_close(h, expected)  # the normed feature, fed back next step
-        assert_close(head.compute_logits(h), ref.lm_head(expected))
+        assert_close(logits, ref.lm_head(expected))
 
 
 # -- EAGLE-3 head ------------------------------------------------------------------------------
 
 
-class RefEagle3(nn.Module):
+class RefEagle3(rm.Eagle3Reference):
     """EAGLE-3 layer 0 from transformers' DeepSeek attention (q_a_proj / q_proj and
     kv_a_proj_with_mqa widened to read 2H), dense MLP and RMSNorm."""
 
     def __init__(self, config, version: str, draft_vocab: int, norm_before_residual: bool):
         super().__init__()
-        hf, eps = HF(version), config.rms_norm_eps
+        hf = HF(version)
         self.nbr = norm_before_residual
         self.embed = nn.Embedding(V, H)
         self.fc = nn.Linear(3 * H, H, bias=False)
-        self.attn = hf.attention(config, 0)
-        for name in ("q_a_proj", "q_proj", "kv_a_proj_with_mqa"):
-            old = getattr(self.attn, name)
-            if old is not None:
-                setattr(self.attn, name, nn.Linear(2 * H, old.out_features, bias=old.bias is not None))
-        self.mlp = hf.mlp(config)
-        self.hidden_norm, self.input_layernorm = hf.norm(H, eps), hf.norm(H, eps)
-        self.post_attention_layernorm, self.norm = hf.norm(H, eps), hf.norm(H, eps)
-        self.lm_head = nn.Linear(H, draft_vocab, bias=False)
-        self.rotary = hf.rotary(config)
-
-    def forward(self, ids, positions, hidden):
-        if self.nbr:
-            hidden = self.hidden_norm(hidden)
-            residual = hidden
-        else:
-            residual, hidden = hidden, self.hidden_norm(hidden)
-        x = torch.cat([self.input_layernorm(self.embed(ids)), hidden], -1)
-        attn, _ = self.attn(x, position_embeddings=self.rotary(x, positions), attention_mask=causal_mask(x.shape[1]))
-        h = residual + attn
-        return h + self.mlp(self.post_attention_layernorm(h))
+        self.build_layer(config, draft_vocab, hf.attention, hf.mlp, hf.norm, hf.rotary,
+                         widen=("q_a_proj", "q_proj", "kv_a_proj_with_mqa"))  # q_a_proj is None without q_lora
 
     def checkpoint(self, d2t, t2d) -> dict:
         """The yuhuili / SpecForge layout: midlayer.*, fc, norm, lm_head, d2t, t2d; no embed_tokens."""
         sd = {"fc.weight": self.fc.weight, "norm.weight": self.norm.weight, "lm_head.weight": self.lm_head.weight,
               "d2t": d2t, "t2d": t2d}
-        for prefix, mod in (("self_attn", self.attn), ("mlp", self.mlp), ("hidden_norm", self.hidden_norm),
-                            ("input_layernorm", self.input_layernorm),
-                            ("post_attention_layernorm", self.post_attention_layernorm)):
-            sd.update({f"midlayer.{prefix}.{k}": v for k, v in mod.state_dict().items()})
+        sd.update(self.layer_state("midlayer."))
         return {k: v.detach().clone() for k, v in sd.items()}
 
 
@@ -442,15 +391,7 @@ def test_eagle3_head_loads_and_matches_reference(tmp_path, builtin_plugins, case
 
     ids, positions, g = inputs(seed=14)
     aux_cat = torch.randn(B, T, 3 * H, generator=g)
-    with torch.no_grad():
-        hidden = head.combine_hidden_states(aux_cat)
-        assert_close(hidden, ref.fc(aux_cat))
-        h = head(ids, positions, hidden)
-        expected = ref(ids, positions, hidden)
-        assert_close(h, expected)
-        draft_logits = ref.lm_head(ref.norm(expected))
-        assert_close(head.compute_draft_logits(h), draft_logits)
-        logits = head.compute_logits(h)
+    draft_logits, logits = rm.eagle3_step(head, ref, ids, positions, aux_cat, check=assert_close)
     assert_close(logits[..., draft_ids], draft_logits)
     assert torch.isneginf(logits[..., ~t2d]).all()
 
@@ -524,14 +465,11 @@ def test_unknown_model_type_needs_routing_keys():
 
 
 def test_registers_deepseek_family():
-    got = []
-    register_families(register=got.append)
-    (spec,) = got
-    assert isinstance(spec, FamilySpec) and spec.name == "deepseek"
-    assert spec.architectures == ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
-    assert spec.model_types == ("deepseek_v2", "deepseek_v3")
-    assert spec.target_model is DeepseekForCausalLM and spec.weight_mapping is DEEPSEEK_MAPPING
-    assert spec.head_class("eagle") is DeepseekEagleHead and spec.head_class("eagle3") is DeepseekEagle3Head
+    spec = rm.registered_spec(register_families, name="deepseek",
+                              architectures=("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"),
+                              model_types=("deepseek_v2", "deepseek_v3"), target_model=DeepseekForCausalLM,
+                              weight_mapping=DEEPSEEK_MAPPING,
+                              heads={"eagle": DeepseekEagleHead, "eagle3": DeepseekEagle3Head})
     assert ("EagleDeepSeekMTPModel", "eagle") in spec.extra_head_architectures
     assert spec.config_class(model_type="deepseek_v2", hidden_size=64).model_type == "deepseek_v2"
 

@@ -21,9 +21,9 @@ from transformers.models.llama4 import modeling_llama4 as hf
 
 import checkpoint_factory as cf
 import eagle_zoo
+import reference_models as rm
 from eagle_zoo.config.eagle_config import EagleConfig
 from eagle_zoo.models import parallel_state as ps
-from eagle_zoo.models.attention import AttentionContext, use_context
 from eagle_zoo.models.llama import LlamaEagle3Head
 from eagle_zoo.models.llama4 import (
     LLAMA4_MAPPING,
@@ -33,8 +33,7 @@ from eagle_zoo.models.llama4 import (
     llama4_mapping,
     register_families,
 )
-from eagle_zoo.models.loader import WeightLoadError, map_name
-from eagle_zoo.specs import FamilySpec
+from eagle_zoo.models.loader import WeightLoadError
 
 V, H, B, T, CHUNK = 96, 32, 2, 11, 4
 E, I_EXPERT = 3, 48
@@ -53,25 +52,11 @@ def tiny_config(**kw) -> Llama4TextConfig:
     return Llama4TextConfig(**base)
 
 
-def randomize(module: nn.Module, seed: int) -> nn.Module:
-    """Random weights everywhere, norms included (transformers initialises them to 1)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.3 + (1.0 if p.dim() == 1 else 0.0))
-    return module.eval()
+randomize, additive = rm.randomize, rm.additive_mask
 
 
 def reference_target(config, seed=0):
-    ref = randomize(hf.Llama4ForCausalLM(config), seed)
-    if config.tie_word_embeddings:
-        ref.tie_weights()
-    return ref
-
-
-def additive(visible: torch.Tensor) -> torch.Tensor:
-    """bool [T,L] -> additive [1,1,T,L] mask for transformers' eager attention."""
-    return torch.zeros(visible.shape).masked_fill(~visible, float("-inf"))[None, None]
+    return rm.reference_target(hf.Llama4ForCausalLM, config, seed)
 
 
 def visibility(t: int, chunk=None) -> torch.Tensor:
@@ -100,8 +85,7 @@ def per_expert(state: dict) -> dict:
 
 
 def ids_and_positions(seed=1, offset=0, t=T):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, V, (B, t), generator=g), (torch.arange(t) + offset).expand(B, t), g
+    return rm.token_inputs(V, B, t, seed, offset)
 
 
 # -- target model -------------------------------------------------------------------
@@ -128,13 +112,7 @@ def test_target_matches_transformers(case):
     if config.tie_word_embeddings:
         assert model.lm_head.weight is model.embed_tokens.weight
     ids, positions, _ = ids_and_positions()
-    with torch.no_grad():
-        out = ref(ids, position_ids=positions, output_hidden_states=True)
-        hidden, aux = model(ids, positions, aux_layer_ids=(1, 3, 0))
-        logits = model.compute_logits(hidden)
-    torch.testing.assert_close(logits, out.logits, atol=1e-4, rtol=1e-4)
-    for got, i in zip(aux, (1, 3, 0)):
-        torch.testing.assert_close(got, out.hidden_states[i], atol=1e-4, rtol=1e-4)
+    rm.assert_target_matches(model, ref, ids, positions, aux_layer_ids=(1, 3, 0), tol=1e-4)
 
 
 def test_the_features_are_live():
@@ -161,9 +139,7 @@ def test_per_expert_checkpoint_matches_fused():
     loaded = model.load_weights(state, "model.safetensors")
     assert "layers.3.feed_forward.experts.gate_up_proj" in loaded
     ids, positions, _ = ids_and_positions()
-    with torch.no_grad():
-        torch.testing.assert_close(model.compute_logits(model(ids, positions)[0]),
-                                   ref(ids, position_ids=positions).logits, atol=1e-4, rtol=1e-4)
+    rm.assert_target_matches(model, ref, ids, positions, tol=1e-4)
 
 
 def test_missing_expert_is_named():
@@ -196,9 +172,7 @@ def test_conditional_generation_checkpoint():
     assert model.config.hidden_size == H
     model.load_weights(state, "model-00001-of-00002.safetensors")
     ids, positions, _ = ids_and_positions()
-    with torch.no_grad():
-        torch.testing.assert_close(model.compute_logits(model(ids, positions)[0]),
-                                   ref(ids, position_ids=positions).logits, atol=1e-4, rtol=1e-4)
+    rm.assert_target_matches(model, ref, ids, positions, tol=1e-4)
 
 
 def test_cached_prefill_and_decode_match_full_forward():
@@ -206,20 +180,10 @@ def test_cached_prefill_and_decode_match_full_forward():
     positions; decoding across two chunk boundaries equals the full forward."""
     config = tiny_config()
     ref = reference_target(config, seed=5)
-    model = Llama4ForCausalLM(config)
-    model.load_weights(ref.state_dict(), "m")
+    model = rm.load_reference(Llama4ForCausalLM(config), ref, "m")
     ids, positions, _ = ids_and_positions(seed=6)
-    with torch.no_grad():
-        expected = ref(ids, position_ids=positions).logits
-    caches = [(torch.zeros(3, 16, 2, 8), torch.zeros(3, 16, 2, 8)) for _ in model.layers]
-    slots, prompt = torch.tensor([2, 0]), 5
-    with torch.no_grad(), use_context(AttentionContext(caches, slots, positions[:, :prompt], kv_len=prompt)):
-        got = [model.compute_logits(model(ids[:, :prompt], positions[:, :prompt])[0])]
-    for t in range(prompt, T):
-        ctx = AttentionContext(caches, slots, positions[:, t:t + 1], kv_len=t + 1)
-        with torch.no_grad(), use_context(ctx):
-            got.append(model.compute_logits(model(ids[:, t:t + 1], positions[:, t:t + 1])[0]))
-    torch.testing.assert_close(torch.cat(got, 1), expected, atol=1e-4, rtol=1e-4)
+    caches = rm.zero_caches(model, (3, 16, 2, 8))
+    rm.assert_cached_decode_matches(model, ref, ids, positions, caches, torch.tensor([2, 0]), prompt=5, tol=1e-4)
 
 
 def test_tensor_parallel_expert_slices():
@@ -293,10 +257,7 @@ def test_eagle_head_matches_reference(case):
     hidden, x = torch.randn(B, T, H, generator=g), torch.randn(B, T, H, generator=g)
     with torch.no_grad():
         torch.testing.assert_close(head.layers[0](positions, x), ref.layer(x, positions), atol=1e-5, rtol=1e-5)
-        expected = ref(ids, positions, hidden)
-        h = head(ids, positions, hidden)
-        torch.testing.assert_close(h, expected, atol=1e-5, rtol=1e-5)
-        logits = head.compute_logits(h)
+    _, expected, logits = rm.eagle_step(head, ref, ids, positions, hidden, tol=1e-5)
     assert logits.shape == (B, T, V)
     torch.testing.assert_close(logits[..., :draft_vocab], ref.lm_head(expected), atol=1e-5, rtol=1e-5)
     assert torch.isneginf(logits[..., draft_vocab:]).all()
@@ -330,9 +291,7 @@ def write_llama4_eagle(directory: Path, architecture="EagleLlama4ForCausalLM", n
 def target_and_ref():
     config = tiny_config()
     ref = reference_target(config, seed=11)
-    model = Llama4ForCausalLM(config)
-    model.load_weights(ref.state_dict(), "target")
-    return model.eval(), ref
+    return rm.load_reference(Llama4ForCausalLM(config), ref, "target").eval(), ref
 
 
 @pytest.fixture(scope="module")
@@ -362,11 +321,7 @@ def test_published_layouts_load(tmp_path, target, layout):
         getattr(ref, m).weight.data.copy_(getattr(target, m).weight)
     ids, positions, g = ids_and_positions(seed=12, offset=2)
     hidden = torch.randn(B, T, H, generator=g)
-    with torch.no_grad():
-        expected = ref(ids, positions, hidden)
-        h = loaded.head(ids, positions, hidden)
-        logits = loaded.head.compute_logits(h)
-    torch.testing.assert_close(h, expected, atol=1e-5, rtol=1e-5)
+    _, expected, logits = rm.eagle_step(loaded.head, ref, ids, positions, hidden, tol=1e-5)
     draft = kw.get("truncated") or V
     torch.testing.assert_close(logits[..., :draft], ref.lm_head(expected), atol=1e-5, rtol=1e-5)
 
@@ -414,25 +369,15 @@ def test_every_mapping_entry_is_used_by_a_published_name():
             + ["vision_model.patch_embedding.linear.weight", "multi_modal_projector.linear_1.weight",
                "model.rotary_emb.inv_freq"])
     mapping = llama4_mapping(E)
-    for old, _ in mapping.renames:
-        assert any(k.startswith(old[1:]) if old.startswith("^") else old in k for k in keys), old
-    for _, part, _ in mapping.stacked:
-        assert any(part in k for k in keys), part
-    for part in mapping.ignored:
-        assert any(part in k for k in keys) and all(map_name(k, mapping)[0] == "" for k in keys if part in k), part
+    rm.assert_mapping_entries_used(mapping, keys)
     assert set(LLAMA4_MAPPING.stacked) < set(mapping.stacked)
 
 
 def test_registers_llama4_family():
-    got = []
-    register_families(register=got.append)
-    (spec,) = got
-    assert isinstance(spec, FamilySpec) and spec.name == "llama4"
-    assert spec.architectures == ("Llama4ForCausalLM", "Llama4ForConditionalGeneration")
-    assert spec.model_types == ("llama4", "llama4_text")
-    assert spec.target_model is Llama4ForCausalLM
-    assert spec.head_class("eagle") is Llama4EagleHead and spec.head_class("eagle3") is None
-    assert spec.weight_mapping is LLAMA4_MAPPING
+    spec = rm.registered_spec(register_families, name="llama4",
+                              architectures=("Llama4ForCausalLM", "Llama4ForConditionalGeneration"),
+                              model_types=("llama4", "llama4_text"), target_model=Llama4ForCausalLM,
+                              weight_mapping=LLAMA4_MAPPING, heads={"eagle": Llama4EagleHead, "eagle3": None})
     assert spec.config_class(hidden_size=64, num_attention_heads=4).hidden_size == 64
 
 

@@ -7,6 +7,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama import modeling_llama as hf
 
+import reference_models as rm
 from eagle_zoo.models.llama import (
     LLAMA_MAPPING,
     LlamaEagle3Head,
@@ -14,7 +15,6 @@ from eagle_zoo.models.llama import (
     LlamaForCausalLM,
     register_families,
 )
-from eagle_zoo.specs import FamilySpec
 
 V, H, B, T = 96, 32, 2, 7
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
@@ -28,25 +28,11 @@ def tiny_config(**kw) -> LlamaConfig:
     return LlamaConfig(**base)
 
 
-def randomize(module: nn.Module, seed: int) -> nn.Module:
-    """Random weights everywhere, norms included (transformers initialises them to 1)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.3 + (1.0 if p.dim() == 1 else 0.0))
-    return module.eval()
-
-
-def causal_mask(t: int) -> torch.Tensor:
-    """Additive [1,1,T,T] mask for transformers' eager attention."""
-    return torch.full((t, t), float("-inf")).triu(1)[None, None]
+randomize, causal_mask = rm.randomize, rm.causal_mask
 
 
 def inputs(seed=1, offset=3):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, V, (B, T), generator=g)
-    positions = (torch.arange(T) + offset).expand(B, T)  # not starting at 0: exercises rope
-    return ids, positions, g
+    return rm.token_inputs(V, B, T, seed, offset)
 
 
 # -- target model -------------------------------------------------------------------
@@ -56,35 +42,21 @@ def inputs(seed=1, offset=3):
 @pytest.mark.parametrize("tie", [False, True])
 def test_target_matches_transformers(rope, tie):
     config = tiny_config(tie_word_embeddings=tie, **({"rope_parameters": rope} if rope else {"rope_theta": 500.0}))
-    ref = randomize(hf.LlamaForCausalLM(config), seed=0)
-    if tie:
-        ref.tie_weights()
+    ref = rm.reference_target(hf.LlamaForCausalLM, config, seed=0)
     model = LlamaForCausalLM(config)
     loaded = model.load_weights(ref.state_dict(), "model.safetensors")
     assert "layers.3.self_attn.qkv_proj.weight" in loaded and "norm.weight" in loaded
     if tie:
         assert model.lm_head.weight is model.embed_tokens.weight
     ids, positions, _ = inputs()
-    with torch.no_grad():
-        out = ref(ids, position_ids=positions, output_hidden_states=True)
-        hidden, aux = model(ids, positions, aux_layer_ids=(3, 0, 2))
-        logits = model.compute_logits(hidden)
-    torch.testing.assert_close(logits, out.logits, atol=1e-5, rtol=1e-5)
-    for got, i in zip(aux, (3, 0, 2)):
-        torch.testing.assert_close(got, out.hidden_states[i], atol=1e-5, rtol=1e-5)
+    rm.assert_target_matches(model, ref, ids, positions, aux_layer_ids=(3, 0, 2), tol=1e-5)
 
 
 def test_target_tied_checkpoint_without_lm_head():
     config = tiny_config(tie_word_embeddings=True, num_hidden_layers=1)
-    ref = randomize(hf.LlamaForCausalLM(config), seed=3)
-    ref.tie_weights()
-    weights = {k: v for k, v in ref.state_dict().items() if k != "lm_head.weight"}
-    model = LlamaForCausalLM(config)
-    model.load_weights(weights, "model.safetensors")
+    ref = rm.reference_target(hf.LlamaForCausalLM, config, seed=3)
     ids, positions, _ = inputs()
-    with torch.no_grad():
-        torch.testing.assert_close(model.compute_logits(model(ids, positions)[0]),
-                                   ref(ids, position_ids=positions).logits, atol=1e-5, rtol=1e-5)
+    rm.assert_tied_checkpoint_matches(LlamaForCausalLM(config), ref, ids, positions, tol=1e-5)
 
 
 def test_target_rejects_bad_aux_ids():
@@ -124,8 +96,8 @@ class RefEagle(nn.Module):
 def test_eagle_head_matches_reference(bias_key):
     config = tiny_config(num_hidden_layers=1, rope_parameters=LLAMA3_ROPE, **({bias_key: True} if bias_key else {}))
     ref = randomize(RefEagle(config, bias=bias_key is not None), seed=5)
-    target = LlamaForCausalLM(tiny_config())
-    target.load_weights(randomize(hf.LlamaForCausalLM(tiny_config()), seed=6).state_dict(), "target")
+    target = rm.load_reference(LlamaForCausalLM(tiny_config()), randomize(hf.LlamaForCausalLM(tiny_config()), seed=6),
+                               "target")
     head = LlamaEagleHead(config)
     assert (head.fc.bias is not None) == (bias_key is not None)
     ckpt = ref.checkpoint()
@@ -152,7 +124,7 @@ def test_eagle_head_matches_reference(bias_key):
 # -- EAGLE-3 head --------------------------------------------------------------------
 
 
-class RefEagle3(nn.Module):
+class RefEagle3(rm.Eagle3Reference):
     """EAGLE-3 layer 0 from transformers' LlamaAttention (q/k/v widened to read 2H),
     LlamaMLP and LlamaRMSNorm, written from the published description."""
 
@@ -164,30 +136,11 @@ class RefEagle3(nn.Module):
         self.fc_norm = nn.ModuleList(hf.LlamaRMSNorm(H, eps) for _ in range(3))
         self.input_norm = hf.LlamaRMSNorm(3 * H, eps)
         self.fc = nn.Linear(3 * H, H, bias=False)
-        self.attn = hf.LlamaAttention(config, 0)
-        for name in ("q_proj", "k_proj", "v_proj"):
-            old = getattr(self.attn, name)
-            setattr(self.attn, name, nn.Linear(2 * H, old.out_features, bias=False))
-        self.mlp = hf.LlamaMLP(config)
-        self.hidden_norm, self.input_layernorm = hf.LlamaRMSNorm(H, eps), hf.LlamaRMSNorm(H, eps)
-        self.post_attention_layernorm, self.norm = hf.LlamaRMSNorm(H, eps), hf.LlamaRMSNorm(H, eps)
-        self.lm_head = nn.Linear(H, draft_vocab, bias=False)
-        self.rotary = hf.LlamaRotaryEmbedding(config)
+        self.build_layer(config, draft_vocab, hf.LlamaAttention, hf.LlamaMLP, hf.LlamaRMSNorm, hf.LlamaRotaryEmbedding)
 
     def combine(self, aux_cat):
         chunks = aux_cat.chunk(3, -1)
         return self.fc(self.input_norm(torch.cat([n(c) for n, c in zip(self.fc_norm, chunks)], -1)))
-
-    def forward(self, ids, positions, hidden):
-        if self.nbr:
-            hidden = self.hidden_norm(hidden)
-            residual = hidden
-        else:
-            residual, hidden = hidden, self.hidden_norm(hidden)
-        x = torch.cat([self.input_layernorm(self.embed(ids)), hidden], -1)
-        attn, _ = self.attn(x, position_embeddings=self.rotary(x, positions), attention_mask=causal_mask(x.shape[1]))
-        h = residual + attn
-        return h + self.mlp(self.post_attention_layernorm(h))
 
     def checkpoint(self, d2t):
         """Keys after the format reader's midlayer. -> layers.0. (speculators-style flags)."""
@@ -195,10 +148,7 @@ class RefEagle3(nn.Module):
               "input_norm.weight": self.input_norm.weight, "norm.weight": self.norm.weight,
               "lm_head.weight": self.lm_head.weight, "d2t": d2t}
         sd.update({f"fc_norm.{i}.weight": n.weight for i, n in enumerate(self.fc_norm)})
-        for prefix, mod in (("self_attn", self.attn), ("mlp", self.mlp), ("hidden_norm", self.hidden_norm),
-                            ("input_layernorm", self.input_layernorm),
-                            ("post_attention_layernorm", self.post_attention_layernorm)):
-            sd.update({f"layers.0.{prefix}.{k}": v for k, v in mod.state_dict().items()})
+        sd.update(self.layer_state("layers.0."))
         return {k: v.clone() for k, v in sd.items()}
 
 
@@ -221,15 +171,7 @@ def test_eagle3_head_matches_reference(norm_before_residual):
 
     ids, positions, g = inputs(seed=9)
     aux_cat = torch.randn(B, T, 3 * H, generator=g)
-    with torch.no_grad():
-        hidden = head.combine_hidden_states(aux_cat)
-        torch.testing.assert_close(hidden, ref.combine(aux_cat), atol=1e-5, rtol=1e-5)
-        h = head(ids, positions, hidden)
-        expected = ref(ids, positions, hidden)
-        torch.testing.assert_close(h, expected, atol=1e-5, rtol=1e-5)
-        draft_logits = ref.lm_head(ref.norm(expected))
-        torch.testing.assert_close(head.compute_draft_logits(h), draft_logits, atol=1e-5, rtol=1e-5)
-        logits = head.compute_logits(h)
+    draft_logits, logits = rm.eagle3_step(head, ref, ids, positions, aux_cat, combine=ref.combine, tol=1e-5)
     assert logits.shape == (B, T, V)
     torch.testing.assert_close(logits[..., draft_ids], draft_logits, atol=1e-5, rtol=1e-5)
     assert torch.isneginf(logits[..., ~membership]).all()
@@ -248,8 +190,8 @@ def test_eagle3_plain_yuhuili_layout_and_t2d_from_checkpoint():
     head = LlamaEagle3Head(config)
     assert head.fc_norm is None and head.input_norm is None
     assert "t2d" in head.load_weights(ckpt, "pytorch_model.bin")
-    target = LlamaForCausalLM(tiny_config(num_hidden_layers=1))
-    target.load_weights(randomize(hf.LlamaForCausalLM(tiny_config(num_hidden_layers=1)), seed=12).state_dict(), "t")
+    target = rm.load_reference(LlamaForCausalLM(tiny_config(num_hidden_layers=1)),
+                               randomize(hf.LlamaForCausalLM(tiny_config(num_hidden_layers=1)), seed=12), "t")
     assert head.share_from_target(target) == ["embed_tokens"]
     ref.embed.weight.data.copy_(target.embed_tokens.weight)
     ids, positions, g = inputs()
@@ -272,12 +214,7 @@ def test_share_from_target_refuses_mismatched_lm_head():
 
 
 def test_registers_llama_family():
-    got = []
-    register_families(register=got.append)
-    (spec,) = got
-    assert isinstance(spec, FamilySpec) and spec.name == "llama"
-    assert spec.architectures == ("LlamaForCausalLM",) and spec.model_types == ("llama",)
-    assert spec.target_model is LlamaForCausalLM
-    assert spec.head_class("eagle") is LlamaEagleHead and spec.head_class("eagle3") is LlamaEagle3Head
-    assert spec.weight_mapping is LLAMA_MAPPING
+    spec = rm.registered_spec(register_families, name="llama", architectures=("LlamaForCausalLM",),
+                              model_types=("llama",), target_model=LlamaForCausalLM, weight_mapping=LLAMA_MAPPING,
+                              heads={"eagle": LlamaEagleHead, "eagle3": LlamaEagle3Head})
     assert spec.config_class(hidden_size=64, num_attention_heads=4).hidden_size == 64

@@ -14,6 +14,7 @@ from transformers.models.mistral import modeling_mistral as hf
 
 import checkpoint_factory as cf
 import eagle_zoo
+import reference_models as rm
 from eagle_zoo.models.loader import WeightLoadError
 from eagle_zoo.models.mistral import (
     MISTRAL_MAPPING,
@@ -24,7 +25,6 @@ from eagle_zoo.models.mistral import (
     register_families,
 )
 from eagle_zoo.plugins import get_registry
-from eagle_zoo.specs import FamilySpec
 
 # head_dim 16 != hidden / heads (8); a window shorter than the sequence.
 V, H, HD, NH, NKV, B, T, WINDOW = 96, 32, 16, 4, 2, 2, 7, 3
@@ -39,27 +39,11 @@ def tiny_config(**kw) -> MistralConfig:
     return MistralConfig(**base)
 
 
-def randomize(module: nn.Module, seed: int) -> nn.Module:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.3 + (1.0 if p.dim() == 1 else 0.0))
-    return module.eval()
-
-
-def window_mask(t: int, window=None) -> torch.Tensor:
-    """Additive [1,1,T,T] mask: key j visible to query i iff 0 <= i - j (< window)."""
-    diff = torch.arange(t)[:, None] - torch.arange(t)[None, :]
-    ok = diff >= 0
-    if window is not None:
-        ok &= diff < window
-    return torch.zeros(t, t).masked_fill(~ok, float("-inf"))[None, None]
+randomize, window_mask = rm.randomize, rm.causal_mask
 
 
 def inputs(seed=1, offset=3):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, V, (B, T), generator=g)
-    return ids, (torch.arange(T) + offset).expand(B, T), g
+    return rm.token_inputs(V, B, T, seed, offset)
 
 
 # -- the Mistral-native spelling, written from the consolidated.safetensors layout ---------
@@ -110,19 +94,13 @@ def assert_every_native_entry_used(keys):
 @pytest.mark.parametrize("window", [WINDOW, None])
 def test_target_matches_transformers(window):
     config = tiny_config(sliding_window=window)
-    ref = randomize(hf.MistralForCausalLM(config), seed=0)
+    ref = rm.reference_target(hf.MistralForCausalLM, config, seed=0)
     model = MistralForCausalLM(config)
     loaded = model.load_weights(ref.state_dict(), "model.safetensors")
     assert "layers.2.self_attn.qkv_proj.weight" in loaded and "lm_head.weight" in loaded
     assert all(layer.self_attn.attn.sliding_window == window for layer in model.layers)
     ids, positions, _ = inputs()
-    with torch.no_grad():
-        out = ref(ids, position_ids=positions, output_hidden_states=True)
-        hidden, aux = model(ids, positions, aux_layer_ids=(2, 0, 1))
-        logits = model.compute_logits(hidden)
-    torch.testing.assert_close(logits, out.logits, atol=1e-5, rtol=1e-5)
-    for got, i in zip(aux, (2, 0, 1)):
-        torch.testing.assert_close(got, out.hidden_states[i], atol=1e-5, rtol=1e-5)
+    rm.assert_target_matches(model, ref, ids, positions, aux_layer_ids=(2, 0, 1), tol=1e-5)
 
 
 def test_native_names_load_the_same_parameters_as_hf_names():
@@ -145,9 +123,7 @@ def test_native_names_load_the_same_parameters_as_hf_names():
         q_rows, PermuteForRope()._permute_for_rope(native["layers.0.attention.wq.weight"],
                                                    SimpleNamespace(num_attention_heads=NH)), atol=0, rtol=0)
     ids, positions, _ = inputs()
-    with torch.no_grad():
-        torch.testing.assert_close(from_native.compute_logits(from_native(ids, positions)[0]),
-                                   ref(ids, position_ids=positions).logits, atol=1e-5, rtol=1e-5)
+    rm.assert_target_matches(from_native, ref, ids, positions, tol=1e-5)
 
 
 def test_native_shape_error_names_the_key():
@@ -196,9 +172,8 @@ class RefEagle(nn.Module):
 @pytest.fixture(scope="module")
 def target():
     config = tiny_config()
-    model = MistralForCausalLM(config)
-    model.load_weights(randomize(hf.MistralForCausalLM(config), seed=6).state_dict(), "target")
-    return model.eval()
+    ref = randomize(hf.MistralForCausalLM(config), seed=6)
+    return rm.load_reference(MistralForCausalLM(config), ref, "target").eval()
 
 
 @pytest.mark.parametrize("native, layers", [(False, 1), (True, 1), (True, 2)], ids=["hf", "native", "native-2-layers"])
@@ -228,40 +203,23 @@ def test_eagle_head_matches_reference(target, native, layers):
 
 
 # -- EAGLE-3 head ---------------------------------------------------------------------------
-class RefEagle3(nn.Module):
+class RefEagle3(rm.Eagle3Reference):
     """EAGLE-3 layer 0 from transformers' MistralAttention (q/k/v widened to read 2H),
     MistralMLP and MistralRMSNorm, with the config's sliding window."""
 
     def __init__(self, config, draft_vocab):
         super().__init__()
-        eps = config.rms_norm_eps
         self.embed = nn.Embedding(config.vocab_size, H)
         self.fc = nn.Linear(3 * H, H, bias=False)
-        self.attn = hf.MistralAttention(config, 0)
-        for name in ("q_proj", "k_proj", "v_proj"):
-            setattr(self.attn, name, nn.Linear(2 * H, getattr(self.attn, name).out_features, bias=False))
-        self.mlp = hf.MistralMLP(config)
-        self.hidden_norm, self.input_layernorm = hf.MistralRMSNorm(H, eps), hf.MistralRMSNorm(H, eps)
-        self.post_attention_layernorm, self.norm = hf.MistralRMSNorm(H, eps), hf.MistralRMSNorm(H, eps)
-        self.lm_head = nn.Linear(H, draft_vocab, bias=False)
-        self.rotary = hf.MistralRotaryEmbedding(config)
-        self.window = config.sliding_window
-
-    def forward(self, ids, positions, hidden):
-        residual, normed = hidden, self.hidden_norm(hidden)  # yuhuili: norm after the residual
-        x = torch.cat([self.input_layernorm(self.embed(ids)), normed], -1)
-        a, _ = self.attn(x, position_embeddings=self.rotary(x, positions), attention_mask=window_mask(x.shape[1], self.window))
-        h = residual + a
-        return h + self.mlp(self.post_attention_layernorm(h))
+        self.build_layer(config, draft_vocab, hf.MistralAttention, hf.MistralMLP, hf.MistralRMSNorm,
+                         hf.MistralRotaryEmbedding)
+        self.window = config.sliding_window  # nbr stays off (yuhuili: norm after the residual)
 
     def checkpoint(self, d2t, t2d):
         """yuhuili / SpecForge layout: midlayer.*, fc, norm, lm_head, d2t, t2d (no embeddings)."""
         sd = {"fc.weight": self.fc.weight, "norm.weight": self.norm.weight, "lm_head.weight": self.lm_head.weight,
               "d2t": d2t, "t2d": t2d}
-        for name, mod in (("self_attn", self.attn), ("mlp", self.mlp), ("hidden_norm", self.hidden_norm),
-                          ("input_layernorm", self.input_layernorm),
-                          ("post_attention_layernorm", self.post_attention_layernorm)):
-            sd.update({f"midlayer.{name}.{k}": v for k, v in mod.state_dict().items()})
+        sd.update(self.layer_state("midlayer."))
         return {k: v.detach().clone() for k, v in sd.items()}
 
 
@@ -284,14 +242,7 @@ def test_eagle3_head_loads_and_matches_reference(tmp_path, target, architecture)
     ref.embed.weight.data.copy_(target.embed_tokens.weight)
     ids, positions, g = inputs(seed=9)
     aux_cat = torch.randn(B, T, 3 * H, generator=g)
-    with torch.no_grad():
-        hidden = head.combine_hidden_states(aux_cat)
-        torch.testing.assert_close(hidden, ref.fc(aux_cat), atol=1e-5, rtol=1e-5)
-        h = head(ids, positions, hidden)
-        expected = ref(ids, positions, hidden)
-        torch.testing.assert_close(h, expected, atol=1e-5, rtol=1e-5)
-        draft_logits = ref.lm_head(ref.norm(expected))
-        logits = head.compute_logits(h)
+    draft_logits, logits = rm.eagle3_step(head, ref, ids, positions, aux_cat, tol=1e-5)
     torch.testing.assert_close(logits[..., torch.arange(draft_vocab) + d2t], draft_logits, atol=1e-5, rtol=1e-5)
     assert torch.isneginf(logits[..., ~t2d]).all()
 
@@ -344,12 +295,9 @@ def test_every_native_mapping_entry_is_exercised():
 
 # -- registration ----------------------------------------------------------------------------
 def test_registers_mistral_family():
-    got = []
-    register_families(register=got.append)
-    (spec,) = got
-    assert isinstance(spec, FamilySpec) and spec.name == "mistral"
-    assert spec.architectures == ("MistralForCausalLM",) and spec.model_types == ("mistral",)
-    assert spec.target_model is MistralForCausalLM and spec.weight_mapping is MISTRAL_MAPPING
+    spec = rm.registered_spec(register_families, name="mistral", architectures=("MistralForCausalLM",),
+                              model_types=("mistral",), target_model=MistralForCausalLM,
+                              weight_mapping=MISTRAL_MAPPING)
     assert spec.extra_head_architectures == ()
     assert isinstance(spec.config_class(hidden_size=64, num_attention_heads=4), MistralConfig)
 

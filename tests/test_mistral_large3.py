@@ -17,6 +17,7 @@ from transformers import DeepseekV3Config
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf3
 
 import eagle_zoo
+import reference_models as rm
 from eagle_zoo.checkpoints.formats import detect_format
 from eagle_zoo.models.mistral_large3 import MistralLarge3EagleHead
 
@@ -51,12 +52,7 @@ def hf_config():
                             rope_parameters=rope, attn_implementation="eager")
 
 
-@torch.no_grad()
-def randomize(module: nn.Module, seed: int) -> nn.Module:
-    g = torch.Generator().manual_seed(seed)
-    for _, p in module.named_parameters():
-        p.copy_(torch.randn(p.shape, generator=g) * 0.3 + (1.0 if p.dim() == 1 else 0.0))
-    return module.eval()
+randomize = rm.randomize
 
 
 class RefHead(nn.Module):
@@ -75,8 +71,8 @@ class RefHead(nn.Module):
 
     def forward(self, ids, positions, hidden):
         h = self.fc(torch.cat([self.embed(ids), hidden], -1))
-        mask = torch.full((h.shape[1], h.shape[1]), float("-inf")).triu(1)[None, None]
-        h = self.layer(h, attention_mask=mask, position_embeddings=self.rotary(h, positions), position_ids=positions)
+        h = self.layer(h, attention_mask=rm.causal_mask(h.shape[1]), position_embeddings=self.rotary(h, positions),
+                       position_ids=positions)
         return self.norm(h)
 
     def native_checkpoint(self) -> dict:
@@ -110,9 +106,8 @@ def builtin_plugins(monkeypatch, reset_plugin_host):
 
 
 def _inputs(offset):
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, V, (B, T), generator=g)
-    return ids, (torch.arange(T) + offset).expand(B, T), torch.randn(B, T, H, generator=g)
+    ids, positions, g = rm.token_inputs(V, B, T, seed=1, offset=offset)
+    return ids, positions, torch.randn(B, T, H, generator=g)
 
 
 def test_native_checkpoint_loads_and_matches_transformers(tmp_path, builtin_plugins):
@@ -130,10 +125,9 @@ def test_native_checkpoint_loads_and_matches_transformers(tmp_path, builtin_plug
     assert isinstance(head, MistralLarge3EagleHead) and loaded.shared == ["embed_tokens", "lm_head"]
     assert not hasattr(head, "enorm") and head.fc.bias is None
     ids, positions, hidden = _inputs(offset=3)  # below ORIG: llama-4 scaling is 1
+    _, expected, logits = rm.eagle_step(head, ref, ids, positions, hidden, tol=1e-5)
     with torch.no_grad():
-        out, expected = head(ids, positions, hidden), ref(ids, positions, hidden)
-        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(head.compute_logits(out), ref.lm_head(expected), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(logits, ref.lm_head(expected), atol=1e-5, rtol=1e-5)
 
 
 def test_llama4_query_scaling_matches_transformers_mistral4():
@@ -161,9 +155,9 @@ def test_llama4_query_scaling_matches_transformers_mistral4():
     load_weights(nn.ModuleDict({"self_attn": attn}), {f"self_attn.{k}": v for k, v in sd.items()},
                  mistral_large3_mapping(config), "attention")
     _, positions, x = _inputs(offset=30)  # floor(pos / 16) >= 1: scaled queries
-    mask = torch.full((T, T), float("-inf")).triu(1)[None, None]
     with torch.no_grad():
-        want, _ = ref(x, position_embeddings=rotary(x, positions), attention_mask=mask, position_ids=positions)
+        want, _ = ref(x, position_embeddings=rotary(x, positions), attention_mask=rm.causal_mask(T),
+                      position_ids=positions)
         torch.testing.assert_close(attn(positions, x), want, atol=1e-5, rtol=1e-5)
 
 

@@ -12,6 +12,7 @@ from transformers.models.qwen3 import modeling_qwen3 as hf
 
 import checkpoint_factory as cf
 import eagle_zoo
+import reference_models as rm
 from eagle_zoo.models.qwen3 import (
     QWEN3_MAPPING,
     Qwen3Eagle3Head,
@@ -21,7 +22,6 @@ from eagle_zoo.models.qwen3 import (
     register_families,
 )
 from eagle_zoo.plugins import get_registry
-from eagle_zoo.specs import FamilySpec
 
 # head_dim 16 != hidden / heads (8): the config's head_dim must be the one used.
 V, H, HD, B, T = 96, 32, 16, 2, 7
@@ -36,30 +36,11 @@ def tiny_config(**kw) -> Qwen3Config:
     return Qwen3Config(**base)
 
 
-def randomize(module: nn.Module, seed: int) -> nn.Module:
-    """Random weights everywhere, norms and biases included."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.3 + (1.0 if p.dim() == 1 else 0.0))
-    return module.eval()
-
-
-def window_mask(t: int, window=None) -> torch.Tensor:
-    """Additive [1,1,T,T] mask for eager attention: key j visible to query i iff
-    0 <= i - j (< window)."""
-    diff = torch.arange(t)[:, None] - torch.arange(t)[None, :]
-    ok = diff >= 0
-    if window is not None:
-        ok &= diff < window
-    return torch.zeros(t, t).masked_fill(~ok, float("-inf"))[None, None]
+randomize, window_mask = rm.randomize, rm.causal_mask
 
 
 def inputs(seed=1, offset=3):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, V, (B, T), generator=g)
-    positions = (torch.arange(T) + offset).expand(B, T)  # not starting at 0: exercises rope
-    return ids, positions, g
+    return rm.token_inputs(V, B, T, seed, offset)
 
 
 # -- target model -------------------------------------------------------------------
@@ -78,9 +59,7 @@ TARGET_CASES = {
 def test_target_matches_transformers(case):
     kw = TARGET_CASES[case]
     config = tiny_config(**kw)
-    ref = randomize(hf.Qwen3ForCausalLM(config), seed=0)
-    if config.tie_word_embeddings:
-        ref.tie_weights()
+    ref = rm.reference_target(hf.Qwen3ForCausalLM, config, seed=0)
     model = Qwen3ForCausalLM(config)
     loaded = model.load_weights(ref.state_dict(), "model.safetensors")
     assert {"layers.3.self_attn.qkv_proj.weight", "layers.3.self_attn.q_norm.weight",
@@ -92,26 +71,14 @@ def test_target_matches_transformers(case):
     windows = [layer.self_attn.attn.sliding_window for layer in model.layers]
     assert windows == [config.sliding_window if t == "sliding_attention" else None for t in config.layer_types]
     ids, positions, _ = inputs()
-    with torch.no_grad():
-        out = ref(ids, position_ids=positions, output_hidden_states=True)
-        hidden, aux = model(ids, positions, aux_layer_ids=(3, 0, 2))
-        logits = model.compute_logits(hidden)
-    torch.testing.assert_close(logits, out.logits, atol=1e-5, rtol=1e-5)
-    for got, i in zip(aux, (3, 0, 2)):
-        torch.testing.assert_close(got, out.hidden_states[i], atol=1e-5, rtol=1e-5)
+    rm.assert_target_matches(model, ref, ids, positions, aux_layer_ids=(3, 0, 2), tol=1e-5)
 
 
 def test_target_tied_checkpoint_without_lm_head():
     config = tiny_config(tie_word_embeddings=True, num_hidden_layers=1)
-    ref = randomize(hf.Qwen3ForCausalLM(config), seed=3)
-    ref.tie_weights()
-    weights = {k: v for k, v in ref.state_dict().items() if k != "lm_head.weight"}
-    model = Qwen3ForCausalLM(config)
-    model.load_weights(weights, "model.safetensors")
+    ref = rm.reference_target(hf.Qwen3ForCausalLM, config, seed=3)
     ids, positions, _ = inputs()
-    with torch.no_grad():
-        torch.testing.assert_close(model.compute_logits(model(ids, positions)[0]),
-                                   ref(ids, position_ids=positions).logits, atol=1e-5, rtol=1e-5)
+    rm.assert_tied_checkpoint_matches(Qwen3ForCausalLM(config), ref, ids, positions, tol=1e-5)
 
 
 def test_sliding_window_rules():
@@ -157,8 +124,8 @@ class RefEagle(nn.Module):
 def test_eagle_head_matches_reference(kw):
     config = tiny_config(num_hidden_layers=1, **kw)
     ref = randomize(RefEagle(config, bias=bool(kw.get("eagle_fc_bias"))), seed=5)
-    target = Qwen3ForCausalLM(tiny_config())
-    target.load_weights(randomize(hf.Qwen3ForCausalLM(tiny_config()), seed=6).state_dict(), "target")
+    target = rm.load_reference(Qwen3ForCausalLM(tiny_config()), randomize(hf.Qwen3ForCausalLM(tiny_config()), seed=6),
+                               "target")
     head = Qwen3EagleHead(config)
     assert isinstance(head.layers[0].input_layernorm, nn.Identity)
     ckpt = ref.checkpoint()
@@ -179,48 +146,24 @@ def test_eagle_head_matches_reference(kw):
 
 
 # -- EAGLE-3 head --------------------------------------------------------------------
-class RefEagle3(nn.Module):
+class RefEagle3(rm.Eagle3Reference):
     """EAGLE-3 layer 0 from transformers' Qwen3Attention (q/k/v widened to read 2H; its
     q_norm / k_norm kept), Qwen3MLP and Qwen3RMSNorm, written from the published
     description (vLLM's Eagle3Qwen3ForCausalLM)."""
 
     def __init__(self, config, draft_vocab, norm_before_residual):
         super().__init__()
-        eps, bias = config.rms_norm_eps, config.attention_bias
         self.nbr = norm_before_residual
         self.embed = nn.Embedding(config.vocab_size, H)
         self.fc = nn.Linear(3 * H, H, bias=False)
-        self.attn = hf.Qwen3Attention(config, 0)
-        for name in ("q_proj", "k_proj", "v_proj"):
-            setattr(self.attn, name, nn.Linear(2 * H, getattr(self.attn, name).out_features, bias=bias))
-        self.mlp = hf.Qwen3MLP(config)
-        self.hidden_norm, self.input_layernorm = hf.Qwen3RMSNorm(H, eps), hf.Qwen3RMSNorm(H, eps)
-        self.post_attention_layernorm, self.norm = hf.Qwen3RMSNorm(H, eps), hf.Qwen3RMSNorm(H, eps)
-        self.lm_head = nn.Linear(H, draft_vocab, bias=False)
-        self.rotary = hf.Qwen3RotaryEmbedding(config)
+        # q/k/v keep transformers' bias (config.attention_bias) and its q_norm / k_norm
+        self.build_layer(config, draft_vocab, hf.Qwen3Attention, hf.Qwen3MLP, hf.Qwen3RMSNorm, hf.Qwen3RotaryEmbedding)
         self.window = config.sliding_window if config.layer_types[0] == "sliding_attention" else None
-
-    def attend(self, x, positions):
-        out, _ = self.attn(x, position_embeddings=self.rotary(x, positions),
-                           attention_mask=window_mask(x.shape[1], self.window))
-        return out
-
-    def forward(self, ids, positions, hidden):
-        if self.nbr:
-            hidden = self.hidden_norm(hidden)
-            residual = hidden
-        else:
-            residual, hidden = hidden, self.hidden_norm(hidden)
-        h = residual + self.attend(torch.cat([self.input_layernorm(self.embed(ids)), hidden], -1), positions)
-        return h + self.mlp(self.post_attention_layernorm(h))
 
     def checkpoint(self, d2t, prefix="layers.0."):
         sd = {"embed_tokens.weight": self.embed.weight, "fc.weight": self.fc.weight, "norm.weight": self.norm.weight,
               "lm_head.weight": self.lm_head.weight, "d2t": d2t}
-        for name, mod in (("self_attn", self.attn), ("mlp", self.mlp), ("hidden_norm", self.hidden_norm),
-                          ("input_layernorm", self.input_layernorm),
-                          ("post_attention_layernorm", self.post_attention_layernorm)):
-            sd.update({f"{prefix}{name}.{k}": v for k, v in mod.state_dict().items()})
+        sd.update(self.layer_state(prefix))
         return {k: v.clone() for k, v in sd.items()}
 
 
@@ -248,17 +191,10 @@ def test_eagle3_head_matches_reference(norm_before_residual, kw):
 
     ids, positions, g = inputs(seed=9)
     aux_cat = torch.randn(B, T, 3 * H, generator=g)
+    draft_logits, logits = rm.eagle3_step(head, ref, ids, positions, aux_cat, tol=1e-5)
+    x = torch.randn(B, T, 2 * H, generator=g)  # the attention alone, on a 2H input
     with torch.no_grad():
-        hidden = head.combine_hidden_states(aux_cat)
-        torch.testing.assert_close(hidden, ref.fc(aux_cat), atol=1e-5, rtol=1e-5)
-        x = torch.randn(B, T, 2 * H, generator=g)  # the attention alone, on a 2H input
         torch.testing.assert_close(attn(positions, x), ref.attend(x, positions), atol=1e-5, rtol=1e-5)
-        h = head(ids, positions, hidden)
-        expected = ref(ids, positions, hidden)
-        torch.testing.assert_close(h, expected, atol=1e-5, rtol=1e-5)
-        draft_logits = ref.lm_head(ref.norm(expected))
-        torch.testing.assert_close(head.compute_draft_logits(h), draft_logits, atol=1e-5, rtol=1e-5)
-        logits = head.compute_logits(h)
     torch.testing.assert_close(logits[..., draft_ids], draft_logits, atol=1e-5, rtol=1e-5)
     outside = torch.ones(V, dtype=torch.bool)
     outside[draft_ids] = False
@@ -267,12 +203,8 @@ def test_eagle3_head_matches_reference(norm_before_residual, kw):
 
 # -- registration ----------------------------------------------------------------------
 def test_registers_qwen3_family():
-    got = []
-    register_families(register=got.append)
-    (spec,) = got
-    assert isinstance(spec, FamilySpec) and spec.name == "qwen3"
-    assert spec.architectures == ("Qwen3ForCausalLM",) and spec.model_types == ("qwen3",)
-    assert spec.target_model is Qwen3ForCausalLM and spec.weight_mapping is QWEN3_MAPPING
+    spec = rm.registered_spec(register_families, name="qwen3", architectures=("Qwen3ForCausalLM",),
+                              model_types=("qwen3",), target_model=Qwen3ForCausalLM, weight_mapping=QWEN3_MAPPING)
     assert isinstance(spec.config_class(hidden_size=64, num_attention_heads=4), Qwen3Config)
 
 
@@ -331,10 +263,7 @@ def write_speculators_qwen3(directory: Path, ref: RefEagle3, d2t, t2d, embed: bo
 @pytest.fixture(scope="module")
 def target():
     config = tiny_config(num_hidden_layers=3)
-    ref = randomize(hf.Qwen3ForCausalLM(config), seed=21)
-    model = Qwen3ForCausalLM(config)
-    model.load_weights(ref.state_dict(), "target")
-    return model.eval()
+    return rm.load_reference(Qwen3ForCausalLM(config), randomize(hf.Qwen3ForCausalLM(config), seed=21), "target").eval()
 
 
 @pytest.mark.parametrize("embed, nbr", [(False, None), (True, False)], ids=["shared-embed", "own-embed-nbr-off"])
