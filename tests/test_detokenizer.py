@@ -261,3 +261,22 @@ def test_sentencepiece_style_matches_full_decode(sentencepiece_style):
             for prefix in chunks(ids, rng):
                 assert detok.update(prefix) == tok.decode(prefix, skip_special_tokens=skip), prefix
                 assert detok.incremental
+
+
+def test_stop_string_kept_with_include_stop_str_in_output(tokenizer):
+    ids = tokenizer.encode("Hello world, and more text", add_special_tokens=False)
+    for include, want in ((False, "Hello"), (True, "Hello world")):
+        seq = SimpleNamespace(detokenizer=None, output_token_ids=ids, finish_reason=None, stop_reason=None,
+                              output_text="", params=SimpleNamespace(stop=[" world"], include_stop_str_in_output=include))
+        update_sequence_text(seq, tokenizer)
+        assert (seq.output_text, seq.finish_reason, seq.stop_reason) == (want, "stop", " world")
+
+
+def test_special_tokens_in_text_when_not_skipped(tokenizer):
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    ids = tokenizer.encode("Hi there", add_special_tokens=False) + [eos]
+    for skip, want in ((True, "Hi there"), (False, "Hi there<|im_end|>")):
+        seq = SimpleNamespace(detokenizer=None, output_token_ids=ids, finish_reason=None, stop_reason=None,
+                              output_text="", params=SimpleNamespace(stop=None, skip_special_tokens=skip))
+        update_sequence_text(seq, tokenizer)
+        assert seq.output_text == want

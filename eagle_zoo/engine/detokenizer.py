@@ -142,16 +142,20 @@ def find_stop(text: str, stops, search_from: int = 0) -> Optional[tuple[str, int
 
 def update_sequence_text(seq, tokenizer) -> None:
     """The engine's text step for one sequence after new tokens: ``seq.output_text`` =
-    the decode of its output (special tokens skipped), cut before the first stop string
-    (in ``params.stop`` order) found while the sequence had no finish reason yet."""
+    the decode of its output (special tokens skipped unless ``params.skip_special_tokens``
+    is false), cut at the first stop string (in ``params.stop`` order) found while the
+    sequence had no finish reason yet: before it, or after it with
+    ``params.include_stop_str_in_output``."""
+    params = seq.params
     detok = seq.detokenizer
     if detok is None:
-        detok = seq.detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens=True)
+        detok = seq.detokenizer = IncrementalDetokenizer(
+            tokenizer, skip_special_tokens=getattr(params, "skip_special_tokens", True))
     text = detok.update(seq.output_token_ids)
     if seq.finish_reason is None:
-        hit = find_stop(text, seq.params.stop, detok.stable_len)
+        hit = find_stop(text, params.stop, detok.stable_len)
         if hit is not None:
             stop, cut = hit
-            text = text[:cut]
+            text = text[:cut + len(stop)] if getattr(params, "include_stop_str_in_output", False) else text[:cut]
             seq.finish_reason, seq.stop_reason = "stop", stop
     seq.output_text = text
