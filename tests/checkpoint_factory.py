@@ -334,6 +334,17 @@ def write_target(directory: Path, num_hidden_layers: int = 2, max_shard_size=Non
     return Written(Path(directory), config, weights)
 
 
+def write_peaked_target(directory: Path, num_hidden_layers: int, seed: int) -> Written:
+    """write_target with a large init (initializer_range 0.5: peaked next-token
+    distributions, a distillation target worth learning and drafts that get accepted),
+    its config.json then saying 0.02 again: what heads built for it are initialised with."""
+    written = write_target(directory, num_hidden_layers=num_hidden_layers, initializer_range=0.5, seed=seed)
+    cfg = json.loads((Path(directory) / "config.json").read_text())
+    cfg["initializer_range"] = 0.02
+    (Path(directory) / "config.json").write_text(json.dumps(cfg))
+    return Written(Path(directory), cfg, written.weights)
+
+
 # Every publisher layout at its default settings, by format name (used to check that
 # each format is detected, and by converter / engine tests that want "one of each").
 WRITERS = {

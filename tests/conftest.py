@@ -39,3 +39,29 @@ def register_plugin(reset_plugin_host):
     yield _register
     for host, name in reversed(done):
         host.unregister(name)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for the module's tests, restored after it (tiny models: one
+    thread is many times faster than two fighting over a busy 2-core machine). Modules
+    ask for it with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def smol_tokenizer():
+    """The embedded default target's tokenizer (SmolLM2, byte-level BPE); the module's
+    tests that ask for it are skipped, with the reason, where it is unavailable."""
+    from transformers import AutoTokenizer
+
+    from eagle_zoo import default_target as dt
+
+    try:
+        path = dt.resolve_default(dt.DEFAULT_MODEL_ID)
+    except dt.DefaultTargetError as exc:
+        pytest.skip(f"default target unavailable: {exc}")
+    return AutoTokenizer.from_pretrained(str(path))

@@ -98,6 +98,16 @@ def target_kind(spec) -> tuple[Optional[TargetKind], str]:
     return (kinds[0] if kinds else None), why
 
 
+def kind_of(family: str) -> TargetKind:
+    """The first kind of the registered family ``family``; fails, saying why, where it
+    has none (the tests that call this need that family's target)."""
+    from eagle_zoo.plugins import get_registry
+
+    kind, why = target_kind(get_registry().families[family])
+    assert kind is not None, why
+    return kind
+
+
 def family_params(methods=(None,)) -> list:
     """pytest params over (TargetKind, method) for every registered family with a
     target model, once per transformers class it serves; unsupported combinations
@@ -202,6 +212,35 @@ def hf_next_token_probs(model, ids: list[int], temperature: float = 1.0, top_k: 
         kth = logits.topk(top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     return logits.softmax(-1)
+
+
+def hf_three_token_probs(model, prompt: list[int], top_k: int) -> dict[tuple, float]:
+    """The exact joint distribution of the next three tokens after ``prompt`` (sampling
+    at temperature 1 with ``top_k``), by chaining transformers' conditionals:
+    {(a, b, c): p(a) p(b | a) p(c | a, b)} over every non-zero path."""
+    expected: dict[tuple, float] = {}
+    p1 = hf_next_token_probs(model, prompt, top_k=top_k)
+    for a in p1.nonzero().flatten().tolist():
+        p2 = hf_next_token_probs(model, prompt + [a], top_k=top_k)
+        for b in p2.nonzero().flatten().tolist():
+            p3 = hf_next_token_probs(model, prompt + [a, b], top_k=top_k)
+            for c in p3.nonzero().flatten().tolist():
+                expected[(a, b, c)] = float(p1[a] * p2[b] * p3[c])
+    return expected
+
+
+@torch.no_grad()
+def hf_head_features(hf_target, head, method: str, history: list[int]) -> torch.Tensor:
+    """[1, len(history) - 1, H]: what an EAGLE head reads from the target at each
+    verified position (the last token has no target pass yet), from transformers'
+    forward: its final hidden state, or for EAGLE-3 the residual streams entering the
+    aux layers (the head's config, else the default 2, N//2, N-3) fused by the head's fc."""
+    hf = hf_target(torch.tensor([history[:-1]]), output_hidden_states=True, use_cache=False)
+    if method == "eagle3":
+        layers = hf_target.config.num_hidden_layers
+        aux = getattr(head.config, "eagle_aux_hidden_state_layer_ids", None) or (2, layers // 2, layers - 3)
+        return head.combine_hidden_states(torch.cat([hf.hidden_states[i] for i in aux], -1))
+    return hf.hidden_states[-1]
 
 
 # -- heads --------------------------------------------------------------------------------

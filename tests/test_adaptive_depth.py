@@ -15,7 +15,6 @@ import json
 from collections import Counter
 
 import pytest
-import torch
 
 import checkpoint_factory as cf
 import engine_fixtures as ef
@@ -36,24 +35,11 @@ SCHEDULE = {"1": 3, "2": 0, "3": 2}
 FAMILIES = ("llama", "mistral")  # mistral: a sliding window shorter than the sequences
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def greedy(n):
     return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-
-
-def kind_of(family: str) -> ef.TargetKind:
-    from eagle_zoo.plugins import get_registry
-
-    kind, why = ef.target_kind(get_registry().families[family])
-    assert kind is not None, why
-    return kind
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +49,7 @@ def cases(tmp_path_factory):
 
     def get(family):
         if family not in cache:
-            kind = kind_of(family)
+            kind = ef.kind_of(family)
             root = tmp_path_factory.mktemp(family)
             target = ef.write_target(root / "target", kind)
             prompts = ef.random_prompts(LENGTHS, VOCAB, seed=1)
@@ -132,6 +118,20 @@ def eagle_spec(root, kind, method, **extra):
 def needs_history(llm):
     # The EAGLE proposer does not read token histories; the reference needs them.
     llm.engine.proposer.needs_token_history = True
+
+
+def generate_logged(target, prompts, spec, history=False, max_num_seqs=MAX_NUM_SEQS):
+    """generate() with a StepLog on the proposer (``history``: token histories on, for
+    the references that need them) -> (llm, outputs, log)."""
+    log = {}
+
+    def watch(llm):
+        if history:
+            needs_history(llm)
+        log["steps"] = StepLog(llm)
+
+    llm, got = generate(target, prompts, spec, max_num_seqs=max_num_seqs, watch=watch)
+    return llm, got, log["steps"]
 
 
 # -- 1. the option ---------------------------------------------------------------------------
@@ -206,15 +206,9 @@ def test_adaptive_eagle_equals_plain(cases, family, method, padded):
     root, kind, target, prompts, plain = cases(family)
     spec = eagle_spec(root, kind, method, num_speculative_tokens_by_batch_size=SCHEDULE,
                       disable_padded_drafter_batch=not padded)
-    log = {}
-
-    def watch(llm):
-        needs_history(llm)
-        log["steps"] = StepLog(llm)
-
-    llm, got = generate(target, prompts, spec, watch=watch)
+    llm, got, steps = generate_logged(target, prompts, spec, history=True)
     assert got == plain
-    steps, schedule = log["steps"], llm.engine.depth_schedule
+    schedule = llm.engine.depth_schedule
     # The schedule picked K from the batch size, and crossed all its depths.
     assert all(len(drafts) == schedule.depth(n) for _, drafts, n in steps.proposals)
     assert {k for k, c in schedule.steps_by_depth.items() if c} == {0, 2, 3}
@@ -244,15 +238,9 @@ def test_unpadded_fixed_depth_equals_plain(cases, method):
     runs = {}
     for padded in (True, False):
         spec = eagle_spec(root, kind, method, num_speculative_tokens=3, disable_padded_drafter_batch=not padded)
-        log = {}
-
-        def watch(llm):
-            needs_history(llm)
-            log["steps"] = StepLog(llm)
-
-        llm, got = generate(target, prompts, spec, watch=watch)
+        llm, got, steps = generate_logged(target, prompts, spec, history=True)
         assert got == plain
-        runs[padded] = [(h, d) for h, d, _ in log["steps"].proposals]
+        runs[padded] = [(h, d) for h, d, _ in steps.proposals]
         assert llm.engine.depth_schedule is None
     assert runs[True] == runs[False]
 
@@ -261,7 +249,7 @@ def test_unpadded_fixed_depth_equals_plain(cases, method):
 @pytest.fixture(scope="module")
 def bigram(tmp_path_factory):
     root = tmp_path_factory.mktemp("bigram")
-    target = ef.write_target(root / "target", kind_of("llama"), edit=ef.bigram_edit())
+    target = ef.write_target(root / "target", ef.kind_of("llama"), edit=ef.bigram_edit())
     return target, ef.write_bigram_eagle_head(root / "head", target)
 
 
@@ -284,13 +272,12 @@ def test_bigram_head_counters_exact_unpadded_and_padded(bigram, padded):
 
     spec = {"method": "eagle", "model": str(head), "num_speculative_tokens": k,
             "disable_padded_drafter_batch": not padded}
-    log = {}
-    llm, got = generate(target, prompts, spec, max_num_seqs=2, watch=lambda llm: log.setdefault("s", StepLog(llm)))
+    llm, got, steps = generate_logged(target, prompts, spec, max_num_seqs=2)
     assert got == [c[:m] for c, m in zip(cont, MAX_TOKENS)]
     m = llm.engine.metrics
     want = expected_counters(prompts, cont, MAX_TOKENS, k, chain)
     assert (m.num_drafts, m.num_draft_tokens, m.num_accepted_tokens, m.num_accepted_tokens_per_pos) == want
-    widths = Counter(t for _, shapes in log["s"].verify_widths for _, t in shapes)
+    widths = Counter(t for _, shapes in steps.verify_widths for _, t in shapes)
     if padded:
         assert set(widths) == {k + 1}
     else:
@@ -307,16 +294,10 @@ def test_bigram_head_adaptive_drafts_known(bigram):
     for padded in (True, False):
         spec = {"method": "eagle", "model": str(head), "num_speculative_tokens_by_batch_size": SCHEDULE,
                 "disable_padded_drafter_batch": not padded}
-        log = {}
-
-        def watch(llm):
-            needs_history(llm)
-            log["s"] = StepLog(llm)
-
-        llm, got = generate(target, prompts, spec, watch=watch)
+        llm, got, steps = generate_logged(target, prompts, spec, history=True)
         assert got == cont
-        assert log["s"].plain_steps
-        for history, drafts, _ in log["s"].proposals:
+        assert steps.plain_steps
+        for history, drafts, _ in steps.proposals:
             want = [g[history[-1]]]
             while len(want) < len(drafts):
                 want.append(g[want[-1]])
@@ -330,11 +311,10 @@ def test_adaptive_draft_model_drafting_for_itself(cases):
     kept up through plain steps, so all drafted tokens are accepted."""
     root, kind, target, prompts, plain = cases("llama")
     spec = {"method": "draft_model", "model": str(target), "num_speculative_tokens_by_batch_size": SCHEDULE}
-    log = {}
-    llm, got = generate(target, prompts, spec, watch=lambda llm: log.setdefault("s", StepLog(llm)))
+    llm, got, steps = generate_logged(target, prompts, spec)
     assert got == plain
     m, schedule = llm.engine.metrics, llm.engine.depth_schedule
-    assert log["s"].plain_steps and {k for k, c in schedule.steps_by_depth.items() if c} == {0, 2, 3}
+    assert steps.plain_steps and {k for k, c in schedule.steps_by_depth.items() if c} == {0, 2, 3}
     assert m.num_draft_tokens > 0 and m.num_accepted_tokens == m.num_draft_tokens
     assert m.num_accepted_tokens_per_pos[:2] == [m.num_drafts] * 2
 
@@ -343,11 +323,10 @@ def test_adaptive_ngram(cases):
     root, kind, target, prompts, plain = cases("llama")
     spec = {"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 3,
             "num_speculative_tokens_by_batch_size": SCHEDULE}
-    log = {}
-    llm, got = generate(target, prompts, spec, watch=lambda llm: log.setdefault("s", StepLog(llm)))
+    llm, got, steps = generate_logged(target, prompts, spec)
     assert got == plain
     schedule = llm.engine.depth_schedule
-    for history, drafts, n in log["s"].proposals:
+    for history, drafts, n in steps.proposals:
         k = schedule.depth(n)
         assert drafts[:len(ef.ngram_lookup(history, k, 1, 3))] == ef.ngram_lookup(history, k, 1, 3)
         assert len(drafts) <= k

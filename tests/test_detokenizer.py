@@ -1,12 +1,12 @@
 """Incremental detokenization (engine/detokenizer.py) against the tokenizer's own full decode.
 
 The reference is ``tokenizer.decode(all ids so far, skip_special_tokens=True)`` after
-every update, on the real SmolLM2 tokenizer (byte-level BPE, the embedded default
-target) over random token streams fed in random chunk sizes (an engine step appends
-1..K+1 tokens): random vocabulary ids, special tokens, multi-byte characters split
-across single-byte tokens, invalid UTF-8 bytes. Stop strings are checked against the
-old semantics written out here: full decode, then cut at the first stop string (in
-list order) found anywhere.
+every update, on the real SmolLM2 tokenizer (conftest's ``smol_tokenizer``: byte-level
+BPE, the embedded default target) over random token streams fed in random chunk sizes
+(an engine step appends 1..K+1 tokens): random vocabulary ids, special tokens,
+multi-byte characters split across single-byte tokens, invalid UTF-8 bytes. Stop
+strings are checked against the old semantics written out here: full decode, then cut
+at the first stop string (in list order) found anywhere.
 """
 from __future__ import annotations
 
@@ -16,19 +16,6 @@ from types import SimpleNamespace
 import pytest
 
 from eagle_zoo.engine.detokenizer import IncrementalDetokenizer, find_stop, update_sequence_text
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    from transformers import AutoTokenizer
-
-    from eagle_zoo import default_target as dt
-
-    try:
-        path = dt.resolve_default(dt.DEFAULT_MODEL_ID)
-    except dt.DefaultTargetError as exc:
-        pytest.skip(f"default target unavailable: {exc}")
-    return AutoTokenizer.from_pretrained(str(path))
 
 
 def full(tok, ids):
@@ -79,15 +66,15 @@ def chunks(ids, rng):
         i = j
 
 
-def test_matches_full_decode_after_every_update(tokenizer):
+def test_matches_full_decode_after_every_update(smol_tokenizer):
     rng = random.Random(1)
     windows = 0
-    for ids in streams(tokenizer, 300, seed=0):
-        detok = IncrementalDetokenizer(tokenizer)
+    for ids in streams(smol_tokenizer, 300, seed=0):
+        detok = IncrementalDetokenizer(smol_tokenizer)
         assert detok.incremental
         for prefix in chunks(ids, rng):
             text = detok.update(prefix)
-            assert text == full(tokenizer, prefix), prefix
+            assert text == full(smol_tokenizer, prefix), prefix
             assert detok.stable_len <= len(text)
             assert detok.incremental  # never fell back to a full decode
         windows = max(windows, len(ids) - detok._start)
@@ -95,10 +82,11 @@ def test_matches_full_decode_after_every_update(tokenizer):
     assert windows < 60
 
 
-def test_long_stream_decodes_short_windows(tokenizer):
+def test_long_stream_decodes_short_windows(smol_tokenizer):
     """A 2000-token stream one token at a time: each update decodes a window of a few
     tokens (counted through a wrapper), not the whole output."""
-    ids = tokenizer.encode("The quick brown fox jumps over the lazy dog. 😀 你好! " * 100, add_special_tokens=False)
+    ids = smol_tokenizer.encode("The quick brown fox jumps over the lazy dog. 😀 你好! " * 100,
+                                add_special_tokens=False)
     ids = ids[:2000]
     sizes = []
 
@@ -107,36 +95,36 @@ def test_long_stream_decodes_short_windows(tokenizer):
         clean_up_tokenization_spaces = False
 
         def get_vocab(self):
-            return tokenizer.get_vocab()
+            return smol_tokenizer.get_vocab()
 
         def decode(self, x, **kw):
             sizes.append(len(x))
-            return tokenizer.decode(x, **kw)
+            return smol_tokenizer.decode(x, **kw)
 
     detok = IncrementalDetokenizer(Counting())
     for n in range(1, len(ids) + 1):
         detok.update(ids[:n])
-    assert detok.text == full(tokenizer, ids)
+    assert detok.text == full(smol_tokenizer, ids)
     assert max(sizes) <= 16
 
 
-def test_special_tokens_are_skipped_and_kept_when_asked(tokenizer):
-    im_start, im_end = tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
-    ids = [im_start] + tokenizer.encode("assistant\nHi 😀", add_special_tokens=False) + [im_end]
+def test_special_tokens_are_skipped_and_kept_when_asked(smol_tokenizer):
+    im_start, im_end = smol_tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
+    ids = [im_start] + smol_tokenizer.encode("assistant\nHi 😀", add_special_tokens=False) + [im_end]
     for skip in (True, False):
-        detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=skip)
+        detok = IncrementalDetokenizer(smol_tokenizer, skip_special_tokens=skip)
         for n in range(1, len(ids) + 1):
-            assert detok.update(ids[:n]) == tokenizer.decode(ids[:n], skip_special_tokens=skip)
+            assert detok.update(ids[:n]) == smol_tokenizer.decode(ids[:n], skip_special_tokens=skip)
 
 
-def test_shrinking_ids_is_an_error(tokenizer):
-    detok = IncrementalDetokenizer(tokenizer)
+def test_shrinking_ids_is_an_error(smol_tokenizer):
+    detok = IncrementalDetokenizer(smol_tokenizer)
     detok.update([100, 200, 300])
     with pytest.raises(ValueError, match="shrank"):
         detok.update([100])
 
 
-def test_tokenizers_with_space_cleanup_decode_in_full(tokenizer):
+def test_tokenizers_with_space_cleanup_decode_in_full(smol_tokenizer):
     """clean_up_tokenization_spaces rewrites across token boundaries (" ." -> "."): such
     tokenizers get a full decode per update, still equal to their own decode."""
 
@@ -145,13 +133,13 @@ def test_tokenizers_with_space_cleanup_decode_in_full(tokenizer):
         clean_up_tokenization_spaces = True
 
         def get_vocab(self):
-            return tokenizer.get_vocab()
+            return smol_tokenizer.get_vocab()
 
         def decode(self, x, skip_special_tokens=False):
-            return tokenizer.decode(x, skip_special_tokens=skip_special_tokens).replace(" .", ".")
+            return smol_tokenizer.decode(x, skip_special_tokens=skip_special_tokens).replace(" .", ".")
 
     tok = CleanUp()
-    ids = tokenizer.encode("a . b . c .", add_special_tokens=False)
+    ids = smol_tokenizer.encode("a . b . c .", add_special_tokens=False)
     detok = IncrementalDetokenizer(tok)
     assert not detok.incremental
     for n in range(1, len(ids) + 1):
@@ -168,22 +156,22 @@ def reference_text(tok, ids, stops, finished_before_text: bool):
     return text, None
 
 
-def test_stop_strings_as_with_full_decode(tokenizer):
+def test_stop_strings_as_with_full_decode(smol_tokenizer):
     """update_sequence_text over random streams and stop strings (including multi-byte
     and ones spanning token and update boundaries) stops at the same update, with the
     same text and stop reason, as the full-decode reference."""
     rng = random.Random(2)
     stops_pool = ["e", "th", "😀", "你好", "\n", " the", "é", "zz", "ing ", ". "]
     stopped = 0
-    for ids in streams(tokenizer, 300, seed=3):
+    for ids in streams(smol_tokenizer, 300, seed=3):
         stops = rng.sample(stops_pool, rng.randint(1, 3))
         seq = SimpleNamespace(detokenizer=None, output_token_ids=[], finish_reason=None, stop_reason=None,
                               output_text="", params=SimpleNamespace(stop=stops))
         got_at = None
         for prefix in chunks(ids, rng):
             seq.output_token_ids = prefix
-            update_sequence_text(seq, tokenizer)
-            ref_text, ref_stop = reference_text(tokenizer, prefix, stops, False)
+            update_sequence_text(seq, smol_tokenizer)
+            ref_text, ref_stop = reference_text(smol_tokenizer, prefix, stops, False)
             assert (seq.output_text, seq.stop_reason) == (ref_text, ref_stop), (prefix, stops)
             if seq.finish_reason is not None:
                 got_at = len(prefix)
@@ -192,17 +180,17 @@ def test_stop_strings_as_with_full_decode(tokenizer):
             stopped += 1
             assert (seq.finish_reason, seq.stop_reason) == ("stop", ref_stop)
         else:
-            assert seq.output_text == full(tokenizer, ids)
+            assert seq.output_text == full(smol_tokenizer, ids)
     assert stopped > 50  # the stop strings were really exercised (93 of 300 with these seeds)
 
 
-def test_no_stop_cut_once_finished(tokenizer):
+def test_no_stop_cut_once_finished(smol_tokenizer):
     """A sequence that already has a finish reason (EOS in the same step) keeps its text
     uncut, as before."""
-    ids = tokenizer.encode("hello world", add_special_tokens=False)
+    ids = smol_tokenizer.encode("hello world", add_special_tokens=False)
     seq = SimpleNamespace(detokenizer=None, output_token_ids=ids, finish_reason="stop", stop_reason=None,
                           output_text="", params=SimpleNamespace(stop=["world"]))
-    update_sequence_text(seq, tokenizer)
+    update_sequence_text(seq, smol_tokenizer)
     assert seq.output_text == "hello world" and seq.stop_reason is None
 
 
@@ -263,20 +251,20 @@ def test_sentencepiece_style_matches_full_decode(sentencepiece_style):
                 assert detok.incremental
 
 
-def test_stop_string_kept_with_include_stop_str_in_output(tokenizer):
-    ids = tokenizer.encode("Hello world, and more text", add_special_tokens=False)
+def test_stop_string_kept_with_include_stop_str_in_output(smol_tokenizer):
+    ids = smol_tokenizer.encode("Hello world, and more text", add_special_tokens=False)
     for include, want in ((False, "Hello"), (True, "Hello world")):
         seq = SimpleNamespace(detokenizer=None, output_token_ids=ids, finish_reason=None, stop_reason=None,
                               output_text="", params=SimpleNamespace(stop=[" world"], include_stop_str_in_output=include))
-        update_sequence_text(seq, tokenizer)
+        update_sequence_text(seq, smol_tokenizer)
         assert (seq.output_text, seq.finish_reason, seq.stop_reason) == (want, "stop", " world")
 
 
-def test_special_tokens_in_text_when_not_skipped(tokenizer):
-    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    ids = tokenizer.encode("Hi there", add_special_tokens=False) + [eos]
+def test_special_tokens_in_text_when_not_skipped(smol_tokenizer):
+    eos = smol_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    ids = smol_tokenizer.encode("Hi there", add_special_tokens=False) + [eos]
     for skip, want in ((True, "Hi there"), (False, "Hi there<|im_end|>")):
         seq = SimpleNamespace(detokenizer=None, output_token_ids=ids, finish_reason=None, stop_reason=None,
                               output_text="", params=SimpleNamespace(stop=None, skip_special_tokens=skip))
-        update_sequence_text(seq, tokenizer)
+        update_sequence_text(seq, smol_tokenizer)
         assert seq.output_text == want

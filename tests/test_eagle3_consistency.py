@@ -19,12 +19,10 @@ catch-up index after partial acceptance.
 """
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
-from checkpoint_factory import write_target
+from checkpoint_factory import write_peaked_target
 from eagle_zoo.engine.model_loader import load_model
 from eagle_zoo.engine.proposers import EagleProposer, StepBatch, TargetOutput
 from eagle_zoo.plugins import get_registry
@@ -39,12 +37,7 @@ SCHEDULE = (0, 2, 3, 1, 0, 3, 2)
 DRAFT_IDS = torch.tensor(sorted(torch.randperm(125, generator=torch.Generator().manual_seed(5))[:48].add(3).tolist()))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -52,10 +45,7 @@ def target(tmp_path_factory):
     root = tmp_path_factory.mktemp("consistency")
     # 6 layers; the EAGLE-3 head reads aux layers (1, 3, 4), not the defaults (2, 3, 3), so a
     # proposer that ignored the config's eagle_aux_hidden_state_layer_ids would be caught.
-    write_target(root / "target", num_hidden_layers=6, initializer_range=0.5, seed=3)
-    cfg = json.loads((root / "target" / "config.json").read_text())
-    cfg["initializer_range"] = 0.02
-    (root / "target" / "config.json").write_text(json.dumps(cfg))
+    write_peaked_target(root / "target", num_hidden_layers=6, seed=3)
     return load_model(str(root / "target"), torch.float32, CPU)
 
 

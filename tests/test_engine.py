@@ -14,7 +14,7 @@ drafts are known in advance the counters are predicted exactly.
 
 References nobody here wrote: transformers' forward and KV cache (greedy continuations,
 features, the target distribution for sampled decoding) and the lookup in
-engine_fixtures. Tiny models run on one thread (see ``one_thread``).
+engine_fixtures. Tiny models run on one thread (conftest's ``one_thread``).
 """
 from __future__ import annotations
 
@@ -42,14 +42,7 @@ VOCAB = cf.TINY["vocab_size"]
 NGRAM = {"prompt_lookup_min": 1, "prompt_lookup_max": 3}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny models: one intra-op thread is many times faster than two fighting over a
-    # busy 2-core machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def greedy(max_tokens, **kw) -> SamplingParams:
@@ -195,13 +188,7 @@ def reference_eagle_drafts(hf_target, head, method: str, history: list[int], k: 
     the head's fc); the head runs over the whole sequence without a KV cache, each
     draft step appending (its last draft, its own last output) at the next position."""
     n = len(history)
-    hf = hf_target(torch.tensor([history[:-1]]), output_hidden_states=True, use_cache=False)
-    if method == "eagle3":
-        layers = hf_target.config.num_hidden_layers
-        aux = getattr(head.config, "eagle_aux_hidden_state_layer_ids", None) or (2, layers // 2, layers - 3)
-        features = head.combine_hidden_states(torch.cat([hf.hidden_states[i] for i in aux], -1))
-    else:
-        features = hf.hidden_states[-1]
+    features = ef.hf_head_features(hf_target, head, method, history)
     ids, drafts = list(history[1:]), []
     for _ in range(k):
         h = head(torch.tensor([ids]), torch.arange(len(ids))[None], features)[:, -1:]
@@ -246,20 +233,12 @@ def test_greedy_speculative_equals_plain(family_case, kind, method):
 
 
 # -- 2. Llama: high acceptance with EAGLE and n-gram, exact counters ----------------------
-def llama_kind() -> ef.TargetKind:
-    from eagle_zoo.plugins import get_registry
-
-    kind, why = ef.target_kind(get_registry().families["llama"])
-    assert kind is not None, why
-    return kind
-
-
 @pytest.fixture(scope="module")
 def bigram(tmp_path_factory):
     """A Llama target whose next token depends mostly on the current one, and an EAGLE-1
     head that predicts it from the token alone (see engine_fixtures.bigram_edit)."""
     root = tmp_path_factory.mktemp("bigram")
-    target = ef.write_target(root / "target", llama_kind(), edit=ef.bigram_edit())
+    target = ef.write_target(root / "target", ef.kind_of("llama"), edit=ef.bigram_edit())
     head = ef.write_bigram_eagle_head(root / "head", target)
     return target, head
 
@@ -333,7 +312,7 @@ def test_draft_model_partial_acceptance_step_by_step(tmp_path):
 
     Per step: one draft of K tokens per sequence that was already running; each emits
     1..K+1 tokens; where no sequence finished, accepted == sum(emitted - 1)."""
-    kind, k = llama_kind(), 3
+    kind, k = ef.kind_of("llama"), 3
     target = ef.write_target(tmp_path / "target", kind)
     draft = ef.write_target(tmp_path / "draft", kind, edit=ef.perturb_edit(0.05))
     prompts = ef.random_prompts(LENGTHS, VOCAB, seed=4)
@@ -377,7 +356,7 @@ def test_draft_model_partial_acceptance_step_by_step(tmp_path):
 @pytest.mark.parametrize("fmt", sorted(cf.WRITERS))
 def test_published_head_layouts_equal_plain(tmp_path, fmt):
     """One head of each publisher's layout (checkpoint_factory) drives the engine."""
-    target = ef.write_target(tmp_path / "target", llama_kind())
+    target = ef.write_target(tmp_path / "target", ef.kind_of("llama"))
     # No method given: inferred from the config, or (a plain Llama config, as yuhuili
     # EAGLE-1 heads have) from the name, as for yuhuili/EAGLE-LLaMA3-Instruct-8B.
     head = tmp_path / "EAGLE-tiny"
@@ -404,7 +383,7 @@ def test_published_head_layouts_equal_plain(tmp_path, fmt):
 @pytest.fixture(scope="module")
 def llama_target(tmp_path_factory):
     root = tmp_path_factory.mktemp("llama")
-    return ef.write_target(root / "target", llama_kind())
+    return ef.write_target(root / "target", ef.kind_of("llama"))
 
 
 def test_stop_token_inside_accepted_run(llama_target):
@@ -462,7 +441,7 @@ def test_seeded_sampling_reproducible_across_batches(tmp_path, llama_target, met
     if method == "ngram":
         spec = {"method": "ngram", "num_speculative_tokens": 3, **NGRAM}
     elif method == "eagle":
-        ef.write_head(tmp_path / "head", llama_kind(), "eagle")
+        ef.write_head(tmp_path / "head", ef.kind_of("llama"), "eagle")
         spec = {"method": "eagle", "model": str(tmp_path / "head"), "num_speculative_tokens": 3}
     mine = ef.random_prompts((9,), VOCAB, seed=8)[0]
     seeded = SamplingParams(temperature=0.9, top_p=0.95, seed=1234, max_tokens=20, ignore_eos=True)
@@ -486,7 +465,7 @@ def test_sampled_speculative_distribution_matches_target(tmp_path, llama_target)
     """Three sampled tokens (temperature 1, top-k 2: eight outcomes) through a draft model
     that is often wrong: their joint frequency over many requests matches the product of
     the target's conditional distributions computed by transformers (chi-square)."""
-    draft = ef.write_target(tmp_path / "draft", llama_kind(), edit=ef.perturb_edit(0.05))
+    draft = ef.write_target(tmp_path / "draft", ef.kind_of("llama"), edit=ef.perturb_edit(0.05))
     prompt = ef.random_prompts((6,), VOCAB, seed=10)[0]
     n, top_k = 600, 2
     params = SamplingParams(temperature=1.0, top_k=top_k, max_tokens=3, ignore_eos=True)
@@ -498,15 +477,7 @@ def test_sampled_speculative_distribution_matches_target(tmp_path, llama_target)
     for t in tokens(outs):
         counts[tuple(t)] = counts.get(tuple(t), 0) + 1
 
-    model = ef.load_hf(llama_target)
-    expected: dict[tuple, float] = {}
-    p1 = ef.hf_next_token_probs(model, prompt, top_k=top_k)
-    for a in p1.nonzero().flatten().tolist():
-        p2 = ef.hf_next_token_probs(model, prompt + [a], top_k=top_k)
-        for b in p2.nonzero().flatten().tolist():
-            p3 = ef.hf_next_token_probs(model, prompt + [a, b], top_k=top_k)
-            for c in p3.nonzero().flatten().tolist():
-                expected[(a, b, c)] = float(p1[a] * p2[b] * p3[c])
+    expected = ef.hf_three_token_probs(ef.load_hf(llama_target), prompt, top_k)
     assert set(counts) <= set(expected), "a token outside the target's top-k was emitted"
     chi2 = sum((counts.get(key, 0) - n * p) ** 2 / (n * p) for key, p in expected.items())
     assert chi2 < 24.3, (chi2, counts, expected)  # 7 degrees of freedom, p = 0.001

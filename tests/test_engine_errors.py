@@ -7,7 +7,6 @@ from __future__ import annotations
 
 
 import pytest
-import torch
 
 import checkpoint_factory as cf
 import engine_fixtures as ef
@@ -18,21 +17,12 @@ VOCAB = cf.TINY["vocab_size"]
 MAX_MODEL_LEN = 32
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
-    from eagle_zoo.plugins import get_registry
-
-    kind, why = ef.target_kind(get_registry().families["llama"])
-    assert kind is not None, why
-    return ef.write_target(tmp_path_factory.mktemp("errors") / "target", kind)
+    return ef.write_target(tmp_path_factory.mktemp("errors") / "target", ef.kind_of("llama"))
 
 
 @pytest.fixture(scope="module")
@@ -110,10 +100,7 @@ def test_method_does_not_match_the_head(tmp_path, target):
 
 
 def test_draft_model_with_another_vocabulary(tmp_path, target):
-    from eagle_zoo.plugins import get_registry
-
-    kind, _ = ef.target_kind(get_registry().families["llama"])
-    draft = ef.write_target(tmp_path / "draft", kind, vocab_size=100)
+    draft = ef.write_target(tmp_path / "draft", ef.kind_of("llama"), vocab_size=100)
     with pytest.raises(ValueError, match="vocab_size 100.*share the target's vocabulary"):
         LLM(str(target), speculative_config={"method": "draft_model", "model": str(draft)}, device="cpu")
 

@@ -28,22 +28,13 @@ MASK_TOKEN = 5
 AUX = [1, 2, 3]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    from eagle_zoo.plugins import get_registry
-
     root = tmp_path_factory.mktemp("peagle")
-    kind, why = ef.target_kind(get_registry().families["llama"])
-    assert kind is not None, why
-    target = ef.write_target(root / "target", kind)
+    target = ef.write_target(root / "target", ef.kind_of("llama"))
     head = root / "peagle-head"
     cf.write_speculators(head, model_type="peagle", speculative_tokens=K, mask_token_id=MASK_TOKEN, aux_layer_ids=AUX)
     return target, head

@@ -33,8 +33,9 @@ from eagle_zoo.config.speculative import SpeculativeConfigError
 from eagle_zoo.engine import parallel
 from eagle_zoo.models import parallel_state as ps
 
-pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
-                                reason="torch.distributed with gloo is needed")
+pytestmark = [pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                                 reason="torch.distributed with gloo is needed"),
+              pytest.mark.usefixtures("one_thread")]
 
 VOCAB = cf.TINY["vocab_size"]
 PROMPTS = ef.random_prompts((7, 12, 4, 9), VOCAB, seed=11)
@@ -43,14 +44,6 @@ MAX_MODEL_LEN = 64
 MAX_NUM_SEQS = 2  # < number of prompts: requests join and leave between steps
 K = 3
 SCRIPT = Path(__file__).with_name("tp_script.py")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def llama_kind() -> ef.TargetKind:

@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 
-from checkpoint_factory import write_target
+from checkpoint_factory import write_peaked_target
 from eagle_zoo.train.batching import collate
 from eagle_zoo.train.build import build_head, head_config
 from eagle_zoo.train.data import GenerateSettings, TokenData, encode_prompt, generate_data, read_prompts
@@ -25,13 +25,7 @@ from eagle_zoo.train.vocab import coverage, select_draft_vocab, token_counts, vo
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny matrices: threads only add contention (the CI machines have 2 cores).
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -39,11 +33,7 @@ def tiny(tmp_path_factory):
     """A 4-layer random Llama (saved by transformers), prompts as token ids, and the
     greedy training data regenerated from them."""
     root = tmp_path_factory.mktemp("train")
-    # Large init -> peaked next-token distributions (a distillation target worth learning).
-    write_target(root / "target", num_hidden_layers=4, initializer_range=0.5, seed=1)
-    cfg = json.loads((root / "target" / "config.json").read_text())
-    cfg["initializer_range"] = 0.02  # what the heads are initialised with
-    (root / "target" / "config.json").write_text(json.dumps(cfg))
+    write_peaked_target(root / "target", num_hidden_layers=4, seed=1)
     rng = random.Random(0)
     with open(root / "prompts.jsonl", "w") as f:
         for _ in range(12):

@@ -14,7 +14,7 @@ import random
 import pytest
 import torch
 
-from checkpoint_factory import write_target
+from checkpoint_factory import write_peaked_target, write_target
 from eagle_zoo.train.data import GenerateSettings, generate_data, read_prompts
 from eagle_zoo.train.save import INFO_FILE
 from eagle_zoo.train.synthesize import (SynthesizeSettings, clean_message, interleave, synthesize_prompts,
@@ -29,12 +29,7 @@ TEMPLATE = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['co
             "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def word_tokenizer(chat_template=TEMPLATE):
@@ -64,19 +59,6 @@ def chat_target(tmp_path_factory):
     write_target(root, num_hidden_layers=1, seed=3)
     word_tokenizer().save_pretrained(str(root))
     return root
-
-
-@pytest.fixture(scope="module")
-def smol_tokenizer():
-    from transformers import AutoTokenizer
-
-    from eagle_zoo import default_target as dt
-
-    try:
-        path = dt.resolve_default(dt.DEFAULT_MODEL_ID)
-    except dt.DefaultTargetError as exc:
-        pytest.skip(f"default target unavailable: {exc}")
-    return AutoTokenizer.from_pretrained(str(path))
 
 
 # -- 1. the user-turn prefix ------------------------------------------------------------------
@@ -324,10 +306,7 @@ def test_read_prompts_limit_and_empty(tmp_path):
 @pytest.fixture(scope="module")
 def train_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("pause")
-    write_target(root / "target", num_hidden_layers=2, initializer_range=0.5, seed=1)
-    cfg = json.loads((root / "target" / "config.json").read_text())
-    cfg["initializer_range"] = 0.02
-    (root / "target" / "config.json").write_text(json.dumps(cfg))
+    write_peaked_target(root / "target", num_hidden_layers=2, seed=1)
     rng = random.Random(0)
     records = [{"prompt_token_ids": [rng.randrange(3, 128) for _ in range(rng.randrange(3, 10))]} for _ in range(10)]
     data = generate_data(str(root / "target"), records, GenerateSettings(max_new_tokens=16, batch_size=10,

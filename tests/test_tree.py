@@ -14,8 +14,9 @@
    requests exact inside sampled batches.
 6. Options and refusals.
 
-References nobody here wrote: transformers' forward (targets, features); the rest is
-brute force written for this file (no shared code with the helpers under test).
+References nobody here wrote: transformers' forward (targets, features through
+engine_fixtures.hf_head_features); the rest is brute force written for this file (no
+shared code with the helpers under test).
 """
 from __future__ import annotations
 
@@ -163,14 +164,6 @@ def greedy(n) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
 
 
-def kind_of(family: str) -> ef.TargetKind:
-    from eagle_zoo.plugins import get_registry
-
-    kind, why = ef.target_kind(get_registry().families[family])
-    assert kind is not None, why
-    return kind
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     cache = {}
@@ -178,7 +171,7 @@ def models(tmp_path_factory):
     def get(family: str, method: str, scale: float = 0.1):
         if family not in cache:
             root = tmp_path_factory.mktemp(family)
-            kind = kind_of(family)
+            kind = ef.kind_of(family)
             target = ef.write_target(root / "target", kind)
             prompts = ef.random_prompts(LENGTHS, VOCAB, seed=1)
             cache[family] = (root, kind, target, prompts, ef.hf_greedy(target, prompts, MAX_TOKENS))
@@ -285,13 +278,7 @@ def reference_tree(hf_target, head, method, history, top_k, depth, total_tokens)
     target features of the verified tokens from transformers; each expanded node's head
     output from running the head over the whole sequence (history, then the node's
     path), feeding each path entry its parent's head output; the full `depth` rounds."""
-    hf = hf_target(torch.tensor([history[:-1]]), output_hidden_states=True, use_cache=False)
-    if method == "eagle3":
-        n = hf_target.config.num_hidden_layers
-        aux = getattr(head.config, "eagle_aux_hidden_state_layer_ids", None) or (2, n // 2, n - 3)
-        feats = head.combine_hidden_states(torch.cat([hf.hidden_states[i] for i in aux], -1))
-    else:
-        feats = hf.hidden_states[-1]
+    feats = ef.hf_head_features(hf_target, head, method, history)
     ids = list(history[1:])
     outputs = {}  # path (tuple of tokens) -> head output of its last entry
 
@@ -374,7 +361,7 @@ def test_drafted_trees_match_reference(models, monkeypatch, method):
 @pytest.fixture(scope="module")
 def bigram(tmp_path_factory):
     root = tmp_path_factory.mktemp("bigram")
-    target = ef.write_target(root / "target", kind_of("llama"), edit=ef.bigram_edit())
+    target = ef.write_target(root / "target", ef.kind_of("llama"), edit=ef.bigram_edit())
     head = ef.write_bigram_eagle_head(root / "head", target)
     return target, head
 
@@ -503,15 +490,7 @@ def test_sampled_tree_distribution_matches_target(bigram):
     counts: dict = {}
     for t in outs:
         counts[tuple(t)] = counts.get(tuple(t), 0) + 1
-    model = ef.load_hf(target)
-    expected: dict = {}
-    p1 = ef.hf_next_token_probs(model, prompt, top_k=top_k)
-    for a in p1.nonzero().flatten().tolist():
-        p2 = ef.hf_next_token_probs(model, prompt + [a], top_k=top_k)
-        for b in p2.nonzero().flatten().tolist():
-            p3 = ef.hf_next_token_probs(model, prompt + [a, b], top_k=top_k)
-            for c in p3.nonzero().flatten().tolist():
-                expected[(a, b, c)] = float(p1[a] * p2[b] * p3[c])
+    expected = ef.hf_three_token_probs(ef.load_hf(target), prompt, top_k)
     assert chi_square(counts, expected, n) < CHI2_001[7], (counts, expected)
     m = llm.engine.metrics
     assert 0 < m.num_accepted_tokens and m.num_accepted_tokens_per_pos[1] > 0
@@ -563,7 +542,7 @@ def test_tree_refusals(models, tmp_path):
     head3 = models("llama", "eagle3")[1]
     with pytest.raises(NotImplementedError, match="parallel_drafting"):
         make_llm(target, {"method": "eagle3", "model": str(head3), "tree": tree, "parallel_drafting": True}, 1)
-    mistral = kind_of("mistral")
+    mistral = ef.kind_of("mistral")
     window_target = ef.write_target(tmp_path / "mistral", mistral)  # sliding_window 24 < the context
     window_head = ef.write_head(tmp_path / "mistral-head", mistral, "eagle")
     with pytest.raises(NotImplementedError, match="sliding_window=24"):
