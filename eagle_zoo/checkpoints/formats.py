@@ -60,17 +60,22 @@ class RawCheckpoint:
 
 
 # -- config.json ---------------------------------------------------------------
+def read_json_object(path: Path) -> dict:
+    """A checkpoint's JSON file that must hold an object (config.json, params.json)."""
+    try:
+        value = json.loads(Path(path).read_text())
+    except ValueError as exc:
+        raise CorruptCheckpointError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise CorruptCheckpointError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
 def load_config_json(directory: Path) -> dict:
     path = Path(directory) / "config.json"
     if not path.is_file():
         raise CheckpointFormatError(f"{directory}: no config.json; an EAGLE head directory needs one")
-    try:
-        cfg = json.loads(path.read_text())
-    except ValueError as exc:
-        raise CorruptCheckpointError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(cfg, dict):
-        raise CorruptCheckpointError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
-    return cfg
+    return read_json_object(path)
 
 
 def _is_legacy(cfg: dict) -> bool:

@@ -29,7 +29,6 @@ EagleMistralLarge3ForCausalLM). Tensor names stay native: the family's table map
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,7 +36,7 @@ import torch
 
 from ..hookspecs import hookimpl
 from ..specs import CheckpointFormat
-from .formats import CheckpointFormatError, RawCheckpoint, _eagle_config
+from .formats import CheckpointFormatError, RawCheckpoint, _eagle_config, read_json_object
 from .tensors import CorruptCheckpointError, read_file, weights_entry
 
 PARAMS_FILE = "params.json"
@@ -68,14 +67,7 @@ def detect_mistral_eagle(directory: Path, cfg: dict) -> bool:
 
 
 def load_params(directory: Path) -> dict:
-    path = Path(directory) / PARAMS_FILE
-    try:
-        params = json.loads(path.read_text())
-    except ValueError as exc:
-        raise CorruptCheckpointError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(params, dict):
-        raise CorruptCheckpointError(f"{path}: expected a JSON object, got {type(params).__name__}")
-    return params
+    return read_json_object(Path(directory) / PARAMS_FILE)
 
 
 def hf_config_dict(params: dict, path: Any) -> dict:

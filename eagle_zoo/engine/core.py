@@ -25,6 +25,7 @@ from .runner import ModelRunner
 from .verify import SamplingBatch, verify_drafts
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
+from .tree_verify import tree_decode_step
 from .sequence import Sequence, Status
 
 
@@ -122,8 +123,6 @@ class EngineCore:
 
     def _decode(self, seqs: list[Sequence]) -> list[Sequence]:
         if hasattr(self.proposer, "propose_tree"):  # EAGLE-2 dynamic tree: engine/tree_verify.py
-            from .tree_verify import tree_decode_step
-
             tree_decode_step(self, seqs)
             return self._finish_if_done(seqs)
         dev = self.device

@@ -43,14 +43,17 @@ from .llama import LLAMA_MAPPING, LlamaAttention, LlamaDecoderLayer, LlamaForCau
 # attention_norm before the bare ``.attention.``; names are matched with their dots so
 # no HF name is touched. Fused parts use ``.qkv_proj.`` / ``.gate_up_proj.`` (with the
 # trailing dot) so each spelling stays a separate group of the stacked table.
+# The names every Mistral-native checkpoint shares (Mistral Large 3 adds its own).
+MISTRAL_NATIVE_COMMON_RENAMES = (
+    ("^tok_embeddings.", "embed_tokens."),
+    ("^output.", "lm_head."),
+    ("^eagle_linear.", "fc."),
+    (".attention_norm.", ".input_layernorm."),
+    (".ffn_norm.", ".post_attention_layernorm."),
+    (".attention.", ".self_attn."),
+)
 MISTRAL_NATIVE_MAPPING = WeightMapping(
-    renames=(
-        ("^tok_embeddings.", "embed_tokens."),
-        ("^output.", "lm_head."),
-        ("^eagle_linear.", "fc."),
-        (".attention_norm.", ".input_layernorm."),
-        (".ffn_norm.", ".post_attention_layernorm."),
-        (".attention.", ".self_attn."),
+    renames=MISTRAL_NATIVE_COMMON_RENAMES + (
         (".feed_forward.", ".mlp."),
         (".wo.", ".o_proj."),
         (".w2.", ".down_proj."),

@@ -36,6 +36,7 @@ from .deepseek import (
     deepseek_mapping,
 )
 from .heads import EagleHead
+from .mistral import MISTRAL_NATIVE_COMMON_RENAMES
 
 # Native names -> the HF DeepSeek names the deepseek table then fuses. Renames run in
 # order, each once; names are matched with their dots. The router and experts are
@@ -46,12 +47,7 @@ MISTRAL_LARGE3_NATIVE_RENAMES = (
     (".mlp.gate.", ".gate."),
     (".mlp.shared_experts.", ".shared_experts."),
     (".mlp.experts.", ".experts."),
-    ("^tok_embeddings.", "embed_tokens."),
-    ("^output.", "lm_head."),
-    ("^eagle_linear.", "fc."),
-    (".attention_norm.", ".input_layernorm."),
-    (".ffn_norm.", ".post_attention_layernorm."),
-    (".attention.", ".self_attn."),
+) + MISTRAL_NATIVE_COMMON_RENAMES + (
     (".wq_a.", ".q_a_proj."),
     (".q_a_norm.", ".q_a_layernorm."),
     (".wq_b.", ".q_b_proj."),
