@@ -25,7 +25,6 @@ from .runner import ModelRunner
 from .verify import SamplingBatch, verify_drafts
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
-from .tree_verify import tree_decode_step
 from .sequence import Sequence, Status
 
 
@@ -123,7 +122,9 @@ class EngineCore:
 
     def _decode(self, seqs: list[Sequence]) -> list[Sequence]:
         if hasattr(self.proposer, "propose_tree"):  # EAGLE-2 dynamic tree: engine/tree_verify.py
-            tree_decode_step(self, seqs)
+            from . import tree_verify  # looked up per step: tests wrap tree_decode_step
+
+            tree_verify.tree_decode_step(self, seqs)
             return self._finish_if_done(seqs)
         dev = self.device
         k = self.k if self.depth_schedule is None or not self.k else self.depth_schedule.choose(len(seqs))
