@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -158,18 +159,37 @@ def run_perf(args) -> int:
         if llm.engine.depth_schedule is not None:
             llm.engine.depth_schedule.steps_by_depth.clear()
 
+    # Every row is printed and the JSON rewritten as soon as it is measured, and a
+    # config that fails becomes a row with its error: a GPU run that times out or
+    # trips over one option still returns every table measured before it.
+    out_path = Path(args.json_out) if args.json_out else None
+
+    def record(section: str, row: dict) -> None:
+        report.setdefault(section, []).append(row)
+        print(json.dumps({section: row}), flush=True)
+        if out_path is not None:
+            out_path.write_text(json.dumps(report, indent=2))
+
+    def failed(section: str, label: dict, exc: Exception) -> None:
+        traceback.print_exc()
+        record(section, {**label, "error": f"{type(exc).__name__}: {exc}"})
+
     # -- batch 1 ---------------------------------------------------------------
-    rows = []
     plain = make()
     warm(plain)
     plain_outs, plain_tps = batch1(plain, conversations, params)
-    rows.append({"config": "plain", "tokens_per_s": plain_tps})
+    model_path, device, dtype = plain.model_path, plain.device, plain.dtype
+    del plain
     if args.hf_prompts:
-        hf_tps = hf_generate_tps(str(plain.model_path), conversations[: args.hf_prompts], args.max_tokens,
-                                 plain.device, plain.dtype)
-        rows.insert(0, {"config": f"transformers generate ({args.hf_prompts} prompts)", "tokens_per_s": hf_tps})
+        try:
+            hf_tps = hf_generate_tps(str(model_path), conversations[: args.hf_prompts], args.max_tokens,
+                                     device, dtype)
+            record("batch1", {"config": f"transformers generate ({args.hf_prompts} prompts)", "tokens_per_s": hf_tps})
+        except Exception as exc:  # the peer row must not cost the engine's rows
+            failed("batch1", {"config": "transformers generate"}, exc)
+    record("batch1", {"config": "plain", "tokens_per_s": plain_tps})
     reference = [o.outputs[0].token_ids for o in plain_outs]
-    lossless = {}
+    lossless = report["lossless"] = {}
     tree = _tree_option(args.tree) if getattr(args, "tree", None) else None
     for head in heads:
         for k in ks + ([None] if tree and head != "ngram" else []):  # None: the --tree row
@@ -177,20 +197,22 @@ def run_perf(args) -> int:
                     if head == "ngram" else {"model": head, "num_speculative_tokens": k, **extra})
             if k is None:
                 spec["tree"] = tree
-            llm = make(spec)
-            warm(llm)
-            outs, tps = batch1(llm, conversations, params)
+            label = f"{head} " + (f"k={k}" if k is not None else f"tree {args.tree}")
+            try:
+                llm = make(spec)
+                warm(llm)
+                outs, tps = batch1(llm, conversations, params)
+            except Exception as exc:
+                failed("batch1", {"config": label}, exc)
+                continue
             m = llm.engine.metrics
             same = sum(o.outputs[0].token_ids == r for o, r in zip(outs, reference))
             name = f"{llm.speculative_config.method} " + (f"k={k}" if k is not None else f"tree {args.tree}")
             lossless[name] = f"{same}/{len(prompts)}"
-            rows.append({"config": name, "tokens_per_s": tps, "speedup": tps / plain_tps,
-                         "mean_acceptance_length": m.mean_acceptance_length, "identical_to_plain": same})
+            record("batch1", {"config": name, "tokens_per_s": tps, "speedup": tps / plain_tps,
+                              "mean_acceptance_length": m.mean_acceptance_length, "identical_to_plain": same})
             del llm
-    report["batch1"] = rows
-    report["lossless"] = lossless
     # -- throughput vs batch size ------------------------------------------------
-    tput = []
     spec_head = args.eagle3 or args.eagle
     for bs in [int(b) for b in args.batch_sizes.split(",") if b]:
         convs = (conversations * ((bs + len(conversations) - 1) // len(conversations)))[:bs]
@@ -203,23 +225,31 @@ def run_perf(args) -> int:
                 configs.append(("adaptive", {**fixed, "num_speculative_tokens_by_batch_size": schedule}))
         plain_tokens = None
         for label, spec in configs:
-            llm = make(spec, max_num_seqs=bs)
-            warm(llm)
-            outs, tokens, seconds = timed_generate(llm, convs, params)
+            try:
+                llm = make(spec, max_num_seqs=bs)
+                warm(llm)
+                outs, tokens, seconds = timed_generate(llm, convs, params)
+            except Exception as exc:
+                traceback.print_exc()
+                row[f"{label}_error"] = f"{type(exc).__name__}: {exc}"
+                continue
             row[label] = tokens / seconds
             ids = [o.outputs[0].token_ids for o in outs]
             if spec is None:
                 plain_tokens = ids
-            else:  # bf16 batches may flip near-ties; reported, not asserted
+            elif plain_tokens is not None:  # bf16 batches may flip near-ties; reported, not asserted
                 row[f"{label}_identical_to_plain"] = sum(a == b for a, b in zip(ids, plain_tokens))
             if llm.engine.depth_schedule is not None:  # decode steps run at each K
                 row["adaptive_steps_by_k"] = dict(sorted(llm.engine.depth_schedule.steps_by_depth.items()))
             del llm
-        tput.append(row)
-    report["throughput"] = tput
+        record("throughput", row)
     if args.floor and torch.cuda.is_available():
-        report["decode_step_8b"] = decode_step_floor(torch.device("cuda"), torch.bfloat16)
+        try:
+            report["decode_step_8b"] = decode_step_floor(torch.device("cuda"), torch.bfloat16)
+        except Exception as exc:
+            traceback.print_exc()
+            report["decode_step_8b"] = {"error": f"{type(exc).__name__}: {exc}"}
     print(json.dumps(report, indent=2))
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(report, indent=2))
+    if out_path is not None:
+        out_path.write_text(json.dumps(report, indent=2))
     return 0

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU speed tables (issue 7), after setup.sh x3 and with .device/d (+ .device/pristine)
+# GPU speed tables (issue 7; PART=tables, the default, or PART=lossless80), after setup.sh x3 and with .device/d (+ .device/pristine)
 # carried, or in a lease where train.sh already ran: bf16, batch 1 on 10 MT-bench
 # prompts (transformers, plain, EAGLE-1 / EAGLE-3 chains k = 1..5, EAGLE-3 tree),
 # throughput at batch 1, 4, 16, 64 with and without speculation plus the adaptive
@@ -12,7 +12,13 @@ python3 -c "from eagle_zoo.default_target import resolve_default as r; print(r('
 # The plugin package is not installed there: its head directories are read directly.
 H=${HEADS:-plugins/eagle-zoo-smollm2-heads/eagle_zoo_smollm2_heads/heads}
 E1=$H/eagle E3=$H/eagle3
-timeout ${PERF_TIMEOUT:-540} python3 -m eagle_zoo.cli bench --perf --model "$TARGET" --eagle "$E1" --eagle3 "$E3" \
-  --num-prompts 10 --max-tokens 256 --ks 1,2,3,4,5 --batch-sizes 1,4,16,64 --tree 8,5,60 \
-  --depth-schedule auto --hf-prompts 2 --floor --json "$OUT/perf.json" 2>&1 | grep -v "it/s\]" \
+case ${PART:-tables} in
+  tables)    # batch-1 chains and tree on 10 prompts, throughput, adaptive depth, 8B floor
+    ARGS="--num-prompts 10 --ks 1,2,3,4,5 --batch-sizes 1,4,16,64 --tree 8,5,60 --depth-schedule auto --hf-prompts 2 --floor" ;;
+  lossless80)  # issue 7 item 6: bf16 greedy identity to plain decoding on all 80 MT-bench prompts
+    ARGS="--num-prompts 80 --ks 3 --batch-sizes ''" ;;
+esac
+# Rows are printed as measured (perf.py), so a timeout keeps every row before it.
+eval timeout ${PERF_TIMEOUT:-540} python3 -m eagle_zoo.cli bench --perf --model "$TARGET" --eagle "$E1" --eagle3 "$E3" \
+  --max-tokens 256 $ARGS --json "$OUT/perf-${PART:-tables}.json" 2>&1 | grep -v "it/s\]" \
   || echo "perf bench failed or timed out (rows measured so far are above)"
