@@ -11,6 +11,8 @@ sequences that write into a scratch cache slot nobody reads.
 from __future__ import annotations
 
 import bisect
+import gc
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -20,11 +22,36 @@ DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 MAX_GRAPH_TOKENS = 16  # T above this (prefill) runs eagerly
 
 
+_live_pools: "weakref.WeakSet[GraphPool]" = weakref.WeakSet()
+
+
+def release_all_graphs() -> None:
+    """GraphPool.release() for every engine of this process (tensor parallelism calls it
+    right before destroying its process group)."""
+    for pool in list(_live_pools):
+        pool.release()
+
+
 class GraphPool:
     """One memory pool shared by every graph of an engine (target and drafter)."""
 
     def __init__(self):
         self.handle = torch.cuda.graph_pool_handle()
+        self.users: list["GraphedForward"] = []
+        _live_pools.add(self)
+
+    def release(self) -> None:
+        """Drops every captured graph of the engine. Tensor parallelism needs this before
+        its NCCL process group is destroyed: graphs that captured NCCL collectives keep
+        the communicator busy and destroy_process_group() then never returns (PyTorch
+        issue 115388; it hung rank 0 on two H200s)."""
+        for user in self.users:
+            user.graphs.clear()
+        self.users.clear()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            gc.collect()
+            torch.cuda.empty_cache()
 
 
 class GraphedForward:
@@ -34,6 +61,7 @@ class GraphedForward:
         self.scratch_slot = scratch_slot
         self.pool = pool
         self.graphs: dict[tuple, tuple] = {}
+        pool.users.append(self)
 
     def eligible(self, input_ids: torch.Tensor) -> bool:
         return input_ids.shape[0] <= self.buckets[-1] and input_ids.shape[1] <= MAX_GRAPH_TOKENS

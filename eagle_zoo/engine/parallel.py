@@ -32,7 +32,9 @@ import os
 import pickle
 import subprocess
 import sys
+import threading
 import time
+import warnings
 import weakref
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -342,15 +344,10 @@ class TensorParallel:
         global _active_driver
         if self.pool is None:
             return
-        import torch.distributed as dist
-
         pool, self.pool = self.pool, None
-        # Every rank tears its process group down at the same time: NCCL's teardown waits
-        # for the peers, so destroying here only after the workers had exited (as before)
-        # hung rank 0 on two H200s; gloo does not mind either order.
+        # Every rank tears its process group down at the same time (destroy_process_group).
         pool.announce_stop()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        destroy_process_group()
         pool.stop()
         if _active_driver is self:
             _active_driver = None
@@ -453,11 +450,36 @@ def _check_world(world: int, tp: int, what: str) -> None:
         )
 
 
-def _destroy_at_exit() -> None:
+DESTROY_TIMEOUT_S = 60.0
+
+
+def destroy_process_group(timeout: float = DESTROY_TIMEOUT_S) -> None:
+    """Tears this rank's process groups down, every rank at the same time (NCCL's teardown
+    waits for its peers). CUDA graphs go first: graphs that captured NCCL collectives make
+    destroy_process_group() wait forever (PyTorch issue 115388). Should it hang anyway,
+    shutdown goes on after ``timeout`` seconds with a warning instead of hanging the
+    process: the operating system frees what is left when it exits."""
     import torch.distributed as dist
 
-    if dist.is_initialized():
+    if not dist.is_initialized():
+        return
+    from .graphs import release_all_graphs
+
+    release_all_graphs()
+    done = threading.Event()
+
+    def destroy() -> None:
         dist.destroy_process_group()
+        done.set()
+
+    threading.Thread(target=destroy, name="eagle-zoo-destroy-process-group", daemon=True).start()
+    if not done.wait(timeout):
+        warnings.warn(f"torch.distributed.destroy_process_group() did not return within {timeout:.0f} s; "
+                      f"shutting down without it", RuntimeWarning, stacklevel=2)
+
+
+def _destroy_at_exit() -> None:
+    destroy_process_group()
 
 
 # -- build scopes -------------------------------------------------------------------------

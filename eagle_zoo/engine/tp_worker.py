@@ -91,7 +91,7 @@ def main() -> int:
         return 1
     store.set(f"{parallel.STORE_PREFIX}ready/{rank}", "1")
     serve(llm.engine, channel)
-    dist.destroy_process_group()
+    parallel.destroy_process_group()
     return 0
 
 
