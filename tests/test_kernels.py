@@ -350,3 +350,99 @@ def test_dispatchers_use_the_reference_on_cpu():
                        cache_attention_torch(q, kc, vc, slots, pos, 40, 0.3, attn_mask=mask))
     args = _rejection_inputs("cpu")
     assert all(torch.equal(a, b) for a, b in zip(rejection_sample(*args), rejection_sample_torch(*args)))
+
+
+# --- the decoder layer's small ops: rms_norm, silu_and_mul, rope_neox -----------------------
+# Each replaces several eager kernels by one (a batch-1 decode step of a small model is
+# bound by kernel count). In the interpreter fp32 only: it truncates fp32 -> bf16 where
+# the GPU rounds like torch.
+
+from kernels import (rms_norm, rms_norm_torch, rms_norm_triton, rope_neox, rope_neox_torch,  # noqa: E402
+                     rope_neox_triton, silu_and_mul, silu_and_mul_torch, silu_and_mul_triton)
+
+
+def _dtypes(device):
+    return [torch.float32] if device == "interp" else [torch.float32, torch.bfloat16]
+
+
+def _close(a, b, dtype):
+    if dtype == torch.bfloat16:  # at most one bf16 step apart
+        torch.testing.assert_close(a.float(), b.float(), rtol=2 ** -7, atol=1e-5)
+    else:
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_rms_norm_reference_matches_its_definition():
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(3, 5, 96, generator=g), torch.randn(96, generator=g)
+    expected = x / torch.sqrt((x * x).sum(-1, keepdim=True) / 96 + 1e-5) * w
+    torch.testing.assert_close(rms_norm_torch(x, w, 1e-5), expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("hidden", [96, 576, 1000])
+def test_rms_norm_triton_matches_reference_and_is_batch_invariant(device, hidden):
+    g = torch.Generator().manual_seed(hidden)
+    for dtype in _dtypes(device):
+        x = torch.randn(2, 7, hidden, generator=g).to(_dev(device), dtype)
+        w = (1 + 0.1 * torch.randn(hidden, generator=g)).to(_dev(device), dtype)
+        out = rms_norm_triton(x, w, 1e-6)
+        assert out.shape == x.shape and out.dtype == dtype
+        _close(out, rms_norm_torch(x, w, 1e-6), dtype)
+        alone = rms_norm_triton(x[1:2, 3:4], w, 1e-6)
+        assert torch.equal(alone[0, 0], out[1, 3])  # a row's bits do not depend on the others
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_silu_and_mul_triton_matches_reference(device):
+    g = torch.Generator().manual_seed(2)
+    for dtype in _dtypes(device):
+        x = (3 * torch.randn(2, 3, 2 * 1536, generator=g)).to(_dev(device), dtype)
+        out = silu_and_mul_triton(x)
+        assert out.shape == (2, 3, 1536)
+        _close(out, silu_and_mul_torch(x), dtype)
+        assert torch.equal(silu_and_mul_triton(x[1:, 2:])[0, 0], out[1, 2])
+
+
+def test_silu_and_mul_reference_matches_its_definition():
+    x = torch.randn(4, 10)
+    gate, up = x[:, :5], x[:, 5:]
+    torch.testing.assert_close(silu_and_mul_torch(x), gate * torch.sigmoid(gate) * up)
+
+
+def _rope_problem(device, dtype, B=2, T=3, hq=9, hk=3, d=64):
+    g = torch.Generator().manual_seed(3)
+    qkv = torch.randn(B, T, hq + 2 * hk, d, generator=g).to(device, dtype)
+    q, k = qkv[:, :, :hq], qkv[:, :, hq:hq + hk]  # strided views of a fused projection
+    positions = torch.tensor([[0, 7, 300], [5, 6, 7]])[:B, :T]
+    angles = positions.unsqueeze(-1).float() * (10000.0 ** (-torch.arange(d // 2) / (d // 2)))
+    return q, k, angles.cos().unsqueeze(-2).to(device), angles.sin().unsqueeze(-2).to(device)
+
+
+def test_rope_reference_matches_the_pairwise_formula():
+    q, k, cos, sin = _rope_problem("cpu", torch.float32)
+    for x, out in zip((q, k), rope_neox_torch(q, k, cos, sin)):
+        x1, x2 = x.chunk(2, -1)
+        torch.testing.assert_close(out, torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rope_triton_matches_reference(device):
+    for dtype in _dtypes(device):
+        q, k, cos, sin = _rope_problem(_dev(device), dtype)
+        got, ref = rope_neox_triton(q, k, cos, sin), rope_neox_torch(q, k, cos, sin)
+        for a, b in zip(got, ref):
+            assert a.shape == b.shape and a.is_contiguous()
+            if device == "cuda":  # rounded at the reference's places: the same bits
+                assert torch.equal(a, b)
+            else:
+                _close(a, b, dtype)
+
+
+def test_layer_op_dispatchers_use_the_reference_on_cpu():
+    x = torch.randn(3, 64)
+    w = torch.randn(64)
+    assert torch.equal(rms_norm(x, w, 1e-6), rms_norm_torch(x, w, 1e-6))
+    assert torch.equal(silu_and_mul(x), silu_and_mul_torch(x))
+    q, k, cos, sin = _rope_problem("cpu", torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip(rope_neox(q, k, cos, sin), rope_neox_torch(q, k, cos, sin)))

@@ -16,6 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.activation import silu_and_mul, silu_and_mul_torch
+from kernels.norm import rms_norm, rms_norm_torch
+from kernels.rope import rope_neox_triton, rotate_qk_torch, signed_angles, use_rope_kernel
+
 from . import parallel_state as ps
 from .attention import get_context
 
@@ -338,9 +342,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in float32, scale in the input dtype (the convention of Llama checkpoints).
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        # On CUDA one Triton kernel instead of seven (kernels/norm.py).
+        if x.is_cuda:
+            return rms_norm(x, self.weight, self.eps)
+        return rms_norm_torch(x, self.weight, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"
@@ -350,8 +355,7 @@ class SiluAndMul(nn.Module):
     """silu(gate) * up for a [..., 2I] tensor holding gate then up."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = x.chunk(2, -1)
-        return F.silu(gate) * up
+        return silu_and_mul(x) if x.is_cuda else silu_and_mul_torch(x)  # kernels/activation.py
 
 
 # -- rotary embedding ---------------------------------------------------------------
@@ -465,14 +469,12 @@ class RotaryEmbedding(nn.Module):
         cos, sin = self._angles(positions)
         if self.interleaved or q.shape[-1] != self.rotary_dim or k.shape[-1] != self.rotary_dim or q.dtype != k.dtype:
             return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        if q.is_cuda and use_rope_kernel(q, k, cos):  # one Triton kernel, the same bits (kernels/rope.py)
+            return rope_neox_triton(q, k, cos, sin)
         # Whole-head neox rotation of q and k as one tensor: x * [cos, cos] + [x2, x1] *
         # [-sin, sin]. Bit for bit the pairwise formula (x1 cos - x2 sin = x1 cos + x2 (-sin)
         # exactly), in 5 ops instead of 2 x 7 per layer (decode steps are op-bound on CPU).
-        cos2, sin2 = self._signed_angles(positions, cos, sin, q.dtype)
-        qk = torch.cat((q, k), -2)
-        x1, x2 = qk.chunk(2, -1)
-        out = qk * cos2 + torch.cat((x2, x1), -1) * sin2
-        return out.split((q.shape[-2], k.shape[-2]), -2)
+        return rotate_qk_torch(q, k, *self._signed_angles(positions, cos, sin, q.dtype))
 
     def _angles(self, positions: torch.Tensor):
         """cos, sin [B,T,1,rot/2] (float32, times the scaling), once per forward: every
@@ -496,8 +498,7 @@ class RotaryEmbedding(nn.Module):
         hit = ctx.memo.get(key) if ctx is not None else None
         if hit is not None and hit[0] is positions:
             return hit[1], hit[2]
-        cos2 = torch.cat((cos, cos), -1).to(dtype)
-        sin2 = torch.cat((-sin, sin), -1).to(dtype)
+        cos2, sin2 = signed_angles(cos, sin, dtype)
         if ctx is not None:
             ctx.memo[key] = (positions, cos2, sin2)
         return cos2, sin2

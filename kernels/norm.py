@@ -1,0 +1,52 @@
+"""RMSNorm: y = weight * (x * rsqrt(mean(x^2) + eps)), normalised in float32 and
+scaled in the input dtype (the convention of Llama checkpoints, as in
+eagle_zoo/models/layers.py's RMSNorm, which calls this).
+
+One program per row, the whole row in one block: a row's result does not depend on
+the other rows or on how many there are (plain decoding and verification agree).
+The eager reference takes 7 kernels per norm; at batch 1 a decode step of a small
+model is bound by kernel count, not bytes.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._triton import triton, tl, use_triton
+
+MAX_TRITON_HIDDEN = 16384  # one row per block; wider rows keep the reference
+
+
+def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+@triton.jit
+def _rms_norm_kernel(X, W, Y, sx, sy, N, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(X + row * sx + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / N + eps)
+    normed = (x * rstd).to(Y.dtype.element_ty).to(tl.float32)  # rounded like the reference
+    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Y + row * sy + cols, (w * normed).to(Y.dtype.element_ty), mask=mask)
+
+
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    n = x.shape[-1]
+    rows = x.reshape(-1, n)  # a view for the usual contiguous activations
+    out = torch.empty_like(rows)
+    if rows.shape[0]:
+        _rms_norm_kernel[(rows.shape[0],)](rows, weight, out, rows.stride(0), out.stride(0), n, eps,
+                                           BLOCK=triton.next_power_of_2(n))
+    return out.view(x.shape)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Triton on CUDA for rows of unit stride with a weight of their dtype; the reference otherwise."""
+    if (use_triton(x, weight) and weight.dtype == x.dtype and x.stride(-1) == 1
+            and x.shape[-1] <= MAX_TRITON_HIDDEN):
+        return rms_norm_triton(x, weight, eps)
+    return rms_norm_torch(x, weight, eps)
