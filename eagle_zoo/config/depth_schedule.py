@@ -2,15 +2,15 @@
 from the running batch size (speculative_config ``num_speculative_tokens_by_batch_size``).
 
 Why: verification makes every request of a step cost K+1 target positions. At batch 1
-the target pass is bound by reading the weights, so the extra positions are nearly
-free and accepted drafts are pure gain; at larger batches the pass becomes
-compute-bound and the rejected positions cost real time. Measured on an H200 (bf16,
-SmolLM2-135M target, EAGLE-3 head, K=3, tokens/s plain vs speculative):
-batch 1: 276 vs 334, batch 16: 2499 vs 2221, batch 64: 4664 vs 3623.
+the target pass is bound by reading the weights (or, for a small model on a GPU, by
+kernel launches), so the extra positions are nearly free and accepted drafts are pure
+gain; as the batch grows the pass becomes compute-bound and rejected positions cost
+real time. Where that happens depends on the device, so "auto" is one schedule per
+device type (default_schedule).
 
 A schedule maps the smallest batch size a depth applies to onto that depth:
 ``{"1": 3, "4": 1, "8": 0}`` drafts 3 tokens for batches of 1-3 requests, 1 for 4-7,
-and runs plain steps (K = 0) from 8 on. ``"auto"`` is DEFAULT_SCHEDULE with its top
+and runs plain steps (K = 0) from 8 on. ``"auto"`` is default_schedule with its top
 depth replaced by num_speculative_tokens. Pure Python: no torch here.
 """
 from __future__ import annotations
@@ -23,16 +23,22 @@ OPTION = "num_speculative_tokens_by_batch_size"
 AUTO = "auto"
 
 
-def default_schedule(k: int) -> dict[int, int]:
-    """"auto": K below batch 4, 1 from 4 to 7, plain (0) from 8 on.
+def default_schedule(k: int, device_type: str = "cuda") -> dict[int, int]:
+    """"auto" for a device type: {batch size a depth starts at: depth}.
 
-    Speculation wins 1.21x at batch 1 and loses at 16 (0.89x) and 64 (0.78x) in the
-    measurements above; between 1 and 16 nothing was measured, so the rung at 4-7 is
-    an interpolation (a single draft token costs one extra target position per request)
-    and the switch-off at 8 sits just above where a straight line through the measured
-    speed-ups on log2(batch) crosses 1 (about 6). Measure your own with
-    ``eagle-zoo bench --perf --depth-schedule ...``."""
-    return {1: k, 4: min(k, 1), 8: 0}
+    cuda: K up to batch 95, plain (0) from 96 on. Measured on an H200 (bf16, SmolLM2-135M,
+    EAGLE-3 head, K = 3, 10 MT-bench prompts, 256 tokens; BENCHMARKS.md, issue 7 tables):
+    speculative vs plain tokens/s 1.55x at batch 1, 1.37x at 4, 1.28x at 16, 1.01x at 64,
+    and K = 1 at batch 4 was slower than K = 3 (1099 vs 1257). Above 64 nothing was
+    measured; the speed-up falls with the batch, so plain steps take over at the next
+    graph bucket (96).
+    cpu: K at batch 1 only. On 2 cores (fp32) a step verifying 3 requests x 4 positions
+    made speculation 0.83x plain (`make demo`'s old batch of 3), while batch 1 gains 1.14x.
+
+    Measure your own target and head with ``eagle-zoo bench --perf --depth-schedule ...``."""
+    if device_type == "cpu":
+        return {1: k, 2: 0}
+    return {1: k, 96: 0}
 
 
 class DepthScheduleError(ValueError):
@@ -102,11 +108,12 @@ class DepthSchedule:
         self.steps_by_depth: Counter = Counter()  # decode steps run at each K (benchmarks)
 
     @classmethod
-    def from_config(cls, value: Union[None, str, dict], num_speculative_tokens: int) -> Optional["DepthSchedule"]:
+    def from_config(cls, value: Union[None, str, dict], num_speculative_tokens: int,
+                    device_type: str = "cuda") -> Optional["DepthSchedule"]:
         if value is None:
             return None
         if value == AUTO:
-            return cls(default_schedule(num_speculative_tokens))
+            return cls(default_schedule(num_speculative_tokens, device_type))
         return cls({int(size): k for size, k in value.items()})
 
     def depth(self, batch_size: int) -> int:
