@@ -153,8 +153,11 @@ def run_perf(args) -> int:
         return LLM(model=args.model, speculative_config=spec, dtype=args.dtype, device=args.device,
                    max_num_seqs=max_num_seqs, max_model_len=args.perf_max_model_len, seed=args.seed)
 
-    def warm(llm):
-        llm.chat(conversations[:2], SamplingParams(temperature=0, max_tokens=32))
+    def warm(llm, batch: int = 2):
+        # Requests that stop one after another walk the running batch down through every
+        # CUDA-graph bucket from `batch` to 1, so no graph is captured inside a timed run.
+        convs = (conversations * batch)[:batch]
+        llm.chat(convs, [SamplingParams(temperature=0, max_tokens=8 + 4 * i, ignore_eos=True) for i in range(batch)])
         llm.engine.metrics.reset()
         if llm.engine.depth_schedule is not None:
             llm.engine.depth_schedule.steps_by_depth.clear()
@@ -227,7 +230,7 @@ def run_perf(args) -> int:
         for label, spec in configs:
             try:
                 llm = make(spec, max_num_seqs=bs)
-                warm(llm)
+                warm(llm, bs)
                 outs, tokens, seconds = timed_generate(llm, convs, params)
             except Exception as exc:
                 traceback.print_exc()
