@@ -136,6 +136,15 @@ class Attention(nn.Module):
         # Index writes: no host sync, fixed shapes (CUDA-graph friendly).
         k_cache[rows, ctx.cache_positions] = k if k.dtype == k_cache.dtype else k.to(k_cache.dtype)
         v_cache[rows, ctx.cache_positions] = v if v.dtype == v_cache.dtype else v.to(v_cache.dtype)
+        if B == 1 and k.device.type == "cpu":
+            # One sequence (CPU decoding): attend over a view of its row instead of a
+            # gathered copy. Its slot is read on the host once per forward (no device sync
+            # on the CPU).
+            slot = ctx.memo.get("slot")
+            if slot is None:
+                slot = ctx.memo["slot"] = int(ctx.slot_ids[0])
+            keys, values = k_cache[slot:slot + 1, : ctx.kv_len], v_cache[slot:slot + 1, : ctx.kv_len]
+            return keys, values, self._mask(ctx, dtype, k.device)
         # index_select on the narrowed view: advanced indexing `cache[slots, :L]` takes a
         # slow general path on CPU (milliseconds per layer).
         keys = k_cache[:, : ctx.kv_len].index_select(0, ctx.slot_ids)
