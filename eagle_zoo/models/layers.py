@@ -469,7 +469,7 @@ class RotaryEmbedding(nn.Module):
         cos, sin = self._angles(positions)
         if self.interleaved or q.shape[-1] != self.rotary_dim or k.shape[-1] != self.rotary_dim or q.dtype != k.dtype:
             return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
-        if q.is_cuda and use_rope_kernel(q, k, cos):  # one Triton kernel, the same bits (kernels/rope.py)
+        if q.is_cuda and use_rope_kernel(q, k, cos):  # one Triton kernel (kernels/rope.py)
             return rope_neox_triton(q, k, cos, sin)
         # Whole-head neox rotation of q and k as one tensor: x * [cos, cos] + [x2, x1] *
         # [-sin, sin]. Bit for bit the pairwise formula (x1 cos - x2 sin = x1 cos + x2 (-sin)
