@@ -1,0 +1,37 @@
+"""`eagle-zoo bench --perf` on the embedded SmolLM2 (CPU, a few tokens): a configuration
+that fails becomes a row with its error and the rows after it are still measured, and
+the JSON holds every row (a GPU run that times out keeps what it measured)."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from eagle_zoo import bench
+from eagle_zoo.perf import run_perf
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_perf_keeps_measuring_past_a_failing_config(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    out = tmp_path / "perf.json"
+    args = parser.parse_args(["--perf", "--device", "cpu", "--dtype", "float32", "--num-prompts", "1",
+                              "--max-tokens", "4", "--ks", "1", "--eagle", str(tmp_path / "no-such-head"),
+                              "--ngram", "--batch-sizes", "2", "--json", str(out)])
+    assert run_perf(args) == 0
+    report = json.loads(out.read_text())
+    rows = {r["config"]: r for r in report["batch1"]}
+    assert rows["plain"]["tokens_per_s"] > 0
+    failed = [r for r in report["batch1"] if "error" in r]
+    assert [r["config"] for r in failed] == [f"{tmp_path / 'no-such-head'} k=1"]
+    assert "no-such-head" in failed[0]["error"]
+    assert rows["ngram k=1"]["identical_to_plain"] == 1  # measured after the failure
+    # the throughput row uses the first head (the missing one): plain is measured, the
+    # speculative column reports its error
+    (tput,) = report["throughput"]
+    assert tput["plain"] > 0 and "speculative_error" in tput
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"')]
+    assert [next(iter(p)) for p in printed[:3]] == ["batch1", "batch1", "batch1"]  # printed as measured
