@@ -66,3 +66,13 @@ def test_request_metrics_mean_acceptance_length():
     assert math.isnan(RequestMetrics(arrival_time=0.0).mean_acceptance_length)
     assert not CompletionOutput(0, "", []).finished()
     assert CompletionOutput(0, "a", [5], finish_reason="length").finished()
+
+
+def test_tree_positions_are_levels():
+    """A tree step drafts n nodes but its accepted path is at most `num_positions` deep:
+    per-position counts run over the levels, not the nodes."""
+    m = SpecDecodingMetrics(num_speculative_tokens=3)
+    m.observe([9, 9], [3, 1], num_positions=3)
+    assert m.num_accepted_tokens_per_pos == [2, 1, 1]
+    assert (m.num_drafts, m.num_draft_tokens, m.num_accepted_tokens) == (2, 18, 4)
+    assert m.mean_acceptance_length == 3.0

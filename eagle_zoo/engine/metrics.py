@@ -47,8 +47,11 @@ class SpecDecodingMetrics:
         self.num_accepted_tokens_per_pos += [0] * max(missing, 0)
 
     def observe(self, num_draft_tokens_per_request: Iterable[int],
-                num_accepted_per_request: Iterable[int]) -> None:
-        """Count one verification step; requests that proposed no draft are skipped."""
+                num_accepted_per_request: Iterable[int], num_positions: int | None = None) -> None:
+        """Count one verification step; requests that proposed no draft are skipped.
+
+        Per-position counts run over the drafted tokens of a chain; for a tree of n nodes,
+        whose accepted path is at most ``num_positions`` levels deep, over its levels."""
         drafted = _ints("num_draft_tokens_per_request", num_draft_tokens_per_request)
         accepted = _ints("num_accepted_per_request", num_accepted_per_request)
         if len(drafted) != len(accepted):
@@ -64,7 +67,7 @@ class SpecDecodingMetrics:
             self.num_draft_tokens += n
             self.num_accepted_tokens += a
             per_pos = self.num_accepted_tokens_per_pos
-            per_pos += [0] * (n - len(per_pos))
+            per_pos += [0] * ((n if num_positions is None else num_positions) - len(per_pos))
             for i in range(a):
                 per_pos[i] += 1
 

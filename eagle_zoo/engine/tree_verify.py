@@ -125,20 +125,6 @@ def compact_kv(kv_caches, slots: torch.Tensor, base: torch.Tensor, path: torch.T
         v_cache[rows, dst] = v_cache[rows, src]
 
 
-def observe_tree(metrics, num_nodes: int, accepted: list[int], max_depth: int) -> None:
-    """Counters for tree steps: one draft per sequence of num_nodes draft tokens; the
-    per-position counts run over tree levels 1..max_depth (position i: the accepted
-    path reached level i + 1)."""
-    per_pos = metrics.num_accepted_tokens_per_pos
-    per_pos += [0] * (max_depth - len(per_pos))
-    for a in accepted:
-        metrics.num_drafts += 1
-        metrics.num_draft_tokens += num_nodes
-        metrics.num_accepted_tokens += a
-        for i in range(a):
-            per_pos[i] += 1
-
-
 @torch.inference_mode()
 def tree_decode_step(engine, seqs) -> None:
     """One tree step for the running sequences ``seqs`` of ``engine`` (EngineCore), greedy
@@ -174,6 +160,7 @@ def tree_decode_step(engine, seqs) -> None:
     # The one device->host synchronisation of the step.
     L = tree.max_depth
     host = torch.cat([tokens, accepted.view(B, 1)], dim=1).cpu().tolist()
-    observe_tree(engine.metrics, N - 1, [row[L + 1] for row in host], L)
+    # One draft of N - 1 tokens per sequence; per-position counts over the tree's levels.
+    engine.metrics.observe([N - 1] * B, [row[L + 1] for row in host], num_positions=L)
     for seq, row in zip(seqs, host):
         engine._append(seq, row[: row[L + 1] + 1])
