@@ -144,11 +144,11 @@ class Attention(nn.Module):
             if slot is None:
                 slot = ctx.memo["slot"] = int(ctx.slot_ids[0])
             keys, values = k_cache[slot:slot + 1, : ctx.kv_len], v_cache[slot:slot + 1, : ctx.kv_len]
-            return keys, values, self._mask(ctx, dtype, k.device)
-        # index_select on the narrowed view: advanced indexing `cache[slots, :L]` takes a
-        # slow general path on CPU (milliseconds per layer).
-        keys = k_cache[:, : ctx.kv_len].index_select(0, ctx.slot_ids)
-        values = v_cache[:, : ctx.kv_len].index_select(0, ctx.slot_ids)
+        else:
+            # index_select on the narrowed view: advanced indexing `cache[slots, :L]` takes a
+            # slow general path on CPU (milliseconds per layer).
+            keys = k_cache[:, : ctx.kv_len].index_select(0, ctx.slot_ids)
+            values = v_cache[:, : ctx.kv_len].index_select(0, ctx.slot_ids)
         return keys, values, self._mask(ctx, dtype, k.device)
 
     def _mask(self, ctx: AttentionContext, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
