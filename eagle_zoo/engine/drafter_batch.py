@@ -18,21 +18,28 @@ from __future__ import annotations
 import torch
 
 
+def accepted_groups(num_accepted: torch.Tensor):
+    """(n, rows) for each distinct n = accepted + 1 of the batch: the rows [G] (a device
+    tensor) whose sequences have n verified tokens. One host copy of the counts: the
+    groups' shapes depend on them."""
+    counts = (num_accepted + 1).tolist()
+    for n in sorted(set(counts)):
+        yield n, torch.tensor([i for i, c in enumerate(counts) if c == n], device=num_accepted.device)
+
+
 def catch_up_unpadded(runner, out, batch, features: torch.Tensor, num_accepted: torch.Tensor) -> torch.Tensor:
     """Runs the head over each sequence's accepted tokens; returns its output at the last
     of them, [B, H] (the state the next round drafts from).
 
     ``out`` is the step's TargetOutput (tokens [B, K+1], -1 past the accepted run and
     its recovered/bonus token), ``features`` the head's input features [B, K+1, H]."""
-    counts = (num_accepted + 1).tolist()  # host copy: the group shapes depend on it
     last = None
-    for n in sorted(set(counts)):
-        rows = torch.tensor([i for i, c in enumerate(counts) if c == n], device=num_accepted.device)
+    for n, rows in accepted_groups(num_accepted):
         positions = out.positions[rows, :n]
         # Explicit cache positions keep the runner off its CUDA-graph path (fixed shapes only).
         h = runner.run(out.tokens[rows, :n], positions, batch.slots[rows], batch.kv_len,
                        features[rows, :n], cache_positions=positions)
         if last is None:
-            last = h.new_empty(len(counts), h.shape[-1])
+            last = h.new_empty(num_accepted.shape[0], h.shape[-1])
         last[rows] = h[:, -1]
     return last

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import torch
 
+from .drafter_batch import accepted_groups
 from .proposers import EagleProposer, StepBatch, TargetOutput
 
 MASK_TOKEN_KEYS = ("mask_token_id", "pard_token", "ptd_token_id")
@@ -104,9 +105,7 @@ class ParallelEagleProposer(EagleProposer):
             self.drafts[batch.slots] = self._run(tokens, out.positions, moved, batch.slots, batch.kv_len, features,
                                                  num_accepted)
             return
-        counts = (num_accepted + 1).tolist()  # host copy: the group shapes depend on it
-        for n in sorted(set(counts)):
-            rows = torch.tensor([i for i, c in enumerate(counts) if c == n], device=tokens.device)
+        for n, rows in accepted_groups(num_accepted):
             pos = out.positions[rows, :n]
             last = torch.full((len(rows),), n - 1, device=tokens.device)
             self.drafts[batch.slots[rows]] = self._run(tokens[rows, :n], pos, pos, batch.slots[rows], batch.kv_len,

@@ -60,6 +60,7 @@ class Proposer:
     num_speculative_tokens: int
     aux_layer_ids: tuple[int, ...] = ()
     needs_token_history = False  # StepBatch.token_history is built only for those that read it
+    needs_token_history_on_plain_steps = False  # ... and on plain steps (K = 0) only if this is set
 
     def on_prefill(self, slot: int, out: TargetOutput) -> None:
         pass
@@ -69,9 +70,6 @@ class Proposer:
 
     def on_verify(self, batch: StepBatch, out: TargetOutput, num_accepted: torch.Tensor) -> None:
         pass
-
-    # Plain steps (K = 0) read the token history only if this is set.
-    needs_token_history_on_plain_steps = False
 
     def on_plain_step(self, batch: StepBatch, out: TargetOutput) -> None:
         """A step that verified no drafts: ``out`` holds the one token the target consumed
