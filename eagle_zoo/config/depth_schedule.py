@@ -32,8 +32,9 @@ def default_schedule(k: int, device_type: str = "cuda") -> dict[int, int]:
     and K = 1 at batch 4 was slower than K = 3 (1099 vs 1257). Above 64 nothing was
     measured; the speed-up falls with the batch, so plain steps take over at the next
     graph bucket (96).
-    cpu: K at batch 1 only. On 2 cores (fp32) a step verifying 3 requests x 4 positions
-    made speculation 0.83x plain (`make demo`'s old batch of 3), while batch 1 gains 1.14x.
+    cpu: K at batch 1 only. On 2 cores (fp32, BENCHMARKS.md, CPU) three requests decoded
+    together with K = 3 ran at 0.90x plain (a step verifies 12 positions), while one at a
+    time gains up to 1.3x.
 
     Measure your own target and head with ``eagle-zoo bench --perf --depth-schedule ...``."""
     if device_type == "cpu":
