@@ -18,6 +18,7 @@ from typing import Iterable, Optional
 import torch
 
 from .detokenizer import update_sequence_text
+from .host_tensors import device_tensor
 from .metrics import SpecDecodingMetrics
 from .outputs import CompletionOutput, RequestOutput
 from .proposers import Proposer, StepBatch, TargetOutput
@@ -128,9 +129,10 @@ class EngineCore:
             return self._finish_if_done(seqs)
         dev = self.device
         k = self.k if self.depth_schedule is None or not self.k else self.depth_schedule.choose(len(seqs))
-        slots = torch.tensor([s.slot for s in seqs], device=dev)
-        base = torch.tensor([s.num_cached for s in seqs], device=dev)
-        last = torch.tensor([[s.last_token_id] for s in seqs], device=dev)
+        # One host->device copy for the step's three per-sequence columns.
+        columns = device_tensor([[s.slot for s in seqs], [s.num_cached for s in seqs],
+                                 [s.last_token_id for s in seqs]], dev, torch.long)
+        slots, base, last = columns[0], columns[1], columns[2].unsqueeze(1)
         kv_len = max(s.num_cached for s in seqs) + k + 1
         # Copying every sequence's token list is O(length) per step: only for proposers
         # that read it (n-gram lookup, the draft model's last two tokens).

@@ -28,6 +28,7 @@ import torch
 from ..hookspecs import hookimpl
 from ..specs import ProposerSpec
 from .drafter_batch import catch_up_unpadded
+from .host_tensors import device_tensor
 from .runner import ModelRunner
 
 
@@ -173,9 +174,9 @@ class NgramProposer(Proposer):
         # Greedy batches: only as many columns as the longest match, so a step where
         # nothing matched is a plain one-token step rather than a verification of padding.
         width = max(len(r) for r in rows) if batch.all_greedy else k
-        num = torch.tensor([len(r) for r in rows], dtype=torch.long)
-        drafts = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.long).view(len(rows), width)
-        return drafts.to(self.device), num.to(self.device)
+        num = device_tensor([len(r) for r in rows], self.device, torch.long)
+        drafts = device_tensor([r + [0] * (width - len(r)) for r in rows], self.device, torch.long)
+        return drafts.view(len(rows), width), num
 
 
 class DraftModelProposer(Proposer):
@@ -207,7 +208,7 @@ class DraftModelProposer(Proposer):
 
     @torch.inference_mode()
     def propose(self, batch: StepBatch):
-        last_two = torch.tensor([h[-2:] for h in batch.token_history], device=self.device)
+        last_two = device_tensor([h[-2:] for h in batch.token_history], self.device)
         pos = batch.base_positions.unsqueeze(1) + torch.arange(-1, 1, device=self.device)
         token = self._next(last_two, pos, batch.slots, batch.kv_len)
         drafts = [token]
@@ -221,7 +222,7 @@ class DraftModelProposer(Proposer):
     def on_plain_step(self, batch: StepBatch, out: TargetOutput) -> None:
         # Before the step the cache held all but the last two of the n tokens; after it
         # there are n + 1, so the two before the emitted one must be in (positions n-2, n-1).
-        last_two = torch.tensor([h[-2:] for h in batch.token_history], device=self.device)
+        last_two = device_tensor([h[-2:] for h in batch.token_history], self.device)
         pos = batch.base_positions.unsqueeze(1) + torch.arange(-1, 1, device=self.device)
         self.runner.run(last_two, pos, batch.slots, batch.kv_len)
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .host_tensors import device_tensor
 from .sampling_params import GREEDY_EPS, SamplingParams
 
 
@@ -56,7 +57,7 @@ class SamplingTensors:
             values = [getattr(sp, name) for sp in params]
             if off is not None and all(v == off for v in values):
                 return None
-            return torch.tensor(values, dtype=dtype, device=device)
+            return device_tensor(values, device, dtype)
 
         return cls(col("temperature", torch.float32, None), col("top_k", torch.long, 0),
                    col("top_p", torch.float32, 1.0), col("min_p", torch.float32, 0.0))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from .host_tensors import device_tensor
 from .sampler import apply_sampling_params, draw, sample_from_probs
 from .tree import TreeDraft, cache_mask
 from .verify import SamplingBatch
@@ -133,11 +134,11 @@ def tree_decode_step(engine, seqs) -> None:
     B = len(seqs)
     cached = [s.num_cached for s in seqs]
     max_base = max(cached)
-    slots = torch.tensor([s.slot for s in seqs], device=dev)
-    base = torch.tensor(cached, device=dev)
+    columns = device_tensor([[s.slot for s in seqs], cached, [s.last_token_id for s in seqs]], dev, torch.long)
+    slots, base = columns[0], columns[1]
     tree = proposer.propose_tree(slots, base, max_base)
     N = tree.num_nodes
-    tree.tokens[:, 0] = torch.tensor([s.last_token_id for s in seqs], device=dev)
+    tree.tokens[:, 0] = columns[2]
     positions = base.view(B, 1) + tree.depth
     columns = base.view(B, 1) + torch.arange(N, device=dev)
     kv_len = max_base + N

@@ -17,15 +17,16 @@ from .sequence import Sequence
 
 @dataclass
 class SamplingBatch:
-    tensors: SamplingTensors
+    tensors: Optional[SamplingTensors]  # None when every request is greedy (nothing reads them)
     generators: list[Optional[torch.Generator]]
     all_greedy: bool  # known on the host from the requests' parameters
 
     @classmethod
     def from_sequences(cls, seqs: list[Sequence], device: torch.device) -> "SamplingBatch":
         params = [s.params for s in seqs]
-        return cls(SamplingTensors.from_params(params, device), [s.generator for s in seqs],
-                   all(p.greedy for p in params))
+        all_greedy = all(p.greedy for p in params)
+        tensors = None if all_greedy else SamplingTensors.from_params(params, device)
+        return cls(tensors, [s.generator for s in seqs], all_greedy)
 
 
 def verify_greedy(logits: torch.Tensor, drafts: torch.Tensor, num_draft: Optional[torch.Tensor]):

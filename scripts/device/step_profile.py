@@ -1,0 +1,122 @@
+"""Where a batch-1 decode step of a SmolLM2-shaped model goes on the GPU.
+
+Random bf16 weights in SmolLM2-135M's shape (no GGUF needed, so it runs on a bare
+lease). Prints, each the median of several timed runs (CUDA events, after warm-up):
+  graph      one replay of the captured target forward (the GPU time of the layers)
+  runner     ModelRunner.run: input copies + replay + output clone
+  logits     lm_head + greedy argmax
+  step       one EngineCore step of plain decoding (everything: host work, sync, bookkeeping)
+  kernels    the kernels of one eager forward (torch.profiler): count and GPU time by name
+Usage: python3 scripts/device/step_profile.py [--steps 200] [--no-profiler] [--host]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from transformers import LlamaConfig
+
+from eagle_zoo.engine.core import EngineCore
+from eagle_zoo.engine.graphs import GraphPool
+from eagle_zoo.engine.sampling_params import SamplingParams
+from eagle_zoo.models.llama import LlamaForCausalLM
+
+SMOLLM2 = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+               num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, rope_theta=100000.0,
+               tie_word_embeddings=True, rms_norm_eps=1e-5)
+
+
+def cuda_ms(fn, reps: int, rounds: int = 5) -> float:
+    times = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / reps)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--no-profiler", action="store_true")
+    ap.add_argument("--host", action="store_true", help="cProfile 100 engine steps (host time by function)")
+    args = ap.parse_args()
+    dev, dtype = torch.device("cuda"), torch.bfloat16
+    torch.manual_seed(0)
+    with dev:
+        model = LlamaForCausalLM(LlamaConfig(**SMOLLM2)).to(dtype)
+    for p in model.parameters():
+        p.data.normal_(0, 0.05)
+    for n, p in model.named_parameters():
+        if "norm" in n:
+            p.data.fill_(1.0)
+    engine = EngineCore(model, None, max_model_len=2048, max_num_seqs=1, dtype=dtype, device=dev,
+                        graph_pool=GraphPool())
+    runner = engine.runner
+    ids = torch.randint(0, 1000, (1, 1), device=dev)
+    pos = torch.full((1, 1), 300, device=dev)
+    slots = torch.zeros(1, dtype=torch.long, device=dev)
+    runner.run(ids, pos, slots, 2048)  # captures the T=1 graph
+    graph = next(iter(runner.graphed.graphs.values()))[0]
+    hidden, _ = runner.run(ids, pos, slots, 2048)
+    print(f"graph   {cuda_ms(graph.replay, 100) * 1e3:8.1f} us  (replay only)")
+    print(f"runner  {cuda_ms(lambda: runner.run(ids, pos, slots, 2048), 100) * 1e3:8.1f} us  (copies + replay + clone)")
+    print(f"logits  {cuda_ms(lambda: model.compute_logits(hidden).argmax(-1), 100) * 1e3:8.1f} us  (lm_head + argmax)")
+
+    prompt = torch.randint(0, 49152, (300,)).tolist()
+    params = SamplingParams(temperature=0, max_tokens=args.steps + 200, ignore_eos=True)
+    engine.add_request(prompt, params)
+    for _ in range(20):  # prefill + warm-up steps
+        engine.step()
+    per_step = []
+    for _ in range(args.steps):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        engine.step()
+        per_step.append(time.perf_counter() - t)
+    print(f"step    {statistics.median(per_step) * 1e6:8.1f} us  (median of {args.steps} engine steps; "
+          f"{1 / statistics.median(per_step):.0f} tok/s)")
+
+    if args.host:  # where the host time of a step goes (Python functions, cumulative)
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(100):
+            engine.step()
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+    if args.no_profiler:
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    def eager_forward():
+        hidden, _ = runner.run(ids, pos, slots, 2048, cache_positions=pos)  # not graphed: kernels visible
+        model.compute_logits(hidden[:, -1:]).argmax(-1)
+    eager_forward()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        eager_forward()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    total = sum(e.device_time for e in kernels)
+    print(f"kernels {len(kernels)} in one eager forward + logits, {total:.1f} us of GPU time "
+          f"({len(kernels) / SMOLLM2['num_hidden_layers']:.1f} a layer)")
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        by_name.setdefault(e.name[:90], []).append(e.device_time)
+    for name, ts in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:25]:
+        print(f"  {len(ts):4d} x {statistics.mean(ts):7.2f} us = {sum(ts):8.1f} us  {name}")
+
+
+if __name__ == "__main__":
+    main()
