@@ -22,6 +22,11 @@
 # Knobs (environment): DATA_SECONDS TRAIN_SECONDS DEVICE PYTHON WORK GEN_BATCH
 # EAGLE_TOKENS EAGLE3_TOKENS MAX_LEN MAX_NEW_TOKENS MAX_PROMPTS DRAFT_VOCAB TTT_STEPS
 # SYNTH_PROMPTS SYNTH_SECONDS LR.
+# Warm start (continue training shipped or earlier heads on new data): INIT_EAGLE=HEAD
+# and/or INIT_EAGLE3=HEAD (a head directory or catalog id, e.g.
+# eagle-zoo/EAGLE3-SmolLM2-135M-Instruct) pass --init-from HEAD to that job;
+# INIT_DIR=DIR (an earlier OUT) is the default for both: DIR/eagle and DIR/eagle3.
+# DRAFT_VOCAB must then equal the EAGLE-3 head's draft vocabulary (12000 for ours).
 # One run split over several time-limited jobs (same WORK each time):
 #   STOP_AFTER=300 ...   steps 0-2, training paused after 300 s of this job (state kept)
 #   RESUME=1 ...         training only, continued from the saved state, then step 3
@@ -48,6 +53,9 @@ SYNTH_SECONDS=${SYNTH_SECONDS:-60}
 LR=${LR:-1e-3}
 RESUME=${RESUME:-0}
 STOP_AFTER=${STOP_AFTER:-}
+INIT_DIR=${INIT_DIR:-}
+INIT_EAGLE=${INIT_EAGLE:-${INIT_DIR:+$INIT_DIR/eagle}}
+INIT_EAGLE3=${INIT_EAGLE3:-${INIT_DIR:+$INIT_DIR/eagle3}}
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 mkdir -p "$OUT" "$WORK/logs"
 START=$SECONDS
@@ -109,10 +117,11 @@ train_head() {
   fi
   return $code
 }
-job eagle train_head eagle "$WORK/heads/eagle" "$EAGLE_TOKENS" "$WORK/heads/eagle/config.json"
+job eagle train_head eagle "$WORK/heads/eagle" "$EAGLE_TOKENS" "$WORK/heads/eagle/config.json" \
+  ${INIT_EAGLE:+--init-from "$INIT_EAGLE"}
 job eagle3 train_head eagle3 "$WORK/heads/eagle3" "$EAGLE3_TOKENS" "$WORK/heads/eagle3/yuhuili-eagle3/config.json" \
   --draft-vocab-size "$DRAFT_VOCAB" --ttt-steps "$TTT_STEPS" --format yuhuili-eagle3,speculators-eagle3 \
-  --target-name HuggingFaceTB/SmolLM2-135M-Instruct
+  --target-name HuggingFaceTB/SmolLM2-135M-Instruct ${INIT_EAGLE3:+--init-from "$INIT_EAGLE3"}
 wait
 say "training finished: eagle exit $(rc eagle), eagle3 exit $(rc eagle3)"
 

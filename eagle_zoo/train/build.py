@@ -1,5 +1,7 @@
 """A fresh head for a target: its config (the flat yuhuili form), weights initialised,
-the target's embeddings (and, for EAGLE-1, lm_head) shared and frozen.
+the target's embeddings (and, for EAGLE-1, lm_head) shared and frozen. With
+``--init-from`` the initial weights are instead those of an existing head
+(load_init_head, then init_from_head).
 """
 from __future__ import annotations
 
@@ -117,3 +119,62 @@ def build_head(family, flat_config: dict, method: str, target: nn.Module, seed: 
 def trainable_parameters(head: nn.Module, method: str) -> dict[str, nn.Parameter]:
     shared = shared_modules(method)
     return {n: p for n, p in head.named_parameters() if not n.startswith(shared)}
+
+
+# Settings of the init head that must equal the training head's (weights of the same
+# shape can still mean something else: head split, norm placement). Default: absent.
+_SAME_CONFIG = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                "num_hidden_layers", "vocab_size", "draft_vocab_size", "target_hidden_size", "norm_before_residual",
+                "norm_before_fc", "fc_norm", "norm_output")
+
+
+def load_init_head(init_from: str, method: str, target: nn.Module):
+    """``--init-from``: the head (a directory or a catalog / hub id, any layout
+    eagle_zoo.load reads) checked against ``target`` and ``method``, in fp32 on the CPU
+    (bf16 files convert exactly). Returns eagle_zoo.load's LoadedHead."""
+    from ..loading import load
+
+    try:
+        init = load(init_from, target=target, dtype=torch.float32, device="cpu")
+    except Exception as exc:  # HeadLoadError, HubError, WeightLoadError: they say what is wrong
+        raise ValueError(f"--init-from {init_from}: {exc}") from exc
+    if init.method != method:
+        names = {"eagle": "EAGLE-1", "eagle3": "EAGLE-3"}
+        raise ValueError(
+            f"--init-from {init_from} is an {names.get(init.method, init.method)} head ({init.format}) but "
+            f"`eagle-zoo train {method}` trains an {names[method]} head: give an {names[method]} head, or run "
+            f"`eagle-zoo train {init.method} --init-from {init_from}`")
+    return init
+
+
+@torch.no_grad()
+def init_from_head(head: nn.Module, init, method: str, init_from: str, log=print) -> None:
+    """Copy the weights (and d2t / t2d) of ``init`` (load_init_head's result) into the
+    freshly built training ``head``, exactly, in the head's dtype (fp32). Every tensor
+    must match by name and shape; the modules shared with the target (frozen, the
+    target's) are not copied."""
+    fix = "pass a head trained for this target and these settings, or drop --init-from"
+    for key in _SAME_CONFIG:
+        want, have = getattr(head.config, key, None), getattr(init.config, key, None)
+        if key.startswith(("norm_", "fc_norm")):
+            want, have = bool(want), bool(have)
+        if want is not None and have is not None and want != have:
+            raise ValueError(f"--init-from {init_from}: its config has {key} = {have!r}, the head trained here "
+                             f"has {want!r}: {fix}")
+    shared = shared_modules(method)
+    mine = {k: v for k, v in head.state_dict().items() if not k.startswith(shared)}
+    theirs = {k: v for k, v in init.head.state_dict().items() if not k.startswith(shared)}
+    missing, extra = sorted(mine.keys() - theirs.keys()), sorted(theirs.keys() - mine.keys())
+    shapes = [f"{k} {tuple(theirs[k].shape)} (here {tuple(mine[k].shape)})"
+              for k in sorted(mine.keys() & theirs.keys()) if theirs[k].shape != mine[k].shape]
+    if missing or extra or shapes:
+        raise ValueError(f"--init-from {init_from} does not fit the head trained here: "
+                         + "; ".join(f"{what}: {', '.join(names)}" for what, names in
+                                     (("missing tensors", missing), ("extra tensors", extra),
+                                      ("other shapes", shapes)) if names)
+                         + f". {fix}")
+    for k, t in mine.items():
+        t.copy_(theirs[k])
+    own = [m for m in shared if m not in init.shared]  # the checkpoint stores its own copy
+    if own:
+        log(f"--init-from {init_from}: its own {' and '.join(own)} not used: training shares the target's (frozen)")

@@ -95,6 +95,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--save-dtype", choices=("bfloat16", "float32"), default="bfloat16")
         p.add_argument("--state-dir", help="resumable training state (default: <out>.state)")
         p.add_argument("--resume", action="store_true", help="continue from the state in --state-dir")
+        p.add_argument("--init-from", metavar="HEAD",
+                       help="start from this head's weights instead of a random init (a directory or catalog / hub "
+                            "id eagle_zoo.load reads; eagle3: its draft vocabulary and aux layers too); optimizer, "
+                            "schedule and data start fresh. A state loaded by --resume wins over it")
         p.add_argument("--save-every", type=int, default=500, help="write the training state every N steps")
         p.add_argument("--log-every", type=int, default=20)
         p.add_argument("--no-verify", action="store_true", help="skip reloading the saved head to check it")
@@ -176,7 +180,7 @@ def settings_from_args(args):
         warmup_steps=args.warmup_steps, min_lr_ratio=args.min_lr_ratio, weight_decay=args.weight_decay,
         grad_clip=args.grad_clip, noise=getattr(args, "noise", 0.2), ttt_steps=getattr(args, "ttt_steps", 7),
         ttt_decay=getattr(args, "ttt_decay", 0.8), draft_vocab_size=getattr(args, "draft_vocab_size", None),
-        aux_layers=aux, seed=args.seed, device=args.device, dtype=args.dtype,
+        aux_layers=aux, init_from=getattr(args, "init_from", None), seed=args.seed, device=args.device, dtype=args.dtype,
         state_dir=args.state_dir or f"{str(args.out).rstrip('/')}.state", resume=args.resume,
         save_every=args.save_every, log_every=args.log_every, progress=not args.no_progress)
 

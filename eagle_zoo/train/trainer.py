@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 from .batching import collate, plan_epoch, usable
-from .build import build_head, head_config, trainable_parameters
+from .build import build_head, default_aux_layers, head_config, init_from_head, load_init_head, trainable_parameters
 from .data import load_data
 from .eagle1 import eagle1_loss
 from .eagle3 import eagle3_loss
@@ -50,6 +50,7 @@ class TrainSettings:
     ttt_decay: float = 0.8
     draft_vocab_size: Optional[int] = None  # EAGLE-3; default min(32000, vocab)
     aux_layers: Optional[list] = None
+    init_from: Optional[str] = None  # a head to start from (its weights; EAGLE-3: its draft vocab, aux layers)
     seed: int = 0
     device: str = "auto"
     dtype: str = "auto"
@@ -128,18 +129,30 @@ class Trainer:
             raise ValueError(f"{s.data}: no sequence has assistant tokens within --max-len {s.max_len}")
         self.lengths = self.data.lengths[self.index].clamp(max=s.max_len)
 
-        draft_ids, self.info = None, {}
+        draft_ids, self.info, aux_layers, init = None, {}, s.aux_layers, None
+        if s.init_from:  # warm start: the weights, draft vocabulary and aux layers of this head
+            init = load_init_head(s.init_from, s.method, self.target.model)
+            self.info["init_from"] = {"head": str(s.init_from), "path": str(init.path), "format": init.format}
+            log(f"initial weights from {s.init_from} ({init.format}, {init.path})")
         if s.method == "eagle3":
             counts = token_counts(self.data.input_ids, self.data.loss_mask, vocab)
-            draft_ids = select_draft_vocab(counts, s.draft_vocab_size or min(32000, vocab))
+            if init is None:
+                draft_ids = select_draft_vocab(counts, s.draft_vocab_size or min(32000, vocab))
+            else:
+                draft_ids = torch.arange(init.head.draft_vocab_size) + init.head.d2t
+                aux_layers = _init_eagle3_settings(s, init, self.target.config.num_hidden_layers)
             self.info["draft_vocab_coverage"] = round(coverage(counts, draft_ids), 4)
-            log(f"draft vocabulary: {draft_ids.numel()} of {vocab} tokens cover "
-                f"{self.info['draft_vocab_coverage']:.2%} of the training targets")
+            log(f"draft vocabulary{' (from --init-from)' if init is not None else ''}: {draft_ids.numel()} of {vocab} "
+                f"tokens cover {self.info['draft_vocab_coverage']:.2%} of the training targets")
         self.flat_config = head_config(self.target.path, s.method, draft_vocab_size=draft_ids.numel() if draft_ids is not None else None,
-                                       aux_layer_ids=s.aux_layers)
+                                       aux_layer_ids=aux_layers)
         family = get_registry().family_for_config(self.target.config)
         self.mapping = family.weight_mapping
-        self.head = build_head(family, self.flat_config, s.method, self.target.model, s.seed, draft_ids)
+        self.head = build_head(family, self.flat_config, s.method, self.target.model, s.seed,
+                               draft_ids if init is None else None)
+        if init is not None:  # replaces the random init (d2t / t2d and lm_head included)
+            init_from_head(self.head, init, s.method, s.init_from, log)
+            del init
         self.params = trainable_parameters(self.head, s.method)
         self.optimizer = torch.optim.AdamW(list(self.params.values()), lr=s.lr, betas=tuple(s.betas),
                                            weight_decay=s.weight_decay)
@@ -292,7 +305,7 @@ class Trainer:
             "head": {k: v.detach().cpu() for k, v in self.head.state_dict().items()
                      if k in self.params or k in ("d2t", "t2d")},
             "optimizer": self.optimizer.state_dict(), "noise_rng": self.noise_gen.get_state(),
-            "history": json.dumps(self.history),
+            "history": json.dumps(self.history), "init_from": json.dumps(self.info.get("init_from")),
         }
         tmp = self.state_path.with_suffix(f".tmp-{os.getpid()}")
         torch.save(state, tmp)
@@ -315,8 +328,30 @@ class Trainer:
         self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
         self.elapsed, self.micro = state["elapsed"], state["micro"]
         self.history = json.loads(state["history"])
+        # The state wins over --init-from: the run it continues records its own start.
+        self.info.pop("init_from", None)
+        if json.loads(state.get("init_from", "null")):
+            self.info["init_from"] = json.loads(state["init_from"])
         self.epoch_batches = plan_epoch(self.lengths, self.s.token_budget, self.s.seed, self.epoch)
-        self.log(f"resumed from {self.state_path} at step {self.step}")
+        self.log(f"resumed from {self.state_path} at step {self.step}"
+                 + (" (its weights, not --init-from's)" if self.s.init_from else ""))
+
+
+def _init_eagle3_settings(s: TrainSettings, init, num_target_layers: int) -> list:
+    """An EAGLE-3 warm start keeps the init head's draft vocabulary and aux layers:
+    refuses --draft-vocab-size / --aux-layers that say otherwise. Returns the aux layers."""
+    n = init.head.draft_vocab_size
+    if s.draft_vocab_size and s.draft_vocab_size != n:
+        raise ValueError(f"--draft-vocab-size {s.draft_vocab_size} conflicts with --init-from {s.init_from}, whose "
+                         f"draft vocabulary has {n} tokens (a warm start keeps its d2t / t2d): drop "
+                         f"--draft-vocab-size or pass {n}")
+    ids = getattr(init.config, "eagle_aux_hidden_state_layer_ids", None)
+    aux = list(ids) if ids else default_aux_layers(num_target_layers)  # absent: the engine's default
+    if s.aux_layers and list(s.aux_layers) != aux:
+        raise ValueError(f"--aux-layers {','.join(map(str, s.aux_layers))} conflicts with --init-from {s.init_from}, "
+                         f"which reads target layers {','.join(map(str, aux))}: drop --aux-layers or pass "
+                         f"{','.join(map(str, aux))}")
+    return aux
 
 
 def _jsonable(d: dict) -> dict:

@@ -1,0 +1,137 @@
+"""`eagle-zoo train {eagle,eagle3} --init-from HEAD`: a warm start from a saved head
+(CPU, the tiny random Llama target of test_train.py)."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from eagle_zoo.checkpoints.tensors import load_state_dict
+from eagle_zoo.cli import main
+from eagle_zoo.train.trainer import Trainer
+from test_train import _settings, tiny  # noqa: F401  (tiny: the module-scoped target + data fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+QUIET = dict(log=lambda *a: None)
+
+
+def _train(tiny, method, out, *extra):
+    ttt = ["--ttt-steps", "2"] if method == "eagle3" else []
+    assert main(["train", method, "--target", str(tiny / "target"), "--data", str(tiny / "data"), "--out", str(out),
+                 "--max-len", "64", "--token-budget", "8192", "--warmup-steps", "1", *ttt, "--device", "cpu",
+                 "--no-progress", "--no-verify", *extra]) == 0
+
+
+@pytest.fixture(scope="module")
+def heads(tiny):
+    """Heads trained 20 steps (one batch: the whole data): eagle, and eagle3 in both layouts."""
+    _train(tiny, "eagle", tiny / "eagle", "--steps", "20", "--lr", "1e-2")
+    _train(tiny, "eagle3", tiny / "eagle3", "--steps", "20", "--lr", "1e-2", "--draft-vocab-size", "32",
+           "--format", "yuhuili-eagle3,speculators-eagle3")
+    return tiny
+
+
+def _same_tensors(a, b):
+    sa, sb = load_state_dict(a), load_state_dict(b)
+    assert sorted(sa) == sorted(sb)
+    for name in sa:
+        assert sa[name].dtype == sb[name].dtype and torch.equal(sa[name], sb[name]), name
+    return sa
+
+
+# -- (a), (b): one step at lr 0 saves exactly the init head -----------------------------------------
+@pytest.mark.parametrize("method,layout", [("eagle", ""), ("eagle3", "yuhuili-eagle3"),
+                                           ("eagle3", "speculators-eagle3")])
+def test_init_from_head_is_the_starting_point(heads, tmp_path, method, layout):
+    init = heads / method / layout if layout else heads / method
+    out = tmp_path / "again"
+    fmt = ["--format", layout] if layout else []
+    # No --draft-vocab-size: a fresh eagle3 run would choose 128 tokens; the init head has 32.
+    _train(heads, method, out, "--init-from", str(init), "--steps", "1", "--lr", "0", *fmt)
+    state = _same_tensors(init, out)  # bf16 files -> fp32 training weights -> bf16 files: bitwise
+    if method == "eagle3":
+        assert state["d2t"].numel() == 32 and int(state["t2d"].sum()) == 32
+    record = json.loads((out / "eagle_zoo_training.json").read_text())
+    assert record["settings"]["init_from"] == str(init)
+    assert record["init_from"]["format"] == (layout or "yuhuili-eagle") and record["steps"] == 1
+    assert json.loads((out / "config.json").read_text()).get("eagle_aux_hidden_state_layer_ids") == \
+        json.loads((init / "config.json").read_text()).get("eagle_aux_hidden_state_layer_ids")
+
+
+# -- (c): heads that do not fit ---------------------------------------------------------------------
+def test_mismatched_heads_are_refused(heads, tmp_path):
+    eagle, eagle3 = str(heads / "eagle"), str(heads / "eagle3" / "yuhuili-eagle3")
+    with pytest.raises(ValueError, match=rf"--init-from {eagle} is an EAGLE-1 head .*train eagle3"):
+        Trainer(_settings(heads, "eagle3", init_from=eagle), **QUIET)
+    with pytest.raises(ValueError, match=rf"--init-from {eagle3} is an EAGLE-3 head"):
+        Trainer(_settings(heads, "eagle", init_from=eagle3), **QUIET)
+    with pytest.raises(ValueError, match=r"--draft-vocab-size 48 conflicts with --init-from .* has 32 tokens.*"
+                                         r"drop --draft-vocab-size or pass 32"):
+        Trainer(_settings(heads, "eagle3", init_from=eagle3, draft_vocab_size=48), **QUIET)
+    aux = json.loads((heads / "eagle3" / "yuhuili-eagle3" / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"]
+    with pytest.raises(ValueError, match=rf"--aux-layers 0,1,3 conflicts with --init-from .* target layers "
+                                         rf"{','.join(map(str, aux))}: drop --aux-layers"):
+        Trainer(_settings(heads, "eagle3", init_from=eagle3, draft_vocab_size=None, aux_layers=[0, 1, 3]), **QUIET)
+
+    # A tensor missing from the files: named, with the path.
+    broken = tmp_path / "broken"
+    shutil.copytree(eagle, broken)
+    from safetensors.torch import save_file
+
+    tensors = load_state_dict(broken)
+    del tensors["fc.weight"]
+    for f in broken.glob("model*.safetensors*"):
+        f.unlink()
+    save_file(tensors, str(broken / "model.safetensors"))
+    with pytest.raises(ValueError, match=rf"--init-from {broken}: .*missing weights for 'fc.weight'"):
+        Trainer(_settings(heads, "eagle", init_from=str(broken)), **QUIET)
+
+    # Same shapes, another layer: a speculators head with the residual taken after hidden_norm.
+    other = tmp_path / "other"
+    shutil.copytree(heads / "eagle3" / "speculators-eagle3", other)
+    cfg = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps(dict(cfg, norm_before_residual=True)))
+    with pytest.raises(ValueError, match=rf"--init-from {other}: its config has norm_before_residual = True"):
+        Trainer(_settings(heads, "eagle3", init_from=str(other), draft_vocab_size=None), **QUIET)
+
+
+def test_every_tensor_must_match(heads):
+    """init_from_head lists what the loader cannot see: tensors one head has and the other lacks."""
+    import copy
+    from types import SimpleNamespace
+
+    from eagle_zoo.train.build import init_from_head
+
+    trainer = Trainer(_settings(heads, "eagle", steps=1), **QUIET)
+    other = copy.deepcopy(trainer.head)
+    del other.fc
+    other.register_buffer("mask_hidden", torch.zeros(3))
+    init = SimpleNamespace(head=other, config=other.config, shared=["embed_tokens", "lm_head"])
+    with pytest.raises(ValueError, match=r"--init-from HEAD does not fit .*missing tensors: fc.weight; "
+                                         r"extra tensors: mask_hidden\. pass a head"):
+        init_from_head(trainer.head, init, "eagle", "HEAD")
+
+
+# -- (d): the weights are used ----------------------------------------------------------------------
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_warm_start_begins_with_a_lower_loss(heads, method):
+    init = heads / "eagle" if method == "eagle" else heads / "eagle3" / "speculators-eagle3"
+    kw = dict(steps=1, log_every=1, token_budget=8192, max_len=64, draft_vocab_size=None, ttt_steps=2)
+    fresh = Trainer(_settings(heads, method, **kw), **QUIET).run().history[0]
+    warm_trainer = Trainer(_settings(heads, method, init_from=str(init), **kw), **QUIET)
+    warm = warm_trainer.run().history[0]
+    assert warm["loss"] < 0.9 * fresh["loss"], (warm, fresh)
+    assert warm_trainer.result().info["init_from"]["path"] == str(init)
+
+
+def test_resume_state_wins_over_init_from(heads, tmp_path):
+    state = str(tmp_path / "state")
+    first = Trainer(_settings(heads, "eagle", steps=2, state_dir=state), **QUIET)
+    first.run()
+    resumed = Trainer(_settings(heads, "eagle", steps=2, state_dir=state, resume=True,
+                                init_from=str(heads / "eagle")), **QUIET)
+    assert resumed.step == 2 and "init_from" not in resumed.result().info
+    for name, p in first.params.items():
+        assert torch.equal(p, resumed.params[name]), name
