@@ -28,8 +28,15 @@ except ImportError:  # the torch references still work
     triton = tl = _Stub()
 
 
+def needs_autograd(*tensors: torch.Tensor) -> bool:
+    """True when autograd would record an op on these tensors (training)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 def use_triton(*tensors: torch.Tensor) -> bool:
-    """Triton for CUDA tensors when it imports; EAGLE_ZOO_KERNELS=torch forces the references."""
+    """Triton for CUDA tensors when it imports, outside autograd (the kernels have no
+    backward: training on the GPU takes the torch references, which have one);
+    EAGLE_ZOO_KERNELS=torch forces the references."""
     if not HAS_TRITON or os.environ.get("EAGLE_ZOO_KERNELS", "auto").lower() == "torch":
         return False
-    return all(t.is_cuda for t in tensors)
+    return all(t.is_cuda for t in tensors) and not needs_autograd(*tensors)

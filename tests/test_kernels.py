@@ -443,3 +443,181 @@ def test_layer_op_dispatchers_use_the_reference_on_cpu():
     assert torch.equal(silu_and_mul(x), silu_and_mul_torch(x))
     q, k, cos, sin = _rope_problem("cpu", torch.float32)
     assert all(torch.equal(a, b) for a, b in zip(rope_neox(q, k, cos, sin), rope_neox_torch(q, k, cos, sin)))
+
+
+# --- few-row linear with fused norm / activation / residual; rope + KV write; the fused layer ---
+
+from kernels._triton import needs_autograd  # noqa: E402
+from kernels.linear import (BLOCK_M, fused_linear, fused_linear_torch, fused_linear_triton,  # noqa: E402
+                            use_linear_kernel)
+from kernels.rope import rope_write_kv, rope_write_kv_torch, rope_write_kv_triton  # noqa: E402
+
+LINEAR_CASES = {  # name: fused_linear keyword arguments besides x and weight
+    "plain": dict(),
+    "bias": dict(bias=True),
+    "norm": dict(norm=True),
+    "norm_gated": dict(norm=True, gated=True),
+    "residual": dict(residual=True),
+    "gated_bias": dict(gated=True, bias=True),
+}
+
+
+def _linear_problem(device, dtype, M, case, K=70, N=40, seed=4):
+    """K not a multiple of BLOCK_K, N not of the tile width: every mask is used."""
+    g = torch.Generator().manual_seed(seed)
+    opts = LINEAR_CASES[case]
+    rows_w = 2 * N if opts.get("gated") else N
+    x = torch.randn(M, K, generator=g)
+    w = torch.randn(rows_w, K, generator=g) / K ** 0.5
+    kw = dict(gated=bool(opts.get("gated")), eps=1e-5)
+    if opts.get("bias"):
+        kw["bias"] = torch.randn(rows_w, generator=g)
+    if opts.get("norm"):
+        kw["norm_weight"] = 1 + 0.1 * torch.randn(K, generator=g)
+    if opts.get("residual"):
+        kw["residual"] = torch.randn(M, N, generator=g)
+    to = lambda t: t.to(device, dtype) if torch.is_tensor(t) else t  # noqa: E731
+    return to(x), to(w), {k: to(v) for k, v in kw.items()}
+
+
+def test_fused_linear_reference_matches_its_definition():
+    x, w, kw = _linear_problem("cpu", torch.float64, 5, "norm_gated")
+    nw = kw["norm_weight"]
+    xn = x / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-5) * nw
+    y = xn @ w.t()
+    gate, up = y[:, :40], y[:, 40:]
+    # (rms_norm_torch normalises in float32, whatever the input dtype)
+    torch.testing.assert_close(fused_linear_torch(x, w, **kw), gate * torch.sigmoid(gate) * up, rtol=1e-5, atol=1e-6)
+    x, w, kw = _linear_problem("cpu", torch.float64, 5, "residual")
+    torch.testing.assert_close(fused_linear_torch(x, w, **kw), kw["residual"] + x @ w.t())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", list(LINEAR_CASES))
+def test_fused_linear_triton_matches_reference(device, case):
+    for dtype in _dtypes(device):
+        for M in (1, 5, 37):
+            x, w, kw = _linear_problem(_dev(device), dtype, M, case)
+            out = fused_linear_triton(x, w, **kw)
+            ref = fused_linear_torch(x, w, **kw)
+            assert out.shape == ref.shape and out.dtype == dtype
+            if dtype == torch.bfloat16:  # the product's summation order differs from cuBLAS
+                torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+            else:
+                torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", ["norm_gated", "residual", "bias"])
+def test_fused_linear_triton_is_batch_invariant(device, case):
+    """A row gives the same bits alone (plain decoding) as among 37 or 60 rows (a
+    verification or tree step): the tile shape depends on the weight only."""
+    for dtype in _dtypes(device):
+        x, w, kw = _linear_problem(_dev(device), dtype, 60, case)
+        full = fused_linear_triton(x, w, **kw)
+        # The interpreter's tl.dot is numpy's BLAS, whose bits can depend on a row's place
+        # in the tile; a GPU's MMA does not: there, rows in every place of a tile.
+        for r in (0, BLOCK_M) if device == "interp" else (0, 5, 17, 59):
+            part = {k: (v[r:r + 1] if k == "residual" else v) for k, v in kw.items()}
+            alone = fused_linear_triton(x[r:r + 1], w, **part)
+            assert torch.equal(alone[0], full[r]), r
+        some = {k: (v[:37] if k == "residual" else v) for k, v in kw.items()}
+        assert torch.equal(fused_linear_triton(x[:37], w, **some), full[:37])
+
+
+def test_fused_linear_dispatcher_keeps_autograd_and_cpu_on_the_reference():
+    x, w, kw = _linear_problem("cpu", torch.float32, 3, "norm")
+    assert not use_linear_kernel(x, w)  # CPU tensors
+    assert torch.equal(fused_linear(x, w, **kw), fused_linear_torch(x, w, **kw))
+    w.requires_grad_(True)
+    assert needs_autograd(x, w)  # training: the kernels have no backward, use_triton says no
+    with torch.no_grad():
+        assert not needs_autograd(x, w)
+
+
+def _rope_kv_problem(device, dtype):
+    q, k, cos, sin = _rope_problem(device, dtype)
+    g = torch.Generator().manual_seed(5)
+    v = torch.randn(*k.shape[:-1], 48, generator=g).to(device, dtype)
+    k_cache = torch.randn(4, 400, k.shape[2], k.shape[3], generator=g).to(device, dtype)
+    v_cache = torch.randn(4, 400, k.shape[2], 48, generator=g).to(device, dtype)
+    slots = torch.tensor([2, 0], device=device)
+    cache_pos = torch.tensor([[0, 7, 300], [5, 6, 7]], device=device)
+    return q, k, v, cos, sin, k_cache, v_cache, slots, cache_pos
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rope_write_kv_triton_matches_reference(device):
+    for dtype in _dtypes(device):
+        q, k, v, cos, sin, kc, vc, slots, pos = _rope_kv_problem(_dev(device), dtype)
+        kc2, vc2 = kc.clone(), vc.clone()
+        qo = rope_write_kv_triton(q, k, v, cos, sin, kc, vc, slots, pos)
+        qr = rope_write_kv_torch(q, k, v, cos, sin, kc2, vc2, slots, pos)
+        _close(qo, qr, dtype)
+        _close(kc, kc2, dtype)
+        assert torch.equal(vc, vc2)  # v is copied
+        # An out-of-range position writes nothing.
+        before = kc.clone(), vc.clone()
+        rope_write_kv_triton(q[:, :1], k[:, :1], v[:, :1], cos[:, :1], sin[:, :1], kc, vc, slots,
+                             torch.full((2, 1), 400, device=_dev(device)))
+        assert torch.equal(kc, before[0]) and torch.equal(vc, before[1])
+
+
+def test_rope_write_kv_dispatcher_uses_the_reference_on_cpu():
+    q, k, v, cos, sin, kc, vc, slots, pos = _rope_kv_problem("cpu", torch.float32)
+    kc2, vc2 = kc.clone(), vc.clone()
+    assert torch.equal(rope_write_kv(q, k, v, cos, sin, kc, vc, slots, pos),
+                       rope_write_kv_torch(q, k, v, cos, sin, kc2, vc2, slots, pos))
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+
+
+def _tiny_llama_layer(device, dtype):
+    from transformers import LlamaConfig
+
+    from eagle_zoo.models.llama import LlamaDecoderLayer
+
+    config = LlamaConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+                         num_hidden_layers=1, vocab_size=100, rms_norm_eps=1e-5)
+    torch.manual_seed(6)
+    layer = LlamaDecoderLayer(config, 0)
+    for p in layer.parameters():
+        p.data.normal_(0, 0.1)
+    for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+        norm.weight.data = 1 + 0.1 * torch.randn(64)
+    return layer.to(device, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_decoder_layer_matches_the_module_path(device):
+    """eagle_zoo/models/fused_layer.py's 6 launches against LlamaDecoderLayer's modules
+    (the torch references), same output and the same KV cache, for a decode step (T=1)
+    and a verification step (T=4) of two sequences."""
+    from eagle_zoo.models.attention import AttentionContext, use_context
+    from eagle_zoo.models.fused_layer import fused_layer_kernels, layer_supports_fusion
+
+    dev = _dev(device)
+    layer = _tiny_llama_layer(dev, torch.float32)
+    assert layer_supports_fusion(layer)
+    g = torch.Generator().manual_seed(7)
+    caches = [(torch.randn(3, 32, 2, 16, generator=g).to(dev), torch.randn(3, 32, 2, 16, generator=g).to(dev))]
+    for T in (1, 4):
+        h = torch.randn(2, T, 64, generator=g).to(dev)
+        positions = torch.tensor([[9], [20]], device=dev) + torch.arange(T, device=dev)
+        slots = torch.tensor([2, 0], device=dev)
+        mine = [(k.clone(), v.clone()) for k, v in caches]
+        with torch.no_grad(), use_context(AttentionContext(mine, slots, positions, 32)) as ctx:
+            out = fused_layer_kernels(layer, positions, h, ctx)
+        theirs = [(k.clone(), v.clone()) for k, v in caches]
+        with torch.no_grad(), use_context(AttentionContext(theirs, slots, positions, 32)):
+            with patch_kernels_off():
+                ref = layer(positions, h)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        for a, b in zip(mine[0], theirs[0]):  # k and v from another product's summation order
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def patch_kernels_off():
+    """EAGLE_ZOO_KERNELS=torch for the duration: the module path on the references."""
+    from unittest import mock
+
+    return mock.patch.dict(os.environ, {"EAGLE_ZOO_KERNELS": "torch"})

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.activation import silu_and_mul, silu_and_mul_torch
+from kernels.linear import fused_linear_triton, use_linear_kernel
 from kernels.norm import rms_norm, rms_norm_torch
 from kernels.rope import rope_neox_triton, rotate_qk_torch, signed_angles, use_rope_kernel
 
@@ -129,9 +130,16 @@ def _one_row_weight(weight: torch.Tensor) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """F.linear(x, weight, bias), with the faster formulations for a few rows on CPU."""
+    """F.linear(x, weight, bias): on CUDA our kernel for a few rows, on CPU the faster
+    formulations for a few rows."""
+    if x.is_cuda:
+        # A few rows (decode, verification, trees): our batch-invariant kernel, so a row
+        # gets the same bits in any step (kernels/linear.py); more rows: cuBLAS.
+        if use_linear_kernel(x, weight, bias):
+            return fused_linear_triton(x, weight, bias)
+        return F.linear(x, weight, bias)
     rows = x.numel() // max(x.shape[-1], 1)  # shapes only: no host sync
-    if x.device.type != "cpu" or x.dtype != torch.float32 or not 0 < rows <= CPU_FEW_ROWS:
+    if x.dtype != torch.float32 or not 0 < rows <= CPU_FEW_ROWS:
         return F.linear(x, weight, bias)
     if rows == 1:
         return F.linear(x, _one_row_weight(weight), bias)

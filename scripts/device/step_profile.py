@@ -1,13 +1,14 @@
 """Where a batch-1 decode step of a SmolLM2-shaped model goes on the GPU.
 
-Random bf16 weights in SmolLM2-135M's shape (no GGUF needed, so it runs on a bare
-lease). Prints, each the median of several timed runs (CUDA events, after warm-up):
+Random bf16 weights in SmolLM2-135M's shape, or Llama-3-8B's with --shape 8b (no GGUF
+needed, so it runs on a bare lease). EAGLE_ZOO_TRITON_LINEAR=0 runs the layers without
+kernels/linear.py (cuBLAS and the module path), for before / after in one lease. Prints, each the median of several timed runs (CUDA events, after warm-up):
   graph      one replay of the captured target forward (the GPU time of the layers)
   runner     ModelRunner.run: input copies + replay + output clone
   logits     lm_head + greedy argmax
   step       one EngineCore step of plain decoding (everything: host work, sync, bookkeeping)
   kernels    the kernels of one eager forward (torch.profiler): count and GPU time by name
-Usage: python3 scripts/device/step_profile.py [--steps 200] [--no-profiler] [--host]
+Usage: python3 scripts/device/step_profile.py [--shape smollm2|8b] [--steps 200] [--no-profiler] [--host]
 """
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ from eagle_zoo.engine.graphs import GraphPool
 from eagle_zoo.engine.sampling_params import SamplingParams
 from eagle_zoo.models.llama import LlamaForCausalLM
 
+LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                 num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0,
+                 tie_word_embeddings=False, rms_norm_eps=1e-5)
 SMOLLM2 = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, rope_theta=100000.0,
                tie_word_embeddings=True, rms_norm_eps=1e-5)
@@ -46,13 +50,15 @@ def cuda_ms(fn, reps: int, rounds: int = 5) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--shape", choices=("smollm2", "8b"), default="smollm2")
     ap.add_argument("--no-profiler", action="store_true")
     ap.add_argument("--host", action="store_true", help="cProfile 100 engine steps (host time by function)")
     args = ap.parse_args()
     dev, dtype = torch.device("cuda"), torch.bfloat16
     torch.manual_seed(0)
     with dev:
-        model = LlamaForCausalLM(LlamaConfig(**SMOLLM2)).to(dtype)
+        shape = SMOLLM2 if args.shape == "smollm2" else LLAMA3_8B
+        model = LlamaForCausalLM(LlamaConfig(**shape)).to(dtype)
     for p in model.parameters():
         p.data.normal_(0, 0.05)
     for n, p in model.named_parameters():
@@ -67,7 +73,11 @@ def main() -> None:
     runner.run(ids, pos, slots, 2048)  # captures the T=1 graph
     graph = next(iter(runner.graphed.graphs.values()))[0]
     hidden, _ = runner.run(ids, pos, slots, 2048)
-    print(f"graph   {cuda_ms(graph.replay, 100) * 1e3:8.1f} us  (replay only)")
+    graph_us = cuda_ms(graph.replay, 100) * 1e3
+    weight_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
+    floor_us = weight_bytes / 4.25e12 * 1e6  # GPU.md's floor: weight bytes / copy bandwidth
+    print(f"graph   {graph_us:8.1f} us  (replay only; floor {floor_us:.1f} us for {weight_bytes / 1e9:.2f} GB of "
+          f"weights: {graph_us / floor_us:.2f}x)")
     print(f"runner  {cuda_ms(lambda: runner.run(ids, pos, slots, 2048), 100) * 1e3:8.1f} us  (copies + replay + clone)")
     print(f"logits  {cuda_ms(lambda: model.compute_logits(hidden).argmax(-1), 100) * 1e3:8.1f} us  (lm_head + argmax)")
 
@@ -110,7 +120,7 @@ def main() -> None:
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     total = sum(e.device_time for e in kernels)
     print(f"kernels {len(kernels)} in one eager forward + logits, {total:.1f} us of GPU time "
-          f"({len(kernels) / SMOLLM2['num_hidden_layers']:.1f} a layer)")
+          f"({len(kernels) / shape['num_hidden_layers']:.1f} a layer)")
     by_name: dict[str, list[float]] = {}
     for e in kernels:
         by_name.setdefault(e.name[:90], []).append(e.device_time)

@@ -1,0 +1,156 @@
+"""Linear layers of decode-shaped steps (a few rows): y = x W^T (+ bias), with an
+optional RMSNorm of x before it and SiluAndMul or a residual add after it, in one kernel.
+
+Why a kernel of our own instead of cuBLAS for these few rows:
+- Kernel count. A batch-1 decode step of a small model is bound by the number of
+  kernels, not by bytes (SmolLM2-135M on the H200: 13 kernels a layer, the GEMMs 3.6-3.9
+  us each, the norms, adds and activation 1.1-1.4 us each; scripts/device/step_profile.py).
+  Folding the norm into the projection that reads it, the activation into gate_up and the
+  residual add into o_proj / down_proj leaves 4 GEMM kernels and no elementwise ones.
+- Batch invariance. The tile shape depends only on the weight's shape, never on the
+  number of rows, and every row is reduced over K in the same order (fixed BLOCK_K steps,
+  one tl.dot per step): a row gives the same bits alone (plain decoding) as inside a
+  verification or tree step of any size. cuBLAS picks its kernel by M, which is why EAGLE-2
+  trees (60 rows) were not bf16-lossless (BENCHMARKS.md).
+
+Rounding follows the eager modules step for step: the norm rounds x * rstd to the
+activation dtype before scaling by its weight; the product is rounded once (bias added in
+fp32 first); silu(gate) is rounded before the product with up; the residual add rounds
+once. Rows above MAX_ROWS (prefill) keep cuBLAS: plain and speculative decoding prefill
+alike, so they still agree.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from ._triton import triton, tl, use_triton
+from .activation import silu_and_mul_torch
+from .norm import rms_norm_torch
+
+MAX_ROWS = 256  # decode, verification (B x (K+1)) and tree steps; more rows: cuBLAS
+BLOCK_M = 16    # the smallest tl.dot tile; fixed so that a row's bits never depend on M
+BLOCK_K = 64
+
+
+def fused_linear_torch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
+                       norm_weight: Optional[torch.Tensor] = None, eps: float = 1e-6, gated: bool = False,
+                       residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Reference: [rms_norm(x)] -> F.linear -> [silu_and_mul] -> [+ residual]."""
+    if norm_weight is not None:
+        x = rms_norm_torch(x, norm_weight, eps)
+    y = F.linear(x, weight, bias)
+    if gated:
+        y = silu_and_mul_torch(y)
+    return y if residual is None else residual + y
+
+
+@triton.jit
+def _linear_kernel(X, W, B, NW, R, Y, M, N, K, sxm, swn, srm, sym, eps,
+                   HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, GATED: tl.constexpr, HAS_RES: tl.constexpr,
+                   IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # Program (n, m): output columns [n*BLOCK_N, +BLOCK_N) of rows [m*BLOCK_M, +BLOCK_M).
+    # GATED: W holds gate rows [0, N) then up rows [N, 2N); the output is silu(gate) * up.
+    rows = (tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    cols = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    rmask = rows < M
+    cmask = cols < N
+    dt = Y.dtype.element_ty
+    if HAS_NORM:
+        sq = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(X + rows[:, None] * sxm + ks[None, :], mask=rmask[:, None] & (ks[None, :] < K),
+                        other=0.0).to(tl.float32)
+            sq += tl.sum(x * x, axis=1)
+        rstd = 1.0 / tl.sqrt(sq / K + eps)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        kmask = ks < K
+        x = tl.load(X + rows[:, None] * sxm + ks[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
+        if HAS_NORM:
+            nw = tl.load(NW + ks, mask=kmask, other=0.0).to(tl.float32)
+            normed = (x.to(tl.float32) * rstd[:, None]).to(dt).to(tl.float32)
+            x = (normed * nw[None, :]).to(dt)
+        wmask = cmask[:, None] & kmask[None, :]
+        w = tl.load(W + cols[:, None] * swn + ks[None, :], mask=wmask, other=0.0)
+        if IEEE:
+            acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
+        if GATED:
+            u = tl.load(W + (cols[:, None] + N) * swn + ks[None, :], mask=wmask, other=0.0)
+            if IEEE:
+                acc_up = tl.dot(x, tl.trans(u), acc_up, input_precision="ieee")
+            else:
+                acc_up = tl.dot(x, tl.trans(u), acc_up)
+    if HAS_BIAS:
+        acc += tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        if GATED:
+            acc_up += tl.load(B + N + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    y = acc.to(dt)
+    if GATED:
+        g = y.to(tl.float32)
+        s = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
+        y = (s * acc_up.to(dt).to(tl.float32)).to(dt)
+    omask = rmask[:, None] & cmask[None, :]
+    if HAS_RES:
+        r = tl.load(R + rows[:, None] * srm + cols[None, :], mask=omask, other=0.0).to(tl.float32)
+        y = (r + y.to(tl.float32)).to(dt)
+    tl.store(Y + rows[:, None] * sym + cols[None, :], y, mask=omask)
+
+
+def _block_n(n: int) -> int:
+    # From the weight's shape only (batch invariance). Narrow tiles for the narrow
+    # matrices of small models so that enough programs share the weight reads.
+    return 16 if n <= 4096 else 32 if n <= 16384 else 64
+
+
+def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
+                        norm_weight: Optional[torch.Tensor] = None, eps: float = 1e-6, gated: bool = False,
+                        residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    K = x.shape[-1]
+    rows = x.reshape(-1, K)
+    M = rows.shape[0]
+    N = weight.shape[0] // 2 if gated else weight.shape[0]
+    out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    res = residual.reshape(-1, N) if residual is not None else out
+    if M:
+        block_n = _block_n(weight.shape[0])
+        grid = (triton.cdiv(N, block_n), triton.cdiv(M, BLOCK_M))
+        _linear_kernel[grid](
+            rows, weight, bias if bias is not None else weight, norm_weight if norm_weight is not None else weight,
+            res, out, M, N, K, rows.stride(0), weight.stride(0), res.stride(0), out.stride(0), eps,
+            HAS_BIAS=bias is not None, HAS_NORM=norm_weight is not None, GATED=gated,
+            HAS_RES=residual is not None, IEEE=x.dtype == torch.float32,
+            BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=BLOCK_K,
+        )
+    return out.view(*x.shape[:-1], N)
+
+
+def use_linear_kernel(x: torch.Tensor, weight: torch.Tensor, *others: Optional[torch.Tensor]) -> bool:
+    """The kernel's case: CUDA, at most MAX_ROWS rows of unit stride, a contiguous 2-D weight
+    and every tensor of x's dtype. EAGLE_ZOO_TRITON_LINEAR=0 keeps cuBLAS (for A/B runs)."""
+    present = [t for t in others if t is not None]
+    if os.environ.get("EAGLE_ZOO_TRITON_LINEAR", "1") == "0" or not use_triton(x, weight, *present):
+        return False
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32) or weight.dim() != 2:
+        return False
+    if x.numel() > MAX_ROWS * x.shape[-1] or x.stride(-1) != 1 or not weight.is_contiguous():
+        return False
+    return all(t.dtype == x.dtype and t.is_contiguous() for t in (weight, *present))
+
+
+def fused_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
+                 norm_weight: Optional[torch.Tensor] = None, eps: float = 1e-6, gated: bool = False,
+                 residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Triton for few rows on CUDA (use_linear_kernel), the reference otherwise."""
+    kw = dict(norm_weight=norm_weight, eps=eps, gated=gated, residual=residual)
+    if use_linear_kernel(x, weight, bias, norm_weight, residual):
+        return fused_linear_triton(x, weight, bias, **kw)
+    return fused_linear_torch(x, weight, bias, **kw)
