@@ -13,11 +13,12 @@ Why a kernel of our own instead of cuBLAS for these few rows:
   verification or tree step of any size. cuBLAS picks its kernel by M, which is why EAGLE-2
   trees (60 rows) were not bf16-lossless (BENCHMARKS.md).
 
-Rounding follows the eager modules step for step: the norm rounds x * rstd to the
-activation dtype before scaling by its weight; the product is rounded once (bias added in
-fp32 first); silu(gate) is rounded before the product with up; the residual add rounds
-once. Rows above MAX_ROWS (prefill) keep cuBLAS: plain and speculative decoding prefill
-alike, so they still agree.
+Rounding: the norm is folded into the product (x * norm_weight, rounded to the
+activation dtype, then the fp32 sums scaled by the row's rstd: one pass over x instead of
+two; in bf16 not the module path's bits, which round x * rstd first); the product is
+rounded once (bias added in fp32 first); silu(gate) is rounded before the product with
+up; the residual add rounds once. Rows above MAX_ROWS (prefill) keep cuBLAS: plain and
+speculative decoding prefill alike, so they still agree.
 """
 from __future__ import annotations
 
@@ -59,24 +60,19 @@ def _linear_kernel(X, W, B, NW, R, Y, M, N, K, sxm, swn, srm, sym, eps,
     rmask = rows < M
     cmask = cols < N
     dt = Y.dtype.element_ty
-    if HAS_NORM:
-        sq = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            x = tl.load(X + rows[:, None] * sxm + ks[None, :], mask=rmask[:, None] & (ks[None, :] < K),
-                        other=0.0).to(tl.float32)
-            sq += tl.sum(x * x, axis=1)
-        rstd = 1.0 / tl.sqrt(sq / K + eps)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    sq = tl.zeros([BLOCK_M], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         kmask = ks < K
         x = tl.load(X + rows[:, None] * sxm + ks[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
         if HAS_NORM:
-            nw = tl.load(NW + ks, mask=kmask, other=0.0).to(tl.float32)
-            normed = (x.to(tl.float32) * rstd[:, None]).to(dt).to(tl.float32)
-            x = (normed * nw[None, :]).to(dt)
+            # RMSNorm as a prologue in the same pass: rstd is one scalar a row, so the
+            # product takes x * norm_weight and is scaled by rstd after the reduction.
+            xf = x.to(tl.float32)
+            sq += tl.sum(xf * xf, axis=1)
+            x = (xf * tl.load(NW + ks, mask=kmask, other=0.0).to(tl.float32)[None, :]).to(dt)
         wmask = cmask[:, None] & kmask[None, :]
         w = tl.load(W + cols[:, None] * swn + ks[None, :], mask=wmask, other=0.0)
         if IEEE:
@@ -89,6 +85,10 @@ def _linear_kernel(X, W, B, NW, R, Y, M, N, K, sxm, swn, srm, sym, eps,
                 acc_up = tl.dot(x, tl.trans(u), acc_up, input_precision="ieee")
             else:
                 acc_up = tl.dot(x, tl.trans(u), acc_up)
+    if HAS_NORM:
+        rstd = (1.0 / tl.sqrt(sq / K + eps))[:, None]
+        acc = acc * rstd
+        acc_up = acc_up * rstd
     if HAS_BIAS:
         acc += tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
         if GATED:
@@ -105,15 +105,17 @@ def _linear_kernel(X, W, B, NW, R, Y, M, N, K, sxm, swn, srm, sym, eps,
     tl.store(Y + rows[:, None] * sym + cols[None, :], y, mask=omask)
 
 
-def _block_n(n: int) -> int:
-    # From the weight's shape only (batch invariance). Narrow tiles for the narrow
-    # matrices of small models so that enough programs share the weight reads.
-    return 16 if n <= 4096 else 32 if n <= 16384 else 64
+def tile_config(n: int, k: int) -> dict:
+    """BLOCK_N, BLOCK_K, num_warps, num_stages for a weight of n rows and k columns: from
+    the weight's shape only (batch invariance). Narrow tiles for the narrow matrices of
+    small models so that enough programs share the weight reads."""
+    return dict(BLOCK_N=16 if n <= 4096 else 32 if n <= 16384 else 64, BLOCK_K=BLOCK_K, num_warps=4, num_stages=3)
 
 
 def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
                         norm_weight: Optional[torch.Tensor] = None, eps: float = 1e-6, gated: bool = False,
-                        residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+                        residual: Optional[torch.Tensor] = None, config: Optional[dict] = None) -> torch.Tensor:
+    """config: tile_config's keys, to compare tilings (scripts/device/linear_sweep.py)."""
     K = x.shape[-1]
     rows = x.reshape(-1, K)
     M = rows.shape[0]
@@ -121,14 +123,14 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[to
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     res = residual.reshape(-1, N) if residual is not None else out
     if M:
-        block_n = _block_n(weight.shape[0])
-        grid = (triton.cdiv(N, block_n), triton.cdiv(M, BLOCK_M))
+        cfg = config or tile_config(weight.shape[0], K)
+        grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, BLOCK_M))
         _linear_kernel[grid](
             rows, weight, bias if bias is not None else weight, norm_weight if norm_weight is not None else weight,
             res, out, M, N, K, rows.stride(0), weight.stride(0), res.stride(0), out.stride(0), eps,
             HAS_BIAS=bias is not None, HAS_NORM=norm_weight is not None, GATED=gated,
             HAS_RES=residual is not None, IEEE=x.dtype == torch.float32,
-            BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=BLOCK_K,
+            BLOCK_M=BLOCK_M, **cfg,
         )
     return out.view(*x.shape[:-1], N)
 

@@ -433,7 +433,16 @@ def test_rope_triton_matches_reference(device):
         got, ref = rope_neox_triton(q, k, cos, sin), rope_neox_torch(q, k, cos, sin)
         for a, b in zip(got, ref):
             assert a.shape == b.shape and a.is_contiguous()
-            _close(a, b, dtype)  # bf16 on the H200: within one step of the reference, not bit for bit
+            _close_rope(a, b, dtype)
+
+
+def _close_rope(a, b, dtype):
+    # bf16 on the H200: one step of a product apart (not bit for bit); where the two
+    # products cancel, that step is large next to the result (0.0039 seen at a 0).
+    if dtype == torch.bfloat16:
+        torch.testing.assert_close(a.float(), b.float(), rtol=2 ** -7, atol=2 ** -6)
+    else:
+        _close(a, b, dtype)
 
 
 def test_layer_op_dispatchers_use_the_reference_on_cpu():
@@ -553,8 +562,8 @@ def test_rope_write_kv_triton_matches_reference(device):
         kc2, vc2 = kc.clone(), vc.clone()
         qo = rope_write_kv_triton(q, k, v, cos, sin, kc, vc, slots, pos)
         qr = rope_write_kv_torch(q, k, v, cos, sin, kc2, vc2, slots, pos)
-        _close(qo, qr, dtype)
-        _close(kc, kc2, dtype)
+        _close_rope(qo, qr, dtype)
+        _close_rope(kc, kc2, dtype)
         assert torch.equal(vc, vc2)  # v is copied
         # An out-of-range position writes nothing.
         before = kc.clone(), vc.clone()
