@@ -34,7 +34,10 @@ from .norm import rms_norm_torch
 
 MAX_ROWS = 256  # decode, verification (B x (K+1)) and tree steps; more rows: cuBLAS
 BLOCK_M = 16    # the smallest tl.dot tile; fixed so that a row's bits never depend on M
-BLOCK_K = 64
+# Wider inputs keep cuBLAS: on the H200 this kernel lost to it on Llama-3-8B's qkv (32.6
+# vs 16.3 us), gate_up (69.5 vs 61.7) and down_proj (37.6 vs 33.8), and won on SmolLM2's
+# o_proj and down_proj (2.8 vs 4.8, 4.1 vs 6.3 us with the add they absorb).
+MAX_K = 2048
 
 
 def fused_linear_torch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
@@ -62,7 +65,7 @@ def _linear_kernel(X, W, B, NW, R, Y, M, N, K, sxm, swn, srm, sym, eps,
     dt = Y.dtype.element_ty
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    sq = tl.zeros([BLOCK_M], dtype=tl.float32)
+    sq = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)  # summed over K once, after the loop
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         kmask = ks < K
@@ -71,7 +74,7 @@ def _linear_kernel(X, W, B, NW, R, Y, M, N, K, sxm, swn, srm, sym, eps,
             # RMSNorm as a prologue in the same pass: rstd is one scalar a row, so the
             # product takes x * norm_weight and is scaled by rstd after the reduction.
             xf = x.to(tl.float32)
-            sq += tl.sum(xf * xf, axis=1)
+            sq += xf * xf
             x = (xf * tl.load(NW + ks, mask=kmask, other=0.0).to(tl.float32)[None, :]).to(dt)
         wmask = cmask[:, None] & kmask[None, :]
         w = tl.load(W + cols[:, None] * swn + ks[None, :], mask=wmask, other=0.0)
@@ -86,7 +89,7 @@ def _linear_kernel(X, W, B, NW, R, Y, M, N, K, sxm, swn, srm, sym, eps,
             else:
                 acc_up = tl.dot(x, tl.trans(u), acc_up)
     if HAS_NORM:
-        rstd = (1.0 / tl.sqrt(sq / K + eps))[:, None]
+        rstd = (1.0 / tl.sqrt(tl.sum(sq, axis=1) / K + eps))[:, None]
         acc = acc * rstd
         acc_up = acc_up * rstd
     if HAS_BIAS:
@@ -107,9 +110,14 @@ def _linear_kernel(X, W, B, NW, R, Y, M, N, K, sxm, swn, srm, sym, eps,
 
 def tile_config(n: int, k: int) -> dict:
     """BLOCK_N, BLOCK_K, num_warps, num_stages for a weight of n rows and k columns: from
-    the weight's shape only (batch invariance). Narrow tiles for the narrow matrices of
-    small models so that enough programs share the weight reads."""
-    return dict(BLOCK_N=16 if n <= 4096 else 32 if n <= 16384 else 64, BLOCK_K=BLOCK_K, num_warps=4, num_stages=3)
+    the weight's shape only (batch invariance). Picked with scripts/device/linear_sweep.py
+    on the H200 (BENCHMARKS.md): narrow tiles for the narrow matrices of small models, so
+    that enough programs share the weight reads; wide ones for a large vocabulary."""
+    if n > 4096:
+        return dict(BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3)
+    if k >= 1024:
+        return dict(BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=3)
+    return dict(BLOCK_N=16, BLOCK_K=128, num_warps=2, num_stages=4)
 
 
 def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
@@ -136,14 +144,16 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[to
 
 
 def use_linear_kernel(x: torch.Tensor, weight: torch.Tensor, *others: Optional[torch.Tensor]) -> bool:
-    """The kernel's case: CUDA, at most MAX_ROWS rows of unit stride, a contiguous 2-D weight
-    and every tensor of x's dtype. EAGLE_ZOO_TRITON_LINEAR=0 keeps cuBLAS (for A/B runs)."""
+    """The kernel's case: CUDA, at most MAX_ROWS rows of unit stride and at most MAX_K
+    columns, a contiguous 2-D weight and every tensor of x's dtype. EAGLE_ZOO_TRITON_LINEAR=0 keeps cuBLAS (for A/B runs)."""
     present = [t for t in others if t is not None]
     if os.environ.get("EAGLE_ZOO_TRITON_LINEAR", "1") == "0" or not use_triton(x, weight, *present):
         return False
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32) or weight.dim() != 2:
         return False
     if x.numel() > MAX_ROWS * x.shape[-1] or x.stride(-1) != 1 or not weight.is_contiguous():
+        return False
+    if x.shape[-1] > MAX_K:
         return False
     return all(t.dtype == x.dtype and t.is_contiguous() for t in (weight, *present))
 

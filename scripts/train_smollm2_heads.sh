@@ -21,7 +21,7 @@
 #
 # Knobs (environment): DATA_SECONDS TRAIN_SECONDS DEVICE PYTHON WORK GEN_BATCH
 # EAGLE_TOKENS EAGLE3_TOKENS MAX_LEN MAX_NEW_TOKENS MAX_PROMPTS DRAFT_VOCAB TTT_STEPS
-# SYNTH_PROMPTS SYNTH_SECONDS LR.
+# SYNTH_PROMPTS SYNTH_SECONDS SYNTH_SEED LR (SYNTH_SEED: another seed, other self-instruct prompts).
 # Warm start (continue training shipped or earlier heads on new data): INIT_EAGLE=HEAD
 # and/or INIT_EAGLE3=HEAD (a head directory or catalog id, e.g.
 # eagle-zoo/EAGLE3-SmolLM2-135M-Instruct) pass --init-from HEAD to that job;
@@ -80,7 +80,7 @@ else
 # -- 0. self-instruct prompts ------------------------------------------------------------------
 if [ "$SYNTH_PROMPTS" -gt 0 ]; then
   ez train prompts --target "$TARGET" --num "$SYNTH_PROMPTS" --mix "$PROMPTS" --out "$WORK/prompts.jsonl" \
-    --device "$DEVICE" --max-seconds "$SYNTH_SECONDS" --max-new-tokens 128 --seed 0 2>&1 | tee "$WORK/logs/prompts.log"
+    --device "$DEVICE" --max-seconds "$SYNTH_SECONDS" --max-new-tokens 128 --seed "${SYNTH_SEED:-0}" 2>&1 | tee "$WORK/logs/prompts.log"
   [ -s "$WORK/prompts.jsonl" ] && PROMPTS="$WORK/prompts.jsonl" || say "self-instruct prompts failed: using $PROMPTS alone"
 fi
 

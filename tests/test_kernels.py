@@ -468,13 +468,15 @@ LINEAR_CASES = {  # name: fused_linear keyword arguments besides x and weight
     "norm_gated": dict(norm=True, gated=True),
     "residual": dict(residual=True),
     "gated_bias": dict(gated=True, bias=True),
+    "wide": dict(N=4200),  # tile_config's wide tiles (a vocabulary)
 }
 
 
-def _linear_problem(device, dtype, M, case, K=70, N=40, seed=4):
+def _linear_problem(device, dtype, M, case, K=200, N=40, seed=4):
     """K not a multiple of BLOCK_K, N not of the tile width: every mask is used."""
     g = torch.Generator().manual_seed(seed)
     opts = LINEAR_CASES[case]
+    N = opts.get("N", N)
     rows_w = 2 * N if opts.get("gated") else N
     x = torch.randn(M, K, generator=g)
     w = torch.randn(rows_w, K, generator=g) / K ** 0.5
