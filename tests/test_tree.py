@@ -242,7 +242,7 @@ class GraphStandIn:
 
     def __call__(self, input_ids, positions, slot_ids, *args):
         self.calls.append((self.name, input_ids.shape[1]))
-        return self.runner._full_length_forward(input_ids, positions, slot_ids, *args)
+        return self.runner.forward_full_length(input_ids, positions, slot_ids, *args)
 
 
 def test_graph_mode_runs_tree_passes_eagerly(models):

@@ -29,6 +29,7 @@ from ..hookspecs import hookimpl
 from ..specs import ProposerSpec
 from .drafter_batch import catch_up_unpadded
 from .host_tensors import device_tensor
+from .graphs import GraphedForward
 from .runner import ModelRunner
 
 
@@ -92,8 +93,16 @@ class EagleProposer(Proposer):
         self.runner = ModelRunner(head, num_slots, max_len, dtype, device, graph_pool)
         hidden_size = head.config.hidden_size
         # The head's output at each sequence's last verified position; the first draft is
-        # computed from it in propose(), so plain steps skip the lm_head.
-        self.next_hidden = torch.zeros(num_slots, hidden_size, dtype=dtype, device=device)
+        # computed from it in propose(), so plain steps skip the lm_head. One row more for
+        # the scratch slot that padding rows of a graphed batch use.
+        self.next_hidden = torch.zeros(num_slots + 1, hidden_size, dtype=dtype, device=device)
+        # With CUDA graphs (the runner has them) the whole drafting loop and the whole
+        # catch-up each replay as one graph: a step's head passes, lm_heads, argmaxes and
+        # index arithmetic, which eagerly cost more launches and Python than the head itself.
+        self._graphed_drafts = self._graphed_catch_up = None
+        if self.runner.graphed is not None:
+            self._graphed_drafts = GraphedForward(self._draft_chain, num_slots, num_slots, graph_pool)
+            self._graphed_catch_up = GraphedForward(self._catch_up, num_slots, num_slots, graph_pool)
         if method == "eagle3":
             ids = getattr(head.config, "eagle_aux_hidden_state_layer_ids", None)
             n = target_num_layers
@@ -116,24 +125,54 @@ class EagleProposer(Proposer):
 
     @torch.inference_mode()
     def propose(self, batch: StepBatch):
-        hidden = self.next_hidden[batch.slots]
+        k = self.depth(batch)
+        base = batch.base_positions.unsqueeze(1)
+        if self._graphed_drafts is not None and self._graphed_drafts.eligible(base):
+            return self._graphed_drafts(base, base, batch.slots, k), None
+        return self._draft_chain(None, base, batch.slots, k, kv_len=batch.kv_len), None
+
+    def _draft_chain(self, _, base: torch.Tensor, slots: torch.Tensor, k: int, kv_len: Optional[int] = None):
+        """K greedy drafts [B, K] from next_hidden[slots]; base [B, 1] holds each sequence's
+        last verified position. Device work only (one graph on CUDA): the draft passes of
+        the head run under the runner's full-length context when captured (kv_len None),
+        through runner.run otherwise."""
+        hidden = self.next_hidden[slots]
         token = self._draft_token(hidden)
         drafts = [token]
-        for step in range(self.depth(batch) - 1):
-            pos = (batch.base_positions + step).unsqueeze(1)
-            hidden = self.runner.run(token.unsqueeze(1), pos, batch.slots, batch.kv_len, hidden.unsqueeze(1))[:, 0]
+        for step in range(k - 1):
+            args = (token.unsqueeze(1), base + step, slots)
+            if kv_len is None:
+                hidden = self.runner.forward_full_length(*args, hidden.unsqueeze(1))[:, 0]
+            else:
+                hidden = self.runner.run(*args, kv_len, hidden.unsqueeze(1))[:, 0]
             token = self._draft_token(hidden)
             drafts.append(token)
-        return torch.stack(drafts, dim=1), None
+        return torch.stack(drafts, dim=1)
 
     @torch.inference_mode()
     def on_verify(self, batch: StepBatch, out: TargetOutput, num_accepted: torch.Tensor) -> None:
         if not self.padded_drafter_batch:
             self.next_hidden[batch.slots] = catch_up_unpadded(self.runner, out, batch, self._features(out), num_accepted)
             return
-        h = self.runner.run(out.tokens.clamp(min=0), out.positions, batch.slots, batch.kv_len, self._features(out))
-        idx = num_accepted.view(-1, 1, 1).expand(-1, 1, h.shape[-1])
-        self.next_hidden[batch.slots] = h.gather(1, idx)[:, 0]
+        inputs = (out.hidden,) if self.method != "eagle3" else tuple(out.aux)
+        accepted = num_accepted.view(-1, 1)
+        if self._graphed_catch_up is not None and self._graphed_catch_up.eligible(out.tokens):
+            self._graphed_catch_up(out.tokens, out.positions, batch.slots, accepted, *inputs)
+        else:
+            self._catch_up(out.tokens, out.positions, batch.slots, accepted, *inputs, kv_len=batch.kv_len)
+
+    def _catch_up(self, tokens, positions, slots, num_accepted, *inputs, kv_len: Optional[int] = None) -> None:
+        """The padded catch-up: the head consumes all K + 1 verified positions ([B, K+1]
+        tokens, -1 past the accepted run) and next_hidden[slots] takes its output at each
+        sequence's num_accepted ([B, 1]). inputs: the target's final hidden state (EAGLE-1)
+        or its aux residual streams (EAGLE-3). Device work only (one graph on CUDA)."""
+        features = self._features(TargetOutput(tokens, tokens, positions, inputs[0], list(inputs)))
+        args = (tokens.clamp(min=0), positions, slots)
+        if kv_len is None:
+            h = self.runner.forward_full_length(*args, features)
+        else:
+            h = self.runner.run(*args, kv_len, features)
+        self.next_hidden[slots] = h.gather(1, num_accepted.view(-1, 1, 1).expand(-1, 1, h.shape[-1]))[:, 0]
 
     @torch.inference_mode()
     def on_plain_step(self, batch: StepBatch, out: TargetOutput) -> None:

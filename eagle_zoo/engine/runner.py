@@ -40,9 +40,11 @@ class ModelRunner:
             prepare_one_row_copies(model)
         self.graphed = None
         if graph_pool is not None:
-            self.graphed = GraphedForward(self._full_length_forward, num_slots, self.scratch_slot, graph_pool)
+            self.graphed = GraphedForward(self.forward_full_length, num_slots, self.scratch_slot, graph_pool)
 
-    def _full_length_forward(self, input_ids, positions, slot_ids, *args):
+    def forward_full_length(self, input_ids, positions, slot_ids, *args):
+        """The model over the whole cache row (kv_len = max_len, masked by position): the
+        form CUDA graphs capture, here or inside a larger captured function."""
         ctx = AttentionContext(self.kv_caches, slot_ids, positions, self.max_len)
         with use_context(ctx):
             return self.model(input_ids, positions, *args)

@@ -1,0 +1,58 @@
+"""The functions the EAGLE proposer captures as one CUDA graph each (the K-step drafting
+loop, the padded catch-up) run on the CPU too: there they take the runner's full-length
+path (kv_len = max_len, masked by position), as inside a graph. They must give the same
+drafts and the same head state as the step-by-step path through runner.run (kv_len
+bounded by the sequences), which the engine uses without graphs."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import checkpoint_factory as cf
+import engine_fixtures as ef
+from eagle_zoo import LLM, SamplingParams
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+@torch.inference_mode()  # as in the engine's propose / on_verify
+def test_full_length_draft_chain_and_catch_up_match_the_runner_path(method, tmp_path):
+    kind = ef.kind_of("llama")
+    target = ef.write_target(tmp_path / "target", kind)
+    head = ef.write_head(tmp_path / "head", kind, method)
+    llm = LLM(str(target), speculative_config={"method": method, "model": str(head), "num_speculative_tokens": 3},
+              device="cpu", dtype="float32", max_model_len=96, max_num_seqs=3, enforce_eager=True)
+    prompts = ef.random_prompts((7, 11), cf.TINY["vocab_size"], seed=2)
+    llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=9,
+                                                                           ignore_eos=True))
+    proposer = llm.engine.proposer
+    assert proposer._graphed_drafts is None  # CPU: no graphs, the functions run as they are
+    g = torch.Generator().manual_seed(3)
+    proposer.next_hidden.copy_(torch.randn(proposer.next_hidden.shape, generator=g))
+    slots = torch.tensor([2, 0])
+    base = torch.tensor([[20], [33]])
+    before = [c.clone() for pair in proposer.runner.kv_caches for c in pair]
+    full = proposer._draft_chain(None, base, slots, 3)
+    after_full = [c.clone() for pair in proposer.runner.kv_caches for c in pair]
+    for c, b in zip((c for pair in proposer.runner.kv_caches for c in pair), before):
+        c.copy_(b)
+    stepwise = proposer._draft_chain(None, base, slots, 3, kv_len=int(base.max()) + 4)
+    assert full.shape == (2, 3) and torch.equal(full, stepwise)
+    for a, b in zip(after_full, (c for pair in proposer.runner.kv_caches for c in pair)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)  # the draft passes wrote the same k/v
+
+    # Catch-up: 4 verified positions a sequence, 1 and 3 of them accepted.
+    H = proposer.next_hidden.shape[1]
+    tokens = torch.tensor([[5, 9, -1, -1], [4, 8, 2, 7]])
+    positions = base + torch.arange(4)
+    n_aux = len(proposer.aux_layer_ids) if method == "eagle3" else 1
+    inputs = [torch.randn(2, 4, H if method == "eagle" else llm.engine.target.config.hidden_size, generator=g)
+              for _ in range(n_aux)]
+    accepted = torch.tensor([[1], [3]])
+    proposer._catch_up(tokens, positions, slots, accepted, *inputs)
+    full_state = proposer.next_hidden[slots].clone()
+    proposer.next_hidden.zero_()
+    proposer._catch_up(tokens, positions, slots, accepted, *inputs, kv_len=int(positions.max()) + 1)
+    torch.testing.assert_close(full_state, proposer.next_hidden[slots], rtol=1e-5, atol=1e-6)
+    assert full_state.abs().sum() > 0
