@@ -28,8 +28,8 @@ import torch
 from ..hookspecs import hookimpl
 from ..specs import ProposerSpec
 from .drafter_batch import catch_up_unpadded
-from .host_tensors import device_tensor
 from .graphs import GraphedForward
+from .host_tensors import device_tensor
 from .runner import ModelRunner
 
 
