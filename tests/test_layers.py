@@ -136,6 +136,19 @@ def test_rmsnorm_and_silu_match_transformers():
     torch.testing.assert_close(SiluAndMul()(gu), F.silu(gu[:, :4]) * gu[:, 4:])
 
 
+def test_rmsnorm_cpu_fp32_fused_op_gives_the_reference_bits():
+    """RMSNorm on CPU fp32 calls torch's fused F.rms_norm (one op instead of seven): it
+    must give kernels/norm.py's reference formula bit for bit, so nothing downstream moves."""
+    from kernels.norm import rms_norm_torch
+
+    g = torch.Generator().manual_seed(0)
+    for n in (64, 576, 2048):
+        x, w = torch.randn(200, n, generator=g) * 3, torch.randn(n, generator=g)
+        norm = RMSNorm(n, 1e-5)
+        norm.weight.data.copy_(w)
+        assert torch.equal(norm(x), rms_norm_torch(x, w, 1e-5))
+
+
 ROPES = {
     "default": {"rope_type": "default", "rope_theta": 500.0},
     "linear": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},

@@ -353,6 +353,10 @@ class RMSNorm(nn.Module):
         # On CUDA one Triton kernel instead of seven (kernels/norm.py).
         if x.is_cuda:
             return rms_norm(x, self.weight, self.eps)
+        if x.dtype == self.weight.dtype == torch.float32:
+            # torch's fused op: the same bits as the reference in fp32 (checked on 1,500 rows
+            # of 5 widths), one op instead of seven (~9 us each of 61 norms a CPU step).
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         return rms_norm_torch(x, self.weight, self.eps)
 
     def extra_repr(self) -> str:
