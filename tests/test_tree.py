@@ -245,20 +245,49 @@ class GraphStandIn:
         return self.runner.forward_full_length(input_ids, positions, slot_ids, *args)
 
 
-def test_graph_mode_runs_tree_passes_eagerly(models):
-    """With graphs on, masked passes (the target's tree, the head's drafting rounds) run
-    eagerly and the head's fixed-width catch-up may replay a graph; output unchanged."""
+class StepGraphStandIn:
+    """Stands in for the greedy tree step's CUDA graph on the CPU: records each call and
+    runs the function a graph would capture (the whole-row form) directly."""
+
+    def __init__(self, fn, calls):
+        self.fn, self.calls = fn, calls
+
+    def eligible(self, input_ids):
+        return True
+
+    def __call__(self, last, base, slots):
+        self.calls.append(("tree step", last.shape[1]))
+        return self.fn(last, base, slots)
+
+
+def test_graph_mode_runs_the_greedy_tree_step_as_one_graph(models):
+    """With graphs on, a greedy tree step is one captured function over whole cache rows
+    (drafting rounds, the target's tree pass, acceptance, compaction, catch-up): the
+    runners' own graphs then serve only prefill, and the output is unchanged."""
     target, head, prompts, want = models("llama", "eagle3", scale=0.6)
     spec = {"method": "eagle3", "model": str(head), "tree": {"top_k": 3, "depth": 3, "total_tokens": 9}}
     llm = make_llm(target, spec, 3)
     calls = []
     for name, runner in (("target", llm.engine.runner), ("head", llm.engine.proposer.runner)):
         runner.graphed = GraphStandIn(runner, name, calls)
+    llm.engine._tree_step_graph = StepGraphStandIn(tree_verify.whole_row_greedy_step(llm.engine), calls)
     assert generate(llm, prompts, [greedy(n) for n in MAX_TOKENS]) == want
     prefill = sorted({n for n in LENGTHS if n <= 16})
     assert sorted({t for name, t in calls if name == "target"}) == prefill  # never the 9-node tree pass
-    assert {t for name, t in calls if name == "head"} == set(prefill) | {4 + 1}  # catch-up: deepest level 4, + 1
+    assert {t for name, t in calls if name == "head"} == set(prefill)  # the catch-up is inside the step
+    assert ("tree step", 1) in calls
     assert llm.engine.metrics.num_accepted_tokens > 0
+
+
+def test_sampled_tree_steps_stay_eager_with_graphs(models):
+    """Sampled tree steps draw from per-request generators, outside any graph."""
+    target, head, prompts, _ = models("llama", "eagle3", scale=0.6)
+    spec = {"method": "eagle3", "model": str(head), "tree": {"top_k": 3, "depth": 3, "total_tokens": 9}}
+    llm = make_llm(target, spec, 3)
+    calls = []
+    llm.engine._tree_step_graph = StepGraphStandIn(lambda *a: pytest.fail("a sampled step was graphed"), calls)
+    outs = generate(llm, prompts[:2], [SamplingParams(temperature=0.8, seed=3, max_tokens=6)] * 2)
+    assert all(len(o) == 6 for o in outs) and not calls
 
 
 def test_tree_runs_to_max_model_len(models):

@@ -42,10 +42,12 @@ class ModelRunner:
         if graph_pool is not None:
             self.graphed = GraphedForward(self.forward_full_length, num_slots, self.scratch_slot, graph_pool)
 
-    def forward_full_length(self, input_ids, positions, slot_ids, *args):
-        """The model over the whole cache row (kv_len = max_len, masked by position): the
-        form CUDA graphs capture, here or inside a larger captured function."""
-        ctx = AttentionContext(self.kv_caches, slot_ids, positions, self.max_len)
+    def forward_full_length(self, input_ids, positions, slot_ids, *args, attn_mask=None, cache_positions=None):
+        """The model over the whole cache row (kv_len = max_len, masked by position, or by
+        attn_mask [B, T, max_len]): the form CUDA graphs capture, here or inside a larger
+        captured function (the EAGLE drafting loop, a tree step)."""
+        where = positions if cache_positions is None else cache_positions
+        ctx = AttentionContext(self.kv_caches, slot_ids, where, self.max_len, attn_mask=attn_mask)
         with use_context(ctx):
             return self.model(input_ids, positions, *args)
 

@@ -56,10 +56,21 @@ class TreeEagleProposer(EagleProposer):
     def _log_probs(self, h: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(self.head.compute_logits(h).float(), dim=-1)
 
+    def _head_pass(self, kv_len: int | None, tokens, positions, slots, features, attn_mask=None,
+                   cache_positions=None):
+        """One head pass: bounded by kv_len through runner.run, or over the whole cache row
+        (kv_len None; masks then span runner.max_len) inside a captured tree step."""
+        if kv_len is None:
+            return self.runner.forward_full_length(tokens, positions, slots, features, attn_mask=attn_mask,
+                                                   cache_positions=cache_positions)
+        return self.runner.run(tokens, positions, slots, kv_len, features, attn_mask=attn_mask,
+                               cache_positions=cache_positions)
+
     @torch.inference_mode()
-    def propose_tree(self, slots: torch.Tensor, base: torch.Tensor, max_base: int) -> TreeDraft:
+    def propose_tree(self, slots: torch.Tensor, base: torch.Tensor, max_base: int | None) -> TreeDraft:
         """One tree per sequence; base [B] is each sequence's root position (its number of
-        cached tokens), max_base its maximum (a host int)."""
+        cached tokens), max_base its maximum (a host int), or None for the whole-row form
+        a CUDA graph captures (tree_verify.py)."""
         k, R = self.top_k, self.rounds
         B = slots.shape[0]
         hidden = self.next_hidden[slots]
@@ -71,14 +82,15 @@ class TreeEagleProposer(EagleProposer):
         node_hidden = hidden.unsqueeze(1).expand(B, k, H)
         # visible[b, j, c]: expanded node j sees scratch column base + c (its ancestors, itself)
         visible = torch.zeros(B, k, R * k, dtype=torch.bool, device=slots.device)
-        kv_len = max_base + R * k
+        kv_len = None if max_base is None else max_base + R * k
         own = torch.arange(k, device=slots.device)
+        true = torch.ones((), dtype=torch.bool, device=slots.device)  # a device value: capturable index_put
         for r in range(R):
-            visible[:, own, r * k + own] = True
+            visible[:, own, r * k + own] = true
             cols = base.view(B, 1) + r * k + own
             pos = (base + r).view(B, 1).expand(B, k)
-            mask = cache_mask(base, visible, kv_len)
-            h = self.runner.run(tokens, pos, slots, kv_len, node_hidden, attn_mask=mask, cache_positions=cols)
+            mask = cache_mask(base, visible, self.runner.max_len if kv_len is None else kv_len)
+            h = self._head_pass(kv_len, tokens, pos, slots, node_hidden, attn_mask=mask, cache_positions=cols)
             child_scores, child_tokens = self._log_probs(h).topk(k, dim=-1)  # [B, k, k]
             cum = (scores.unsqueeze(-1) + child_scores).flatten(1)  # [B, k*k]
             first = k + r * k * k  # candidate number of this round's first child
@@ -97,11 +109,12 @@ class TreeEagleProposer(EagleProposer):
                            self.total_tokens, self.max_depth)
 
     @torch.inference_mode()
-    def on_tree_verify(self, slots: torch.Tensor, base: torch.Tensor, max_base: int, path: torch.Tensor,
+    def on_tree_verify(self, slots: torch.Tensor, base: torch.Tensor, max_base: int | None, path: torch.Tensor,
                        out_tokens: torch.Tensor, num_accepted: torch.Tensor, hidden: torch.Tensor,
                        aux: list[torch.Tensor]) -> None:
         """Catch up on the accepted path. path [B, L+1]: node index at each level (any valid
-        node past the accepted depth); out_tokens [B, L+1]: the emitted tokens (-1 after)."""
+        node past the accepted depth); out_tokens [B, L+1]: the emitted tokens (-1 after);
+        max_base None: the whole-row form (propose_tree)."""
         B, T = path.shape
         idx = path.unsqueeze(-1)
         if self.method == "eagle3":
@@ -111,7 +124,8 @@ class TreeEagleProposer(EagleProposer):
             feats = hidden.gather(1, idx.expand(B, T, hidden.shape[-1]))
         positions = base.view(B, 1) + torch.arange(T, device=base.device)
         # Fixed width: positions past the accepted ones get garbage, overwritten next step.
-        h = self.runner.run(out_tokens.clamp(min=0), positions, slots, max_base + T, feats)
+        h = self._head_pass(None if max_base is None else max_base + T, out_tokens.clamp(min=0), positions,
+                            slots, feats)
         self.next_hidden[slots] = h.gather(1, num_accepted.view(B, 1, 1).expand(B, 1, h.shape[-1]))[:, 0]
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from .graphs import GraphedForward
 from .host_tensors import device_tensor
 from .sampler import apply_sampling_params, draw, sample_from_probs
 from .tree import TreeDraft, cache_mask
@@ -133,35 +134,93 @@ def tree_decode_step(engine, seqs) -> None:
     proposer, dev = engine.proposer, engine.device
     B = len(seqs)
     cached = [s.num_cached for s in seqs]
-    max_base = max(cached)
     columns = device_tensor([[s.slot for s in seqs], cached, [s.last_token_id for s in seqs]], dev, torch.long)
-    slots, base = columns[0], columns[1]
-    tree = proposer.propose_tree(slots, base, max_base)
-    N = tree.num_nodes
-    tree.tokens[:, 0] = columns[2]
-    positions = base.view(B, 1) + tree.depth
-    columns = base.view(B, 1) + torch.arange(N, device=dev)
-    kv_len = max_base + N
-    mask = cache_mask(base, tree.mask, kv_len)
-    hidden, aux = engine.runner.run(tree.tokens, positions, slots, kv_len, engine.aux_layer_ids,
-                                    attn_mask=mask, cache_positions=columns)
-    logits = engine.target.compute_logits(hidden)
+    slots, base, last = columns[0], columns[1], columns[2]
     sampling = SamplingBatch.from_sequences(seqs, dev)
     if sampling.all_greedy:
-        tokens, accepted, path = accept_greedy(logits.argmax(-1), tree)
+        graphed = _graphed_greedy_step(engine)
+        if graphed is not None and graphed.eligible(last.view(B, 1)):
+            out = graphed(last.view(B, 1), base.view(B, 1), slots)
+        else:
+            out = greedy_tree_step(engine, last, base, slots, max(cached))
     else:
-        t = sampling.tensors
-        probs = apply_sampling_params(logits, t.temperature, t.top_k, t.top_p, t.min_p)
-        # Fixed shapes per request, so a seeded request draws the same numbers in any batch.
-        uniforms = draw("uniform", (B, tree.max_depth + 1, proposer.top_k), sampling.generators, dev)
-        exponentials = draw("exponential", (B, logits.shape[-1]), sampling.generators, dev)
-        tokens, accepted, path = accept_sampled(probs, tree, proposer.top_k, uniforms, exponentials)
-    compact_kv(engine.runner.kv_caches, slots, base, path)
-    proposer.on_tree_verify(slots, base, max_base, path, tokens, accepted, hidden, aux)
+        out = _sampled_tree_step(engine, last, base, slots, max(cached), sampling)
     # The one device->host synchronisation of the step.
-    L = tree.max_depth
-    host = torch.cat([tokens, accepted.view(B, 1)], dim=1).cpu().tolist()
+    L, N = proposer.max_depth, proposer.total_tokens
+    host = out.cpu().tolist()
     # One draft of N - 1 tokens per sequence; per-position counts over the tree's levels.
     engine.metrics.observe([N - 1] * B, [row[L + 1] for row in host], num_positions=L)
     for seq, row in zip(seqs, host):
         engine._append(seq, row[: row[L + 1] + 1])
+
+
+def _draft_and_verify(engine, last, base, slots, max_base):
+    """Draft the trees and run the target over every node. max_base None: the whole-row
+    form (kv_len = the caches' length, masks over it), which a CUDA graph captures."""
+    proposer, runner = engine.proposer, engine.runner
+    B = slots.shape[0]
+    tree = proposer.propose_tree(slots, base, max_base)
+    N = tree.num_nodes
+    tree.tokens[:, 0] = last
+    positions = base.view(B, 1) + tree.depth
+    columns = base.view(B, 1) + torch.arange(N, device=slots.device)
+    kv_len = runner.max_len if max_base is None else max_base + N
+    mask = cache_mask(base, tree.mask, kv_len)
+    if max_base is None:
+        hidden, aux = runner.forward_full_length(tree.tokens, positions, slots, engine.aux_layer_ids,
+                                                 attn_mask=mask, cache_positions=columns)
+    else:
+        hidden, aux = runner.run(tree.tokens, positions, slots, kv_len, engine.aux_layer_ids,
+                                 attn_mask=mask, cache_positions=columns)
+    return tree, hidden, aux, engine.target.compute_logits(hidden)
+
+
+def _finish(engine, tree, slots, base, max_base, tokens, accepted, path, hidden, aux) -> torch.Tensor:
+    """Compact the target's cache onto the accepted path, catch the head up; returns
+    [B, L+2]: the emitted tokens (-1 padded) and the number of accepted drafts."""
+    compact_kv(engine.runner.kv_caches, slots, base, path)
+    engine.proposer.on_tree_verify(slots, base, max_base, path, tokens, accepted, hidden, aux)
+    return torch.cat([tokens, accepted.view(-1, 1)], dim=1)
+
+
+def greedy_tree_step(engine, last, base, slots, max_base) -> torch.Tensor:
+    """A greedy tree step on the device, no host sync: last, base, slots [B]; returns
+    what _finish returns. With max_base None it is the whole-row form that
+    _graphed_greedy_step captures; a host int bounds the attention instead."""
+    tree, hidden, aux, logits = _draft_and_verify(engine, last, base, slots, max_base)
+    tokens, accepted, path = accept_greedy(logits.argmax(-1), tree)
+    return _finish(engine, tree, slots, base, max_base, tokens, accepted, path, hidden, aux)
+
+
+def _sampled_tree_step(engine, last, base, slots, max_base, sampling) -> torch.Tensor:
+    # Eager: the per-request generators draw outside any graph.
+    proposer = engine.proposer
+    B = slots.shape[0]
+    tree, hidden, aux, logits = _draft_and_verify(engine, last, base, slots, max_base)
+    t = sampling.tensors
+    probs = apply_sampling_params(logits, t.temperature, t.top_k, t.top_p, t.min_p)
+    # Fixed shapes per request, so a seeded request draws the same numbers in any batch.
+    uniforms = draw("uniform", (B, tree.max_depth + 1, proposer.top_k), sampling.generators, engine.device)
+    exponentials = draw("exponential", (B, logits.shape[-1]), sampling.generators, engine.device)
+    tokens, accepted, path = accept_sampled(probs, tree, proposer.top_k, uniforms, exponentials)
+    return _finish(engine, tree, slots, base, max_base, tokens, accepted, path, hidden, aux)
+
+
+def _graphed_greedy_step(engine):
+    """The whole greedy tree step (drafting rounds, target pass, acceptance, cache
+    compaction, the head's catch-up) as one CUDA graph per batch bucket, or None without
+    graphs. Eagerly a step launches hundreds of small kernels from Python."""
+    graphed = getattr(engine, "_tree_step_graph", None)
+    if graphed is None and engine.runner.graphed is not None:
+        target = engine.runner.graphed
+        graphed = engine._tree_step_graph = GraphedForward(whole_row_greedy_step(engine), target.buckets[-1],
+                                                           target.scratch_slot, target.pool)
+    return graphed
+
+
+def whole_row_greedy_step(engine):
+    """What _graphed_greedy_step captures: greedy_tree_step in its whole-row form, taking
+    GraphedForward's (input_ids, positions, slot_ids) = (last [B,1], base [B,1], slots [B])."""
+    def step(last, base, slots):
+        return greedy_tree_step(engine, last[:, 0], base[:, 0], slots, None)
+    return step
