@@ -1,7 +1,7 @@
-"""The EAGLE proposer's drafting loop and catch-up as one CUDA graph each, on the GPU:
-outputs and acceptance must equal the eager engine's and the step-by-step graphs'
-(each head pass its own graph, lm_heads and argmaxes launched from Python), and the
-speed of each at batch 1. Tiny random target and heads (tests/engine_fixtures.py): a
+"""The EAGLE proposer's drafting loop and catch-up as one CUDA graph each, and the greedy
+tree step as one graph, on the GPU: outputs and acceptance must equal the eager engine's
+and the step-by-step forms' (each head pass its own graph, lm_heads and argmaxes launched
+from Python; tree steps eager), and the speed of each at batch 1. Tiny random target and heads (tests/engine_fixtures.py): a
 step of them is nearly all launch and host overhead, which is what the graphs remove.
 
 Usage: python3 scripts/device/draft_graph_check.py [--dtype float32|bfloat16] [--device cpu]
@@ -27,11 +27,17 @@ def sync():
         torch.cuda.synchronize()
 
 
+class NoGraph:
+    def eligible(self, _):
+        return False
+
+
 def run(target, spec, mode, prompts, dtype, max_tokens, device="cuda"):
     llm = LLM(str(target), speculative_config=spec, device=device, dtype=dtype, max_model_len=256,
               max_num_seqs=4, enforce_eager=mode == "eager")
     if mode == "stepwise" and llm.engine.proposer is not None:
         llm.engine.proposer._graphed_drafts = llm.engine.proposer._graphed_catch_up = None
+        llm.engine._tree_step_graph = NoGraph()  # tree steps: the bounded eager form
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     llm.generate([{"prompt_token_ids": prompts[0]}], params)  # warm-up: captures the graphs
     outs, tokens, seconds = [], 0, 0.0
@@ -66,14 +72,16 @@ def main() -> None:
     for method in ("eagle", "eagle3"):
         head = (ef.write_bigram_eagle_head(root / method, target) if method == "eagle"
                 else ef.write_head(root / method, kind, method))
-        spec = {"method": method, "model": str(head), "num_speculative_tokens": 3}
-        results = {mode: run(target, spec, mode, prompts, args.dtype, args.max_tokens, args.device)
-                   for mode in ("eager", "stepwise", "graphs")}
-        for mode, (outs, tps, accept) in results.items():
-            same = sum(a == b for a, b in zip(outs, plain))
-            print(f"{method} k=3 {mode:8s}: {tps:8.1f} tok/s, acceptance {accept:.3f}, identical to plain "
-                  f"{same}/{len(plain)}", flush=True)
-            ok &= same == len(plain) and outs == results["eager"][0]
+        for label, shape in (("k=3", {"num_speculative_tokens": 3}),
+                             ("tree 4,3,16", {"tree": {"top_k": 4, "depth": 3, "total_tokens": 16}})):
+            spec = {"method": method, "model": str(head), **shape}
+            results = {mode: run(target, spec, mode, prompts, args.dtype, args.max_tokens, args.device)
+                       for mode in ("eager", "stepwise", "graphs")}
+            for mode, (outs, tps, accept) in results.items():
+                same = sum(a == b for a, b in zip(outs, plain))
+                print(f"{method} {label} {mode:8s}: {tps:8.1f} tok/s, acceptance {accept:.3f}, identical to plain "
+                      f"{same}/{len(plain)}", flush=True)
+                ok &= same == len(plain) and outs == results["eager"][0]
     print("ALL IDENTICAL" if ok else "MISMATCH")
 
 
