@@ -73,12 +73,12 @@ def cache_attention_torch(q, k_cache, v_cache, slot_ids, cache_positions, kv_len
 _BLOCK_M, _BLOCK_N, _SPLIT, _NUM_WARPS = 16, 64, 256, 4
 
 
-@triton.jit(do_not_specialize=["T", "n_split", "kv_len", "window"])
-def _attn_split_kernel(Q, K, V, SLOT, POS, MASK, ACC, M, L,
-                       T, H, G, n_kv, n_mtiles, n_split, kv_len, window, scale_log2e,
+@triton.jit(do_not_specialize=["T", "n_split", "kv_len", "window", "n_levels"])
+def _attn_split_kernel(Q, K, V, SLOT, POS, MASK, ACC, M, L, BASE, ANC,
+                       T, H, G, n_kv, n_mtiles, n_split, kv_len, window, scale_log2e, n_levels,
                        sqb, sqt, sqh, sqd, sks, skl, skh, skd, svs, svl, svh, svd,
-                       ssb, spb, spt, smb, smt, sml,
-                       HAS_MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr,
+                       ssb, spb, spt, smb, smt, sml, sbb, sab, sat, sal,
+                       HAS_MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, TREE: tl.constexpr, IEEE: tl.constexpr,
                        DK: tl.constexpr, DV: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):
     pid = tl.program_id(0)  # (b, kv head, row tile)
@@ -86,10 +86,16 @@ def _attn_split_kernel(Q, K, V, SLOT, POS, MASK, ACC, M, L,
     mt = pid % n_mtiles
     kvh = (pid // n_mtiles) % n_kv
     b = pid // (n_mtiles * n_kv)
-    rows = mt * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < T * G
-    t = rows // G
-    h = kvh * G + rows % G
+    if TREE:  # one token per tile, its group heads in rows 0..G-1: a decode step's tile
+        rows = tl.arange(0, BLOCK_M)
+        row_ok = rows < G
+        t = mt + rows * 0
+        h = kvh * G + rows
+    else:
+        rows = mt * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < T * G
+        t = rows // G
+        h = kvh * G + rows % G
     pos = tl.load(POS + b * spb + t * spt, mask=row_ok, other=-1).to(tl.int32)
     slot = tl.load(SLOT + b * ssb).to(tl.int64)
     dk = tl.arange(0, BLOCK_DK)
@@ -110,10 +116,22 @@ def _attn_split_kernel(Q, K, V, SLOT, POS, MASK, ACC, M, L,
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    if TREE:
+        base = tl.load(BASE + b * sbb).to(tl.int32)
     for n0 in range(lo, hi, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
         col_ok = cols < kv_len
-        k = tl.load(k_base + cols[None, :] * skl + dk[:, None] * skd,
+        kcols = cols
+        if TREE:
+            # Key j is the key at position j of this node's path: the history below base,
+            # then its ancestors level by level (root at base). Their cache columns are the
+            # nodes' own; walking them in position order gives the blocks and order of a
+            # decode step at this position, so the same bits as plain decoding.
+            level = cols - base
+            tail = (level >= 0) & (level < n_levels)
+            node = tl.load(ANC + b * sab + mt * sat + level * sal, mask=tail, other=0)
+            kcols = tl.where(tail, base + tl.maximum(node, 0), cols)
+        k = tl.load(k_base + kcols[None, :] * skl + dk[:, None] * skd,
                     mask=col_ok[None, :] & (dk[:, None] < DK), other=0.0).to(q.dtype)
         if IEEE:  # fp32 inputs: no tf32 rounding
             qk = tl.dot(q, k, input_precision="ieee")
@@ -132,7 +150,7 @@ def _attn_split_kernel(Q, K, V, SLOT, POS, MASK, ACC, M, L,
         alpha = tl.exp2(m_i - m_use)
         p = tl.exp2(sc - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + cols[:, None] * svl + dv[None, :] * svd,
+        v = tl.load(v_base + kcols[:, None] * svl + dv[None, :] * svd,
                     mask=col_ok[:, None] & (dv[None, :] < DV), other=0.0).to(q.dtype)
         if IEEE:
             acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
@@ -174,8 +192,18 @@ def _attn_merge_kernel(ACC, M, L, O, T, H, n_split, sob, sot, soh, sod,
 
 
 def cache_attention_triton(q, k_cache, v_cache, slot_ids, cache_positions, kv_len, scale,
-                           attn_mask=None, window=None, *, split_size: int = _SPLIT, block_n: int = _BLOCK_N):
-    """Triton version; split_size / block_n are for tests (each value is its own fixed order)."""
+                           attn_mask=None, window=None, *, tree=None, split_size: int = _SPLIT,
+                           block_n: int = _BLOCK_N):
+    """Triton version; split_size / block_n are for tests (each value is its own fixed order).
+
+    tree = (positions [B,T], base [B], ancestors [B,T,L+1]) for an EAGLE-2 tree pass whose
+    node t sits at cache column cache_positions[b,t] with rope position positions[b,t] =
+    base + its depth, ancestors[b,t,d] its ancestor node at level d (node 0 = the root at
+    column base; -1 past its depth): node t attends to the history [0, base) and its
+    ancestors, walked in position order (see the kernel), one token per tile, so a node
+    gets the bits a decode step at its position would; attn_mask is then not read (it
+    says the same for the reference). Groups of more than 16 heads per kv head keep the
+    mask."""
     _check(q, k_cache, v_cache, attn_mask, kv_len)
     if split_size % block_n:
         raise ValueError(f"cache_attention_triton: split_size {split_size} must be a multiple of block_n {block_n}")
@@ -190,16 +218,24 @@ def cache_attention_triton(q, k_cache, v_cache, slot_ids, cache_positions, kv_le
     acc = torch.empty(B, T, H, n_split, DV, device=q.device, dtype=torch.float32)
     m = torch.empty(B, T, H, n_split, device=q.device, dtype=torch.float32)
     l = torch.empty_like(m)
-    n_mtiles = triton.cdiv(T * G, _BLOCK_M)
+    use_tree = tree is not None and G <= _BLOCK_M
+    n_mtiles = T if use_tree else triton.cdiv(T * G, _BLOCK_M)
+    if use_tree:
+        cache_positions, base, anc = tree  # visibility by position, keys through the ancestors
+        attn_mask = None
+    else:
+        base, anc = slot_ids, cache_positions.unsqueeze(-1)  # dummies when unused
     mask = attn_mask.view(torch.uint8) if attn_mask is not None else cache_positions  # dummy when unused
     msk_strides = mask.stride() if attn_mask is not None else (0, 0, 0)
     _attn_split_kernel[(B * n_kv * n_mtiles, n_split)](
-        q, k_cache, v_cache, slot_ids, cache_positions, mask, acc, m, l,
+        q, k_cache, v_cache, slot_ids, cache_positions, mask, acc, m, l, base, anc,
         T, H, G, n_kv, n_mtiles, n_split, kv_len, 0 if window is None else int(window),
         float(scale) * 1.4426950408889634,  # log2(e): exp2 instead of exp
+        anc.shape[-1],
         *q.stride(), *k_cache.stride(), *v_cache.stride(), slot_ids.stride(0), *cache_positions.stride(),
-        *msk_strides,
-        HAS_MASK=attn_mask is not None, HAS_WINDOW=window is not None, IEEE=q.dtype == torch.float32,
+        *msk_strides, base.stride(0), *anc.stride(),
+        HAS_MASK=attn_mask is not None, HAS_WINDOW=window is not None, TREE=use_tree,
+        IEEE=q.dtype == torch.float32,
         DK=DK, DV=DV, BLOCK_DK=max(16, triton.next_power_of_2(DK)), BLOCK_DV=max(16, triton.next_power_of_2(DV)),
         BLOCK_M=_BLOCK_M, BLOCK_N=block_n, SPLIT=split_size, num_warps=_NUM_WARPS,
     )
@@ -211,9 +247,11 @@ def cache_attention_triton(q, k_cache, v_cache, slot_ids, cache_positions, kv_le
 
 
 def cache_attention(q, k_cache, v_cache, slot_ids, cache_positions, kv_len: int, scale: float,
-                    attn_mask: Optional[torch.Tensor] = None, window: Optional[int] = None) -> torch.Tensor:
-    """Attention of new queries over the KV cache (module doc). Triton on CUDA."""
+                    attn_mask: Optional[torch.Tensor] = None, window: Optional[int] = None,
+                    tree=None) -> torch.Tensor:
+    """Attention of new queries over the KV cache (module doc). Triton on CUDA (tree: see
+    cache_attention_triton; the reference reads attn_mask, which must say the same)."""
     if use_triton(q, k_cache):
         return cache_attention_triton(q, k_cache, v_cache, slot_ids, cache_positions, kv_len, scale,
-                                      attn_mask, window)
+                                      attn_mask, window, tree=tree)
     return cache_attention_torch(q, k_cache, v_cache, slot_ids, cache_positions, kv_len, scale, attn_mask, window)

@@ -632,3 +632,52 @@ def patch_kernels_off():
     from unittest import mock
 
     return mock.patch.dict(os.environ, {"EAGLE_ZOO_KERNELS": "torch"})
+
+
+# --- tree passes in position order (EAGLE-2 trees get plain decoding's bits) ------------------
+
+def _tree_attention_problem(device, dtype=torch.float32):
+    """Two sequences, histories of 37 and 70 tokens, a 7-node tree each at columns
+    base..base+6 (node 0 the root), as tree_verify lays it out."""
+    from eagle_zoo.engine.tree import build_tree, cache_mask
+
+    g = torch.Generator().manual_seed(8)
+    parents = torch.tensor([[-1, 0, 0, 1, 1, 3, 2], [-1, 0, 1, 0, 2, 4, 3]])
+    depth, anc, tree_mask = build_tree(parents, 4)
+    base = torch.tensor([37, 70])
+    B, N = parents.shape
+    positions = base.view(B, 1) + depth
+    columns = base.view(B, 1) + torch.arange(N)
+    kv_len = 90
+    mask = cache_mask(base, tree_mask, kv_len)
+    q = torch.randn(B, N, 6, 16, generator=g)
+    kc, vc = torch.randn(4, 96, 2, 16, generator=g), torch.randn(4, 96, 2, 16, generator=g)
+    slots = torch.tensor([3, 1])
+    to = lambda t: t.to(device)  # noqa: E731
+    return (to(q.to(dtype)), to(kc.to(dtype)), to(vc.to(dtype)), to(slots), to(columns), kv_len, to(mask),
+            (to(positions), to(base), to(anc)), depth, anc)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_attention_tree_mode_matches_reference_and_plain_decoding_bits(device):
+    dev = _dev(device)
+    kw = dict(split_size=16, block_n=16) if device == "interp" else {}
+    for dtype in _dtypes(device):
+        q, kc, vc, slots, cols, kv_len, mask, tree, depth, anc = _tree_attention_problem(dev, dtype)
+        out = cache_attention_triton(q, kc, vc, slots, cols, kv_len, 0.25, attn_mask=mask, tree=tree, **kw)
+        ref = cache_attention_torch(q, kc, vc, slots, cols, kv_len, 0.25, attn_mask=mask)
+        _close(out, ref, dtype)
+        base = tree[1]
+        for b in range(2):
+            for i in range(7):
+                d = int(depth[b, i])
+                # The same path decoded as a chain: its nodes' k/v at columns base .. base + d.
+                kc2, vc2 = kc.clone(), vc.clone()
+                s, bb = int(slots[b]), int(base[b])
+                for level in range(d + 1):
+                    node = int(anc[b, i, level])
+                    kc2[s, bb + level], vc2[s, bb + level] = kc[s, bb + node], vc[s, bb + node]
+                pos = torch.tensor([[bb + d]], device=dev)
+                plain = cache_attention_triton(q[b:b + 1, i:i + 1], kc2, vc2, slots[b:b + 1], pos, kv_len, 0.25,
+                                               **kw)
+                assert torch.equal(plain[0, 0], out[b, i]), (b, i)

@@ -42,12 +42,14 @@ class ModelRunner:
         if graph_pool is not None:
             self.graphed = GraphedForward(self.forward_full_length, num_slots, self.scratch_slot, graph_pool)
 
-    def forward_full_length(self, input_ids, positions, slot_ids, *args, attn_mask=None, cache_positions=None):
+    def forward_full_length(self, input_ids, positions, slot_ids, *args, attn_mask=None, cache_positions=None,
+                            tree_keys=None):
         """The model over the whole cache row (kv_len = max_len, masked by position, or by
         attn_mask [B, T, max_len]): the form CUDA graphs capture, here or inside a larger
         captured function (the EAGLE drafting loop, a tree step)."""
         where = positions if cache_positions is None else cache_positions
-        ctx = AttentionContext(self.kv_caches, slot_ids, where, self.max_len, attn_mask=attn_mask)
+        ctx = AttentionContext(self.kv_caches, slot_ids, where, self.max_len, attn_mask=attn_mask,
+                               tree_keys=tree_keys)
         with use_context(ctx):
             return self.model(input_ids, positions, *args)
 
@@ -61,6 +63,7 @@ class ModelRunner:
         *args,
         attn_mask: Optional[torch.Tensor] = None,
         cache_positions: Optional[torch.Tensor] = None,
+        tree_keys: Optional[tuple] = None,
     ):
         """Forward [B, T] tokens of the sequences in `slot_ids`.
 
@@ -76,6 +79,7 @@ class ModelRunner:
             cache_positions=positions if cache_positions is None else cache_positions,
             attn_mask=attn_mask,
             kv_len=min(kv_len, self.max_len),
+            tree_keys=tree_keys,
         )
         with use_context(ctx):
             return self.model(input_ids, positions, *args)

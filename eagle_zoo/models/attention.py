@@ -28,6 +28,9 @@ class AttentionContext:
     kv_len: attend over cache columns [:kv_len] (a host int: fixed per CUDA graph).
     attn_mask [B,T,kv_len] bool (True = may attend) or None: key index <= the
         query's cache position, and within the layer's sliding window or attention chunk.
+    tree_keys (positions [B,T], base [B], ancestors [B,T,L+1]) or None: for an EAGLE-2
+        tree pass, the same visibility as attn_mask in the form the Triton kernel walks in
+        position order (kernels/attention.py), so nodes get plain decoding's bits.
     memo: tensors that every layer of one forward would otherwise rebuild from the same
         inputs (the attention mask per (window, chunk, dtype), rope angles per positions
         tensor), built by the first layer that needs them. A context serves one forward
@@ -40,6 +43,7 @@ class AttentionContext:
     kv_len: int
     attn_mask: Optional[torch.Tensor] = None
     memo: dict = field(default_factory=dict)
+    tree_keys: Optional[tuple] = None
 
 
 _context: Optional[AttentionContext] = None
@@ -126,7 +130,7 @@ class Attention(nn.Module):
         k_cache, v_cache = ctx.kv_caches[self.layer_idx]
         write_kv(k_cache, v_cache, k, v, ctx.slot_ids, ctx.cache_positions)
         out = cache_attention(q, k_cache, v_cache, ctx.slot_ids, ctx.cache_positions, ctx.kv_len, self.scale,
-                              attn_mask=ctx.attn_mask, window=self.sliding_window)
+                              attn_mask=ctx.attn_mask, window=self.sliding_window, tree=ctx.tree_keys)
         return out.flatten(2)
 
     def _use_cache(self, ctx: AttentionContext, k, v, dtype: torch.dtype):

@@ -82,7 +82,7 @@ def fused_layer_kernels(layer, positions: torch.Tensor, h: torch.Tensor, ctx) ->
     cos, sin = attn.rotary_emb._angles(positions)
     q = rope_write_kv_triton(q, k, v, cos, sin, k_cache, v_cache, ctx.slot_ids, ctx.cache_positions)
     a = cache_attention_triton(q, k_cache, v_cache, ctx.slot_ids, ctx.cache_positions, ctx.kv_len, core.scale,
-                               attn_mask=ctx.attn_mask, window=core.sliding_window).flatten(2)
+                               attn_mask=ctx.attn_mask, window=core.sliding_window, tree=ctx.tree_keys).flatten(2)
     h = fused_linear_triton(a, attn.o_proj.weight, residual=h)
     m = fused_linear_triton(h, mlp.gate_up_proj.weight, norm_weight=norm2.weight, eps=norm2.eps, gated=True)
     return fused_linear_triton(m, mlp.down_proj.weight, residual=h)
