@@ -16,7 +16,7 @@ case ${PART:-tables} in
   tables)    # batch-1 chains and tree on 10 prompts, throughput, adaptive depth, 8B floor
     ARGS="--num-prompts 10 --ks 1,2,3,4,5 --batch-sizes 1,4,16,64 --tree 8,5,60 --depth-schedule auto --hf-prompts 2 --floor" ;;
   lossless80)  # issue 7 item 6: bf16 greedy identity to plain decoding on all 80 MT-bench prompts
-    ARGS="--num-prompts 80 --ks 3 --batch-sizes ''" ;;
+    ARGS="--num-prompts 80 --ks 3 --batch-sizes '' --tree 8,5,60" ;;
 esac
 # Rows are printed as measured (perf.py), so a timeout keeps every row before it.
 eval timeout ${PERF_TIMEOUT:-540} python3 -m eagle_zoo.cli bench --perf --model "$TARGET" --eagle "$E1" --eagle3 "$E3" \
