@@ -10,8 +10,9 @@ Why a kernel of our own instead of cuBLAS for these few rows:
 - Batch invariance. The tile shape depends only on the weight's shape, never on the
   number of rows, and every row is reduced over K in the same order (fixed BLOCK_K steps,
   one tl.dot per step): a row gives the same bits alone (plain decoding) as inside a
-  verification or tree step of any size. cuBLAS picks its kernel by M, which is why EAGLE-2
-  trees (60 rows) were not bf16-lossless (BENCHMARKS.md).
+  verification or tree step of any size. cuBLAS picks its kernel by M, so a row's bits
+  could depend on the step's size (not the cause of the trees' bf16 mismatches, it turned
+  out: that was attention's key order, kernels/attention.py's tree mode).
 
 Rounding: the norm is folded into the product (x * norm_weight, rounded to the
 activation dtype, then the fp32 sums scaled by the row's rstd: one pass over x instead of

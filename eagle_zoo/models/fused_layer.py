@@ -11,8 +11,9 @@ small model costs per kernel, not per byte, so the same layer is regrouped here:
   m     = silu_and_mul(linear(rms_norm(h), W_gu))  norm prologue, activation epilogue
   h     = h + linear(m, W_down)
 
-Same roundings as the module path (kernels/linear.py), and every kernel is batch
-invariant, so plain decoding, chain verification and tree verification agree bit for bit.
+Roundings as kernels/linear.py says (the norm folded into the product, so in bf16 not the
+module path's bits), and every kernel is batch invariant, so plain decoding, chain
+verification and tree verification agree bit for bit.
 Used when the layer is exactly the Llama layer (Llama, SmolLM2, Mistral-style targets and
 EAGLE-1 heads built on it), on one rank, without biases, under an engine step's
 AttentionContext; otherwise LlamaDecoderLayer runs its modules.
