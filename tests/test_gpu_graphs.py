@@ -1,0 +1,56 @@
+"""On a GPU: the engine's CUDA graphs give the eager engine's tokens. Plain decoding,
+EAGLE-1 / EAGLE-3 chains (the drafting loop and the catch-up are one graph each) and
+EAGLE-2 trees (a greedy tree step is one graph), fp32, on tiny random checkpoints
+(tests/engine_fixtures.py): a bigram-like target with a head that predicts it, so
+drafts are accepted at every count. Skipped without CUDA (the CPU runs the same
+functions uncaptured: tests/test_draft_graph_functions.py, tests/test_tree.py)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import checkpoint_factory as cf
+import engine_fixtures as ef
+from eagle_zoo import LLM, SamplingParams
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+SPECS = {
+    "plain": None,
+    "eagle k=3": ("eagle", {"num_speculative_tokens": 3}),
+    "eagle3 k=3": ("eagle3", {"num_speculative_tokens": 3}),
+    "eagle tree": ("eagle", {"tree": {"top_k": 4, "depth": 3, "total_tokens": 16}}),
+    "eagle3 tree": ("eagle3", {"tree": {"top_k": 4, "depth": 3, "total_tokens": 16}}),
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gpu_graphs")
+    kind = ef.kind_of("llama")
+    target = ef.write_target(root / "target", kind, edit=ef.bigram_edit())
+    heads = {"eagle": ef.write_bigram_eagle_head(root / "eagle", target),
+             "eagle3": ef.write_head(root / "eagle3", kind, "eagle3")}
+    return target, heads
+
+
+def _generate(target, spec, eager):
+    llm = LLM(str(target), speculative_config=spec, device="cuda", dtype="float32", max_model_len=256,
+              max_num_seqs=4, enforce_eager=eager)
+    prompts = ef.random_prompts((20, 31, 44, 25), cf.TINY["vocab_size"], seed=5)
+    params = SamplingParams(temperature=0, max_tokens=96, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    return [o.outputs[0].token_ids for o in outs], llm.engine.metrics.num_accepted_tokens
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_graphs_give_the_eager_tokens(checkpoints, name):
+    target, heads = checkpoints
+    spec = None if SPECS[name] is None else {"method": SPECS[name][0], "model": str(heads[SPECS[name][0]]),
+                                              **SPECS[name][1]}
+    graphed, accepted = _generate(target, spec, eager=False)
+    eager, accepted_eager = _generate(target, spec, eager=True)
+    assert graphed == eager and accepted == accepted_eager
+    if spec is not None:
+        plain, _ = _generate(target, None, eager=True)
+        assert graphed == plain
