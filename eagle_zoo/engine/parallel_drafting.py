@@ -70,6 +70,9 @@ class ParallelEagleProposer(EagleProposer):
                 f"rows; the checkpoint needs its own embed_tokens with that row"
             )
         self.drafts = torch.zeros(num_slots, k, dtype=torch.long, device=device)
+        # The slots' feature: constant for the loaded weights, so made once, not per pass.
+        with torch.inference_mode():
+            self.mask_feature = head.combine_hidden_states(head.mask_hidden.view(1, 1, -1))
 
     def _run(self, tokens, positions, cache_positions, slots, kv_len: int, features, last: torch.Tensor):
         """Verified columns + K-1 slots in one pass; returns the K drafts [B, K].
@@ -77,9 +80,8 @@ class ParallelEagleProposer(EagleProposer):
         B, k = tokens.shape[0], self.num_speculative_tokens
         p = positions.gather(1, last.view(-1, 1))
         slot_pos = p + torch.arange(1, k, device=positions.device)
-        mask_feature = self.head.combine_hidden_states(self.head.mask_hidden.view(1, 1, -1))
         ids = torch.cat([tokens, tokens.new_full((B, k - 1), self.mask_token)], 1)
-        hidden = torch.cat([features, mask_feature.to(features.dtype).expand(B, k - 1, -1)], 1)
+        hidden = torch.cat([features, self.mask_feature.to(features.dtype).expand(B, k - 1, -1)], 1)
         h = self.runner.run(ids, torch.cat([positions, slot_pos], 1), slots, kv_len + k, hidden,
                             cache_positions=torch.cat([cache_positions, slot_pos], 1))
         first = h.gather(1, last.view(-1, 1, 1).expand(-1, 1, h.shape[-1]))
