@@ -56,3 +56,12 @@ def test_full_length_draft_chain_and_catch_up_match_the_runner_path(method, tmp_
     proposer._catch_up(tokens, positions, slots, accepted, *inputs, kv_len=int(positions.max()) + 1)
     torch.testing.assert_close(full_state, proposer.next_hidden[slots], rtol=1e-5, atol=1e-6)
     assert full_state.abs().sum() > 0
+
+
+def test_whole_step_graphs_switch(monkeypatch):
+    """EAGLE_ZOO_STEP_GRAPHS=0 keeps graphs pass by pass (for before / after runs)."""
+    from eagle_zoo.engine.graphs import whole_step_graphs
+
+    assert whole_step_graphs()
+    monkeypatch.setenv("EAGLE_ZOO_STEP_GRAPHS", "0")
+    assert not whole_step_graphs()

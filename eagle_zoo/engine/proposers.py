@@ -28,7 +28,7 @@ import torch
 from ..hookspecs import hookimpl
 from ..specs import ProposerSpec
 from .drafter_batch import catch_up_unpadded
-from .graphs import GraphedForward
+from .graphs import GraphedForward, whole_step_graphs
 from .host_tensors import device_tensor
 from .runner import ModelRunner
 
@@ -100,7 +100,7 @@ class EagleProposer(Proposer):
         # catch-up each replay as one graph: a step's head passes, lm_heads, argmaxes and
         # index arithmetic, which eagerly cost more launches and Python than the head itself.
         self._graphed_drafts = self._graphed_catch_up = None
-        if self.runner.graphed is not None:
+        if self.runner.graphed is not None and whole_step_graphs():
             self._graphed_drafts = GraphedForward(self._draft_chain, num_slots, num_slots, graph_pool)
             self._graphed_catch_up = GraphedForward(self._catch_up, num_slots, num_slots, graph_pool)
         if method == "eagle3":

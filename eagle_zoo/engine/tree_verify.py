@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .graphs import GraphedForward
+from .graphs import GraphedForward, whole_step_graphs
 from .host_tensors import device_tensor
 from .sampler import apply_sampling_params, draw, sample_from_probs
 from .tree import TreeDraft, cache_mask
@@ -211,7 +211,7 @@ def _graphed_greedy_step(engine):
     compaction, the head's catch-up) as one CUDA graph per batch bucket, or None without
     graphs. Eagerly a step launches hundreds of small kernels from Python."""
     graphed = getattr(engine, "_tree_step_graph", None)
-    if graphed is None and engine.runner.graphed is not None:
+    if graphed is None and engine.runner.graphed is not None and whole_step_graphs():
         target = engine.runner.graphed
         graphed = engine._tree_step_graph = GraphedForward(whole_row_greedy_step(engine), target.buckets[-1],
                                                            target.scratch_slot, target.pool)
