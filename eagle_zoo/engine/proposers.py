@@ -108,10 +108,18 @@ class EagleProposer(Proposer):
             n = target_num_layers
             self.aux_layer_ids = tuple(ids) if ids else (2, n // 2, n - 3)
 
-    def _features(self, out: TargetOutput) -> torch.Tensor:
+    def _feature_inputs(self, out: TargetOutput) -> tuple[torch.Tensor, ...]:
+        """What the head's features are made of: the aux residual streams (EAGLE-3) or the
+        final hidden state."""
+        return tuple(out.aux) if self.method == "eagle3" else (out.hidden,)
+
+    def _combine(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
         if self.method == "eagle3":
-            return self.head.combine_hidden_states(torch.cat(out.aux, dim=-1))
-        return out.hidden
+            return self.head.combine_hidden_states(torch.cat(inputs, dim=-1))
+        return inputs[0]
+
+    def _features(self, out: TargetOutput) -> torch.Tensor:
+        return self._combine(self._feature_inputs(out))
 
     def _draft_token(self, h: torch.Tensor) -> torch.Tensor:
         return self.head.compute_logits(h).argmax(dim=-1)
@@ -133,18 +141,14 @@ class EagleProposer(Proposer):
 
     def _draft_chain(self, _, base: torch.Tensor, slots: torch.Tensor, k: int, kv_len: Optional[int] = None):
         """K greedy drafts [B, K] from next_hidden[slots]; base [B, 1] holds each sequence's
-        last verified position. Device work only (one graph on CUDA): the draft passes of
-        the head run under the runner's full-length context when captured (kv_len None),
-        through runner.run otherwise."""
+        last verified position (the first argument fills GraphedForward's input_ids place).
+        Device work only, so one graph on CUDA; captured, kv_len is None (runner.run's
+        whole-row form)."""
         hidden = self.next_hidden[slots]
         token = self._draft_token(hidden)
         drafts = [token]
         for step in range(k - 1):
-            args = (token.unsqueeze(1), base + step, slots)
-            if kv_len is None:
-                hidden = self.runner.forward_full_length(*args, hidden.unsqueeze(1))[:, 0]
-            else:
-                hidden = self.runner.run(*args, kv_len, hidden.unsqueeze(1))[:, 0]
+            hidden = self.runner.run(token.unsqueeze(1), base + step, slots, kv_len, hidden.unsqueeze(1))[:, 0]
             token = self._draft_token(hidden)
             drafts.append(token)
         return torch.stack(drafts, dim=1)
@@ -154,7 +158,7 @@ class EagleProposer(Proposer):
         if not self.padded_drafter_batch:
             self.next_hidden[batch.slots] = catch_up_unpadded(self.runner, out, batch, self._features(out), num_accepted)
             return
-        inputs = (out.hidden,) if self.method != "eagle3" else tuple(out.aux)
+        inputs = self._feature_inputs(out)
         accepted = num_accepted.view(-1, 1)
         if self._graphed_catch_up is not None and self._graphed_catch_up.eligible(out.tokens):
             self._graphed_catch_up(out.tokens, out.positions, batch.slots, accepted, *inputs)
@@ -165,13 +169,9 @@ class EagleProposer(Proposer):
         """The padded catch-up: the head consumes all K + 1 verified positions ([B, K+1]
         tokens, -1 past the accepted run) and next_hidden[slots] takes its output at each
         sequence's num_accepted ([B, 1]). inputs: the target's final hidden state (EAGLE-1)
-        or its aux residual streams (EAGLE-3). Device work only (one graph on CUDA)."""
-        features = self._features(TargetOutput(tokens, tokens, positions, inputs[0], list(inputs)))
-        args = (tokens.clamp(min=0), positions, slots)
-        if kv_len is None:
-            h = self.runner.forward_full_length(*args, features)
-        else:
-            h = self.runner.run(*args, kv_len, features)
+        or its aux residual streams (EAGLE-3). Device work only (one graph on CUDA; kv_len
+        as in _draft_chain)."""
+        h = self.runner.run(tokens.clamp(min=0), positions, slots, kv_len, self._combine(inputs))
         self.next_hidden[slots] = h.gather(1, num_accepted.view(-1, 1, 1).expand(-1, 1, h.shape[-1]))[:, 0]
 
     @torch.inference_mode()

@@ -42,14 +42,15 @@ class ModelRunner:
         if graph_pool is not None:
             self.graphed = GraphedForward(self.forward_full_length, num_slots, self.scratch_slot, graph_pool)
 
-    def forward_full_length(self, input_ids, positions, slot_ids, *args, attn_mask=None, cache_positions=None,
-                            tree_keys=None):
+    def forward_full_length(self, input_ids, positions, slot_ids, *args, **keys):
         """The model over the whole cache row (kv_len = max_len, masked by position, or by
-        attn_mask [B, T, max_len]): the form CUDA graphs capture, here or inside a larger
-        captured function (the EAGLE drafting loop, a tree step)."""
-        where = positions if cache_positions is None else cache_positions
-        ctx = AttentionContext(self.kv_caches, slot_ids, where, self.max_len, attn_mask=attn_mask,
-                               tree_keys=tree_keys)
+        attn_mask [B, T, max_len]): the form CUDA graphs capture."""
+        return self._forward(input_ids, positions, slot_ids, self.max_len, args, **keys)
+
+    def _forward(self, input_ids, positions, slot_ids, kv_len: int, args, attn_mask=None, cache_positions=None,
+                 tree_keys=None):
+        ctx = AttentionContext(self.kv_caches, slot_ids, positions if cache_positions is None else cache_positions,
+                               kv_len, attn_mask=attn_mask, tree_keys=tree_keys)
         with use_context(ctx):
             return self.model(input_ids, positions, *args)
 
@@ -59,7 +60,7 @@ class ModelRunner:
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         slot_ids: torch.Tensor,
-        kv_len: int,
+        kv_len: Optional[int],
         *args,
         attn_mask: Optional[torch.Tensor] = None,
         cache_positions: Optional[torch.Tensor] = None,
@@ -68,18 +69,14 @@ class ModelRunner:
         """Forward [B, T] tokens of the sequences in `slot_ids`.
 
         kv_len bounds the keys attended to (known on the host from the sequences'
-        lengths, so no device sync is needed to compute it).
+        lengths, so no device sync is needed to compute it). kv_len None: the whole
+        cache row and no graph replay, the form a larger captured function (the EAGLE
+        drafting loop and catch-up, a tree step) calls from inside its capture.
         """
+        keys = dict(attn_mask=attn_mask, cache_positions=cache_positions, tree_keys=tree_keys)
+        if kv_len is None:
+            return self.forward_full_length(input_ids, positions, slot_ids, *args, **keys)
         plain = attn_mask is None and cache_positions is None
         if self.graphed is not None and plain and self.graphed.eligible(input_ids):
             return self.graphed(input_ids, positions, slot_ids, *args)
-        ctx = AttentionContext(
-            kv_caches=self.kv_caches,
-            slot_ids=slot_ids,
-            cache_positions=positions if cache_positions is None else cache_positions,
-            attn_mask=attn_mask,
-            kv_len=min(kv_len, self.max_len),
-            tree_keys=tree_keys,
-        )
-        with use_context(ctx):
-            return self.model(input_ids, positions, *args)
+        return self._forward(input_ids, positions, slot_ids, min(kv_len, self.max_len), args, **keys)

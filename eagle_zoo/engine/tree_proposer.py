@@ -56,16 +56,6 @@ class TreeEagleProposer(EagleProposer):
     def _log_probs(self, h: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(self.head.compute_logits(h).float(), dim=-1)
 
-    def _head_pass(self, kv_len: int | None, tokens, positions, slots, features, attn_mask=None,
-                   cache_positions=None):
-        """One head pass: bounded by kv_len through runner.run, or over the whole cache row
-        (kv_len None; masks then span runner.max_len) inside a captured tree step."""
-        if kv_len is None:
-            return self.runner.forward_full_length(tokens, positions, slots, features, attn_mask=attn_mask,
-                                                   cache_positions=cache_positions)
-        return self.runner.run(tokens, positions, slots, kv_len, features, attn_mask=attn_mask,
-                               cache_positions=cache_positions)
-
     @torch.inference_mode()
     def propose_tree(self, slots: torch.Tensor, base: torch.Tensor, max_base: int | None) -> TreeDraft:
         """One tree per sequence; base [B] is each sequence's root position (its number of
@@ -90,7 +80,7 @@ class TreeEagleProposer(EagleProposer):
             cols = base.view(B, 1) + r * k + own
             pos = (base + r).view(B, 1).expand(B, k)
             mask = cache_mask(base, visible, self.runner.max_len if kv_len is None else kv_len)
-            h = self._head_pass(kv_len, tokens, pos, slots, node_hidden, attn_mask=mask, cache_positions=cols)
+            h = self.runner.run(tokens, pos, slots, kv_len, node_hidden, attn_mask=mask, cache_positions=cols)
             child_scores, child_tokens = self._log_probs(h).topk(k, dim=-1)  # [B, k, k]
             cum = (scores.unsqueeze(-1) + child_scores).flatten(1)  # [B, k*k]
             first = k + r * k * k  # candidate number of this round's first child
@@ -124,8 +114,8 @@ class TreeEagleProposer(EagleProposer):
             feats = hidden.gather(1, idx.expand(B, T, hidden.shape[-1]))
         positions = base.view(B, 1) + torch.arange(T, device=base.device)
         # Fixed width: positions past the accepted ones get garbage, overwritten next step.
-        h = self._head_pass(None if max_base is None else max_base + T, out_tokens.clamp(min=0), positions,
-                            slots, feats)
+        h = self.runner.run(out_tokens.clamp(min=0), positions, slots, None if max_base is None else max_base + T,
+                            feats)
         self.next_hidden[slots] = h.gather(1, num_accepted.view(B, 1, 1).expand(B, 1, h.shape[-1]))[:, 0]
 
 

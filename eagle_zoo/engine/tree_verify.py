@@ -167,11 +167,9 @@ def _draft_and_verify(engine, last, base, slots, max_base):
     kv_len = runner.max_len if max_base is None else max_base + N
     mask = cache_mask(base, tree.mask, kv_len)
     # The same keys for the Triton kernel, walked in position order: bf16 bits of plain decoding.
-    keys = dict(attn_mask=mask, cache_positions=columns, tree_keys=(positions, base, tree.ancestors))
-    if max_base is None:
-        hidden, aux = runner.forward_full_length(tree.tokens, positions, slots, engine.aux_layer_ids, **keys)
-    else:
-        hidden, aux = runner.run(tree.tokens, positions, slots, kv_len, engine.aux_layer_ids, **keys)
+    hidden, aux = runner.run(tree.tokens, positions, slots, None if max_base is None else kv_len,
+                             engine.aux_layer_ids, attn_mask=mask, cache_positions=columns,
+                             tree_keys=(positions, base, tree.ancestors))
     return tree, hidden, aux, engine.target.compute_logits(hidden)
 
 
