@@ -9,6 +9,7 @@ Usage: python3 scripts/device/draft_graph_check.py [--dtype float32|bfloat16] [-
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -27,17 +28,11 @@ def sync():
         torch.cuda.synchronize()
 
 
-class NoGraph:
-    def eligible(self, _):
-        return False
-
-
 def run(target, spec, mode, prompts, dtype, max_tokens, device="cuda"):
+    # stepwise: graphs pass by pass (EAGLE_ZOO_STEP_GRAPHS=0, read when the engine is built)
+    os.environ["EAGLE_ZOO_STEP_GRAPHS"] = "0" if mode == "stepwise" else "1"
     llm = LLM(str(target), speculative_config=spec, device=device, dtype=dtype, max_model_len=256,
               max_num_seqs=4, enforce_eager=mode == "eager")
-    if mode == "stepwise" and llm.engine.proposer is not None:
-        llm.engine.proposer._graphed_drafts = llm.engine.proposer._graphed_catch_up = None
-        llm.engine._tree_step_graph = NoGraph()  # tree steps: the bounded eager form
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     llm.generate([{"prompt_token_ids": prompts[0]}], params)  # warm-up: captures the graphs
     outs, tokens, seconds = [], 0, 0.0
