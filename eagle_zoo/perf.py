@@ -22,6 +22,10 @@ import torch
 from .bench import load_prompts
 
 COPY_BANDWIDTH = 4.25e12  # bytes/s read + written, measured on the H200 (shared/GPU.md)
+# The Llama-3-8B shape of the decode-step floor (LlamaConfig keyword arguments).
+LLAMA3_8B_SHAPE = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                       num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192,
+                       rope_theta=500000.0, tie_word_embeddings=False)
 
 
 def _sync():
@@ -79,9 +83,7 @@ def decode_step_floor(device, dtype, steps: int = 50) -> dict:
     from .engine.runner import ModelRunner
     from .models.llama import LlamaForCausalLM
 
-    config = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                         num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192,
-                         rope_theta=500000.0, tie_word_embeddings=False)
+    config = LlamaConfig(**LLAMA3_8B_SHAPE)
     with torch.device(device):
         model = LlamaForCausalLM(config).to(dtype)
     for p in model.parameters():

@@ -92,7 +92,8 @@ def _linear_kernel(X, W, B, NW, R, Y, M, N, K, sxm, swn, srm, sym, eps,
     if HAS_NORM:
         rstd = (1.0 / tl.sqrt(tl.sum(sq, axis=1) / K + eps))[:, None]
         acc = acc * rstd
-        acc_up = acc_up * rstd
+        if GATED:
+            acc_up = acc_up * rstd
     if HAS_BIAS:
         acc += tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
         if GATED:

@@ -130,10 +130,10 @@ class EngineCore:
         dev = self.device
         k = self.k if self.depth_schedule is None or not self.k else self.depth_schedule.choose(len(seqs))
         # One host->device copy for the step's three per-sequence columns.
-        columns = device_tensor([[s.slot for s in seqs], [s.num_cached for s in seqs],
-                                 [s.last_token_id for s in seqs]], dev, torch.long)
+        cached = [s.num_cached for s in seqs]
+        columns = device_tensor([[s.slot for s in seqs], cached, [s.last_token_id for s in seqs]], dev, torch.long)
         slots, base, last = columns[0], columns[1], columns[2].unsqueeze(1)
-        kv_len = max(s.num_cached for s in seqs) + k + 1
+        kv_len = max(cached) + k + 1
         # Copying every sequence's token list is O(length) per step: only for proposers
         # that read it (n-gram lookup, the draft model's last two tokens).
         reads = self.proposer is not None and (self.proposer.needs_token_history if k else

@@ -354,8 +354,8 @@ class RMSNorm(nn.Module):
         if x.is_cuda:
             return rms_norm(x, self.weight, self.eps)
         if x.dtype == self.weight.dtype == torch.float32:
-            # torch's fused op: the same bits as the reference in fp32 (checked on 1,500 rows
-            # of 5 widths), one op instead of seven (~9 us each of 61 norms a CPU step).
+            # torch's fused op: the same bits as the reference in fp32 (tests/test_layers.py),
+            # one op instead of seven; a SmolLM2 step on the CPU runs 61 norms.
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         return rms_norm_torch(x, self.weight, self.eps)
 

@@ -23,10 +23,8 @@ from eagle_zoo.engine.core import EngineCore
 from eagle_zoo.engine.graphs import GraphPool
 from eagle_zoo.engine.sampling_params import SamplingParams
 from eagle_zoo.models.llama import LlamaForCausalLM
+from eagle_zoo.perf import COPY_BANDWIDTH, LLAMA3_8B_SHAPE
 
-LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                 num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0,
-                 tie_word_embeddings=False, rms_norm_eps=1e-5)
 SMOLLM2 = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, rope_theta=100000.0,
                tie_word_embeddings=True, rms_norm_eps=1e-5)
@@ -57,7 +55,7 @@ def main() -> None:
     dev, dtype = torch.device("cuda"), torch.bfloat16
     torch.manual_seed(0)
     with dev:
-        shape = SMOLLM2 if args.shape == "smollm2" else LLAMA3_8B
+        shape = SMOLLM2 if args.shape == "smollm2" else {**LLAMA3_8B_SHAPE, "rms_norm_eps": 1e-5}
         model = LlamaForCausalLM(LlamaConfig(**shape)).to(dtype)
     for p in model.parameters():
         p.data.normal_(0, 0.05)
@@ -75,7 +73,7 @@ def main() -> None:
     hidden, _ = runner.run(ids, pos, slots, 2048)
     graph_us = cuda_ms(graph.replay, 100) * 1e3
     weight_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
-    floor_us = weight_bytes / 4.25e12 * 1e6  # GPU.md's floor: weight bytes / copy bandwidth
+    floor_us = weight_bytes / COPY_BANDWIDTH * 1e6  # GPU.md's floor: weight bytes / copy bandwidth
     print(f"graph   {graph_us:8.1f} us  (replay only; floor {floor_us:.1f} us for {weight_bytes / 1e9:.2f} GB of "
           f"weights: {graph_us / floor_us:.2f}x)")
     print(f"runner  {cuda_ms(lambda: runner.run(ids, pos, slots, 2048), 100) * 1e3:8.1f} us  (copies + replay + clone)")
