@@ -93,7 +93,8 @@ class GraphedForward:
         for dst, src in zip(tensor_args, (a for a in args if torch.is_tensor(a))):
             dst[:B].copy_(src)
         graph.replay()
-        return tree_unflatten([o[:B].clone() for o in static_out], spec)
+        # Non-tensor leaves (a forward that only writes state returns None) pass through.
+        return tree_unflatten([o[:B].clone() if torch.is_tensor(o) else o for o in static_out], spec)
 
     def _capture(self, bucket: int, T: int, args: tuple):
         device = args[0].device if args and torch.is_tensor(args[0]) else torch.device("cuda")
