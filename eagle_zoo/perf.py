@@ -8,7 +8,7 @@ Tables (all greedy, MT-bench first turns, chat template):
            --depth-schedule, with K chosen per step from the batch size);
   greedy losslessness: speculative outputs equal to plain outputs, per prompt;
   a Llama-3-8B-shaped random-weight decode step against the weight-bytes floor.
-Timing: warm-up first, torch.cuda.synchronize around timed regions, one run each.
+Timing: warm-up first (graph buckets, every prompt's prefill), torch.cuda.synchronize around timed regions, one run each.
 """
 from __future__ import annotations
 
@@ -160,6 +160,10 @@ def run_perf(args) -> int:
         # CUDA-graph bucket from `batch` to 1, so no graph is captured inside a timed run.
         convs = (conversations * batch)[:batch]
         llm.chat(convs, [SamplingParams(temperature=0, max_tokens=8 + 4 * i, ignore_eos=True) for i in range(batch)])
+        # Every prompt's prefill once: Triton specializes a kernel on its integer arguments
+        # (1, multiples of 16), so a prompt length of a new class compiles a variant; the
+        # first config timed used to pay those compilations inside its timed run.
+        llm.chat(conversations, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
         llm.engine.metrics.reset()
         if llm.engine.depth_schedule is not None:
             llm.engine.depth_schedule.steps_by_depth.clear()
