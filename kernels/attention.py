@@ -73,7 +73,7 @@ def cache_attention_torch(q, k_cache, v_cache, slot_ids, cache_positions, kv_len
 _BLOCK_M, _BLOCK_N, _SPLIT, _NUM_WARPS = 16, 64, 256, 4
 
 
-@triton.jit(do_not_specialize=["T", "n_split", "kv_len", "window", "n_levels"])
+@triton.jit(do_not_specialize=["T", "n_split", "kv_len", "window", "n_levels", "spb"])
 def _attn_split_kernel(Q, K, V, SLOT, POS, MASK, ACC, M, L, BASE, ANC,
                        T, H, G, n_kv, n_mtiles, n_split, kv_len, window, scale_log2e, n_levels,
                        sqb, sqt, sqh, sqd, sks, skl, skh, skd, svs, svl, svh, svd,

@@ -21,7 +21,7 @@ def write_kv_torch(k_cache, v_cache, k, v, slot_ids, cache_positions) -> None:
     v_cache[rows, cache_positions] = v.to(v_cache.dtype)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "spb"])  # prompt lengths vary: one compiled variant
 def _write_kv_kernel(K, V, KC, VC, SLOT, POS, T, n_kv, max_len,
                      skb, skt, skh, skd, svb, svt, svh, svd,
                      sks, skl, skch, skcd, svs, svl, svch, svcd, ssb, spb, spt,

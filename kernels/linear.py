@@ -53,7 +53,7 @@ def fused_linear_torch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
     return y if residual is None else residual + y
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # M varies per call (prefill lengths): one compiled variant
 def _linear_kernel(X, W, B, NW, R, Y, M, N, K, sxm, swn, srm, sym, eps,
                    HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, GATED: tl.constexpr, HAS_RES: tl.constexpr,
                    IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):

@@ -54,7 +54,7 @@ def _rotate_heads(X, Y, sxh, syh, heads, c, s, HALF: tl.constexpr, BLOCK_H: tl.c
     tl.store(Y + h * syh + HALF + d, o2.to(dt), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])  # prompt lengths vary: one compiled variant
 def _rope_neox_kernel(Q, K, QO, KO, COS, SIN, T, hq, hk,
                       sqb, sqt, sqh, skb, skt, skh, sqob, sqot, sqoh, skob, skot, skoh, scb, sct, ssb, sst,
                       HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
@@ -100,7 +100,7 @@ def rope_write_kv_torch(q, k, v, cos, sin, k_cache, v_cache, slot_ids, cache_pos
     return qo
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "spb"])  # prompt lengths vary: one compiled variant
 def _rope_write_kv_kernel(Q, K, V, QO, KC, VC, COS, SIN, SLOT, POS, T, hq, hk, max_len,
                           sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sqob, sqot, sqoh,
                           sks, skl, skch, svs, svl, svch, scb, sct, ssb, sst, sslot, spb, spt,
