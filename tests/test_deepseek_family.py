@@ -168,6 +168,7 @@ def test_cached_decode_matches_full_forward(version):
     ids, positions, _ = inputs(seed=5, offset=0)
     caches = allocate_kv_caches(model, num_slots=3, max_len=16, dtype=torch.float32, device=torch.device("cpu"))
     assert caches[0][0].shape[-2:] == (4, 16) and caches[0][1].shape[-2:] == (4, 12)
+    assert caches.stacked is None  # k and v differ in width: one tensor per cache
     rm.assert_cached_decode_matches(model, ref, ids, positions, caches, slots=torch.tensor([2, 0]), prompt=4,
                                     check=assert_close)
 

@@ -159,6 +159,26 @@ def test_compact_kv():
     assert torch.equal(k, want) and torch.equal(v, -want)
 
 
+def test_compact_kv_on_stacked_caches_equals_layer_by_layer():
+    """allocate_kv_caches stacks same-shaped layers into one tensor; compaction then moves
+    every layer's k and v in one gather / scatter, with the per-layer loop's result."""
+    from eagle_zoo.engine.cache import KVCaches
+
+    g = torch.Generator().manual_seed(3)
+    caches = KVCaches()
+    caches.stacked = torch.randn(3, 2, 2, 12, 2, 4, generator=g)
+    caches.extend((caches.stacked[i, 0], caches.stacked[i, 1]) for i in range(3))
+    separate = [(k.clone(), v.clone()) for k, v in caches]
+    slots, base = torch.tensor([1, 0]), torch.tensor([2, 4])
+    path = torch.tensor([[0, 2, 5, 3], [0, 1, 2, 3]])
+    before = caches.stacked.clone()
+    compact_kv(caches, slots, base, path)
+    compact_kv(separate, slots, base, path)
+    assert not torch.equal(caches.stacked, before)
+    for (k, v), (k2, v2) in zip(caches, separate):
+        assert torch.equal(k, k2) and torch.equal(v, v2)
+
+
 # -- 2. greedy tree decoding == transformers -------------------------------------------------
 def greedy(n) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
@@ -277,6 +297,7 @@ def test_graph_mode_runs_the_greedy_tree_step_as_one_graph(models):
     assert {t for name, t in calls if name == "head"} == set(prefill)  # the catch-up is inside the step
     assert ("tree step", 1) in calls
     assert llm.engine.metrics.num_accepted_tokens > 0
+    assert llm.engine.runner.kv_caches.stacked is not None  # compaction took the one-tensor path
 
 
 def test_sampled_tree_steps_stay_eager_with_graphs(models):

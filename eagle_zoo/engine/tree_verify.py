@@ -122,6 +122,10 @@ def compact_kv(kv_caches, slots: torch.Tensor, base: torch.Tensor, path: torch.T
     src = base.view(B, 1) + path[:, 1:]
     dst = base.view(B, 1) + torch.arange(1, T, device=path.device)
     rows = slots.view(B, 1).expand(B, T - 1)
+    stacked = getattr(kv_caches, "stacked", None)
+    if stacked is not None:  # every layer's k and v in one gather and one scatter
+        stacked[:, :, rows, dst] = stacked[:, :, rows, src]
+        return
     for k_cache, v_cache in kv_caches:
         k_cache[rows, dst] = k_cache[rows, src]
         v_cache[rows, dst] = v_cache[rows, src]

@@ -57,7 +57,7 @@ def ttt_steps_forward(head, ids: torch.Tensor, feats: torch.Tensor, steps: int, 
     are the fused target features of the chains). Outputs feed the next step."""
     B, n = feats.shape[:2]
     dev = ids.device
-    caches = allocate_kv_caches(head, B, steps * n, cache_dtype, dev)
+    caches = allocate_kv_caches(head, B, steps * n, cache_dtype, dev, stack=False)  # autograd runs through them
     slots = torch.arange(B, device=dev)
     chain = torch.arange(n, device=dev)
     for s in range(steps):
