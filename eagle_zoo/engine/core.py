@@ -9,10 +9,18 @@ decoding):
   (K comes from the adaptive depth schedule when there is one: a plain step then
   still lets the proposer catch up on the emitted token, on_plain_step)
   one device->host copy of (tokens, accepted); stop checks; metrics
+
+With async_scheduling (vLLM's option of that name) a step's host work overlaps the
+next step's GPU work: while the running batch stays the same, every request is greedy
+and the proposer's steps are device-only (plain decoding, EAGLE chains), the next step
+is launched from the device-side results of the one in flight (its emitted tokens and
+positions) before the host waits for that one and does its bookkeeping. A request that
+finishes got one step more on the GPU, which is discarded; outputs are unchanged.
 """
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from typing import Iterable, Optional
 
 import torch
@@ -27,6 +35,18 @@ from .verify import SamplingBatch, verify_drafts
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
+
+
+@dataclass
+class LaunchedStep:
+    """A decode step queued on the device, not yet read back by the host."""
+
+    seqs: list[Sequence]
+    k: int
+    out: torch.Tensor  # [B, k+3]: emitted tokens (-1 padded), accepted drafts, drafted
+    slots: torch.Tensor  # [B]
+    next_base: torch.Tensor  # [B] each sequence's cached length after the step
+    next_last: torch.Tensor  # [B, 1] its last emitted token (the next step's input)
 
 
 class EngineCore:
@@ -44,6 +64,7 @@ class EngineCore:
         eos_token_ids: Iterable[int] = (),
         graph_pool=None,
         depth_schedule=None,
+        async_scheduling: bool = False,
     ):
         self.target = target
         self.tokenizer = tokenizer
@@ -62,6 +83,8 @@ class EngineCore:
         self.eos_token_ids = set(eos_token_ids)
         self._ids = itertools.count()
         self.aux_layer_ids = tuple(getattr(proposer, "aux_layer_ids", ()) or ())
+        self.async_scheduling = async_scheduling
+        self._in_flight: Optional[LaunchedStep] = None  # async scheduling: the step not yet read back
 
     # -- requests --------------------------------------------------------------
     def add_request(
@@ -106,6 +129,8 @@ class EngineCore:
         running = [s for s in plan.decode if s.status is Status.RUNNING]
         if running:
             finished += self._decode(running)
+        elif self._in_flight is not None:  # every request of it finished: nothing to read
+            self._in_flight = None
         return finished
 
     def _prefill(self, seq: Sequence) -> None:
@@ -127,13 +152,47 @@ class EngineCore:
 
             tree_verify.tree_decode_step(self, seqs)
             return self._finish_if_done(seqs)
-        dev = self.device
         k = self.k if self.depth_schedule is None or not self.k else self.depth_schedule.choose(len(seqs))
+        finished = []
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is not None:
+            if k == in_flight.k and len(seqs) == len(in_flight.seqs) and self._may_run_ahead(seqs) \
+                    and all(a is b for a, b in zip(seqs, in_flight.seqs)):
+                # The same batch: queue its next step from the device-side results first,
+                # then read back the one in flight while the GPU runs the next.
+                kv_len = max(s.num_cached for s in seqs) + 2 * (k + 1)  # in flight: up to k + 1 more tokens
+                self._in_flight = self._launch(seqs, k, in_flight.slots, in_flight.next_base,
+                                               in_flight.next_last, kv_len)
+                return self._read_back(in_flight)
+            finished = self._read_back(in_flight)
+            seqs = [s for s in seqs if s.status is Status.RUNNING]
+            if not seqs:
+                return finished
         # One host->device copy for the step's three per-sequence columns.
         cached = [s.num_cached for s in seqs]
-        columns = device_tensor([[s.slot for s in seqs], cached, [s.last_token_id for s in seqs]], dev, torch.long)
+        columns = device_tensor([[s.slot for s in seqs], cached, [s.last_token_id for s in seqs]], self.device,
+                                torch.long)
         slots, base, last = columns[0], columns[1], columns[2].unsqueeze(1)
-        kv_len = max(cached) + k + 1
+        launched = self._launch(seqs, k, slots, base, last, max(cached) + k + 1)
+        if self._may_run_ahead(seqs):
+            self._in_flight = launched
+            return finished
+        return finished + self._read_back(launched)
+
+    def _may_run_ahead(self, seqs: list[Sequence]) -> bool:
+        """Whether the next step of ``seqs`` may be launched before this one is read back:
+        greedy requests (a sampled one's generator must not draw for a discarded step),
+        a proposer without host-side inputs or syncs, and room in the caches for a step
+        beyond one that may already have filled a request to max_model_len."""
+        return (self.async_scheduling and all(s.params.greedy for s in seqs)
+                and (self.proposer is None or getattr(self.proposer, "device_only_steps", False))
+                and max(s.num_tokens for s in seqs) + 2 * (self.k + 1) < self.max_model_len)
+
+    def _launch(self, seqs: list[Sequence], k: int, slots: torch.Tensor, base: torch.Tensor, last: torch.Tensor,
+                kv_len: int) -> LaunchedStep:
+        """Queue one decode step on the device (no host sync): drafts, the target's pass,
+        verification, the proposer's catch-up. base [B]: cached lengths; last [B, 1]."""
+        dev = self.device
         # Copying every sequence's token list is O(length) per step: only for proposers
         # that read it (n-gram lookup, the draft model's last two tokens).
         reads = self.proposer is not None and (self.proposer.needs_token_history if k else
@@ -160,17 +219,22 @@ class EngineCore:
             self.proposer.on_verify(batch, TargetOutput(input_ids, tokens, positions, hidden, aux), accepted)
         elif self.proposer is not None:  # a plain step (schedule K = 0, or no n-gram match)
             self.proposer.on_plain_step(batch, TargetOutput(input_ids, tokens, positions, hidden, aux))
-        # The one device->host synchronisation of the step: tokens, accepted, drafted.
         drafted = torch.full_like(accepted, k) if num_draft is None else num_draft.to(accepted.dtype)
-        host = torch.cat([tokens, accepted[:, None], drafted[:, None]], dim=1).cpu().tolist()
-        tokens_host = [row[: k + 1] for row in host]
-        accepted_host = [row[k + 1] for row in host]
-        num_draft_host = [row[k + 2] for row in host]
+        out = torch.cat([tokens, accepted[:, None], drafted[:, None]], dim=1)
+        return LaunchedStep(seqs, k, out, slots, base + accepted + 1, tokens.gather(1, accepted.view(-1, 1)))
+
+    def _read_back(self, step: LaunchedStep) -> list[Sequence]:
+        """The step's one device->host synchronisation (tokens, accepted, drafted), then
+        metrics, stop checks and finishing. Requests that finished or were aborted since
+        the step was launched are skipped (async scheduling ran one step past them)."""
+        k = step.k
+        host = step.out.cpu().tolist()
+        live = [(seq, row) for seq, row in zip(step.seqs, host) if seq.status is Status.RUNNING]
         if self.k:
-            self.metrics.observe(num_draft_host, accepted_host)
-        for seq, row, a in zip(seqs, tokens_host, accepted_host):
-            self._append(seq, row[: a + 1])
-        return self._finish_if_done(seqs)
+            self.metrics.observe([row[k + 2] for _, row in live], [row[k + 1] for _, row in live])
+        for seq, row in live:
+            self._append(seq, row[: row[k + 1] + 1])
+        return self._finish_if_done([seq for seq, _ in live])
 
     # -- bookkeeping -----------------------------------------------------------
     def _append(self, seq: Sequence, new_tokens: list[int]) -> None:

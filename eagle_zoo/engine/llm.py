@@ -66,8 +66,12 @@ class LLM:
         revision: Optional[str] = None,
         tokenizer: Optional[str] = None,
         enforce_eager: bool = False,
+        async_scheduling: bool = False,
     ):
         init_args = {k: v for k, v in locals().items() if k != "self"}  # tensor-parallel workers rebuild from these
+        if async_scheduling and tensor_parallel_size > 1:
+            raise ValueError("async_scheduling=True is not supported with tensor_parallel_size > 1 (the ranks' "
+                             "run-ahead is untested): leave async_scheduling off")
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.speculative_config = SpeculativeConfig.parse(speculative_config, config_reader=read_draft_config)
@@ -113,6 +117,7 @@ class LLM:
             eos_token_ids=_eos_token_ids(loaded.path, loaded.config, self.tokenizer),
             graph_pool=self.graph_pool,
             depth_schedule=self._depth_schedule(proposer),
+            async_scheduling=async_scheduling,
         )
         if self.parallel is not None:  # rank 0 of workers it started: mirror engine calls to them
             self.engine = self.parallel.attach(self.engine)

@@ -56,6 +56,9 @@ class ParallelEagleProposer(EagleProposer):
         # Room for the moved writes of rejected positions: up to 2K past the last verified one.
         super().__init__(head, "eagle3", k, num_slots, max_len + k, dtype, device, target_num_layers,
                          graph_pool, padded_drafter_batch)
+        # Not yet checked for running ahead (its extra slots' moved writes): async
+        # scheduling reads each P-EAGLE step back before launching the next.
+        self.device_only_steps = False
         if "mask_hidden" not in getattr(head, "loaded", ()):
             raise ValueError(
                 f"{source}: parallel_drafting needs the P-EAGLE mask_hidden tensor (the feature of "

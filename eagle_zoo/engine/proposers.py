@@ -63,6 +63,9 @@ class Proposer:
     aux_layer_ids: tuple[int, ...] = ()
     needs_token_history = False  # StepBatch.token_history is built only for those that read it
     needs_token_history_on_plain_steps = False  # ... and on plain steps (K = 0) only if this is set
+    # Whether propose / on_verify / on_plain_step do device work only (no host inputs, no
+    # syncs), so async scheduling may launch a step before the previous one is read back.
+    device_only_steps = False
 
     def on_prefill(self, slot: int, out: TargetOutput) -> None:
         pass
@@ -88,6 +91,7 @@ class EagleProposer(Proposer):
                  target_num_layers: int, graph_pool=None, padded_drafter_batch: bool = True):
         self.head = head
         self.padded_drafter_batch = padded_drafter_batch
+        self.device_only_steps = padded_drafter_batch  # the unpadded catch-up reads accepted counts back
         self.method = method
         self.num_speculative_tokens = k
         self.runner = ModelRunner(head, num_slots, max_len, dtype, device, graph_pool)
