@@ -54,3 +54,20 @@ def test_graphs_give_the_eager_tokens(checkpoints, name):
     if spec is not None:
         plain, _ = _generate(target, None, eager=True)
         assert graphed == plain
+
+
+@pytest.mark.parametrize("name", ["plain", "eagle k=3", "eagle3 k=3"])
+def test_async_scheduling_with_graphs_gives_the_same_tokens(checkpoints, name):
+    """Run-ahead steps (engine/core.py) replay the same graphs from device-side inputs."""
+    target, heads = checkpoints
+    spec = None if SPECS[name] is None else {"method": SPECS[name][0], "model": str(heads[SPECS[name][0]]),
+                                              **SPECS[name][1]}
+    outs = []
+    for async_scheduling in (False, True):
+        llm = LLM(str(target), speculative_config=spec, device="cuda", dtype="float32", max_model_len=256,
+                  max_num_seqs=4, async_scheduling=async_scheduling)
+        prompts = ef.random_prompts((20, 31, 44, 25), cf.TINY["vocab_size"], seed=5)
+        params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (96, 40, 70, 12)]
+        got = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+        outs.append(([o.outputs[0].token_ids for o in got], llm.engine.metrics.num_accepted_tokens))
+    assert outs[0] == outs[1]

@@ -66,9 +66,11 @@ class LLM:
         revision: Optional[str] = None,
         tokenizer: Optional[str] = None,
         enforce_eager: bool = False,
-        async_scheduling: bool = False,
+        async_scheduling: Optional[bool] = None,
     ):
         init_args = {k: v for k, v in locals().items() if k != "self"}  # tensor-parallel workers rebuild from these
+        if async_scheduling is None:  # EAGLE_ZOO_ASYNC_SCHEDULING=1: on for a whole process (benchmarks, servers)
+            async_scheduling = os.environ.get("EAGLE_ZOO_ASYNC_SCHEDULING", "") in ("1", "true")
         if async_scheduling and tensor_parallel_size > 1:
             raise ValueError("async_scheduling=True is not supported with tensor_parallel_size > 1 (the ranks' "
                              "run-ahead is untested): leave async_scheduling off")
