@@ -2,7 +2,8 @@
 # Issue 7: a speed switch on and off in one call, on the real target: by default
 # EAGLE_ZOO_TRITON_LINEAR (the few-row linear kernel and fused Llama layers,
 # kernels/linear.py, eagle_zoo/models/fused_layer.py); AB_VAR=EAGLE_ZOO_STEP_GRAPHS for the
-# whole-step CUDA graphs (EAGLE drafting loop, catch-up, greedy tree steps). After
+# whole-step CUDA graphs (EAGLE drafting loop, catch-up, greedy tree steps);
+# AB_VAR=EAGLE_ZOO_ASYNC_SCHEDULING SETTINGS="0 1" for async scheduling. After
 # setup.sh x3 and train.sh, or with .device/d carried): batch 1, 10 MT-bench prompts,
 # 256 tokens, bf16: plain, EAGLE-1 / EAGLE-3 k=3 chains and EAGLE-2 trees (8, 5, 60),
 # each with its identity to plain decoding. Heads: HEADS (default: the shipped ones).

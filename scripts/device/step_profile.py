@@ -7,6 +7,8 @@ kernels/linear.py (cuBLAS and the module path), for before / after in one lease.
   runner     ModelRunner.run: input copies + replay + output clone
   logits     lm_head + greedy argmax
   step       one EngineCore step of plain decoding (everything: host work, sync, bookkeeping)
+  steps      the mean step over many steps without syncs in between, with and without
+             async_scheduling (the next step launched before this one is read back)
   kernels    the kernels of one eager forward (torch.profiler): count and GPU time by name
 Usage: python3 scripts/device/step_profile.py [--shape smollm2|8b] [--steps 200] [--no-profiler] [--host]
 """
@@ -80,7 +82,7 @@ def main() -> None:
     print(f"logits  {cuda_ms(lambda: model.compute_logits(hidden).argmax(-1), 100) * 1e3:8.1f} us  (lm_head + argmax)")
 
     prompt = torch.randint(0, 49152, (300,)).tolist()
-    params = SamplingParams(temperature=0, max_tokens=args.steps + 200, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=6 * args.steps + 200, ignore_eos=True)
     engine.add_request(prompt, params)
     for _ in range(20):  # prefill + warm-up steps
         engine.step()
@@ -92,6 +94,21 @@ def main() -> None:
         per_step.append(time.perf_counter() - t)
     print(f"step    {statistics.median(per_step) * 1e6:8.1f} us  (median of {args.steps} engine steps; "
           f"{1 / statistics.median(per_step):.0f} tok/s)")
+
+    def mean_step(async_scheduling: bool) -> float:
+        engine.async_scheduling = async_scheduling
+        for _ in range(10):
+            engine.step()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(args.steps):
+            engine.step()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t) / args.steps
+    sync_s, async_s = mean_step(False), mean_step(True)
+    engine.async_scheduling = False
+    print(f"steps   {sync_s * 1e6:8.1f} us synchronous, {async_s * 1e6:.1f} us with async_scheduling "
+          f"(means over {args.steps} steps: {1 / sync_s:.0f} vs {1 / async_s:.0f} tok/s)")
 
     if args.host:  # where the host time of a step goes (Python functions, cumulative)
         import cProfile
