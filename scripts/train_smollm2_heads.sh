@@ -21,7 +21,8 @@
 #
 # Knobs (environment): DATA_SECONDS TRAIN_SECONDS DEVICE PYTHON WORK GEN_BATCH
 # EAGLE_TOKENS EAGLE3_TOKENS MAX_LEN MAX_NEW_TOKENS MAX_PROMPTS DRAFT_VOCAB TTT_STEPS
-# SYNTH_PROMPTS SYNTH_SECONDS SYNTH_SEED LR (SYNTH_SEED: another seed, other self-instruct prompts).
+# SYNTH_PROMPTS SYNTH_SECONDS SYNTH_SEED LR (SYNTH_SEED: another seed, other self-instruct prompts)
+# EAGLE1_TTT_STEPS (EAGLE-1 training-time test: 1 = the published EAGLE-1 recipe, the default).
 # Warm start (continue training shipped or earlier heads on new data): INIT_EAGLE=HEAD
 # and/or INIT_EAGLE3=HEAD (a head directory or catalog id, e.g.
 # eagle-zoo/EAGLE3-SmolLM2-135M-Instruct) pass --init-from HEAD to that job;
@@ -48,6 +49,7 @@ EAGLE_TOKENS=${EAGLE_TOKENS:-32768}
 EAGLE3_TOKENS=${EAGLE3_TOKENS:-16384}
 DRAFT_VOCAB=${DRAFT_VOCAB:-12000}  # 24% of the vocabulary, as 32000 of Llama-3's 128256; lm_head 13.8 MB
 TTT_STEPS=${TTT_STEPS:-7}
+EAGLE1_TTT_STEPS=${EAGLE1_TTT_STEPS:-1}
 SYNTH_PROMPTS=${SYNTH_PROMPTS:-0}
 SYNTH_SECONDS=${SYNTH_SECONDS:-60}
 LR=${LR:-1e-3}
@@ -118,7 +120,7 @@ train_head() {
   return $code
 }
 job eagle train_head eagle "$WORK/heads/eagle" "$EAGLE_TOKENS" "$WORK/heads/eagle/config.json" \
-  ${INIT_EAGLE:+--init-from "$INIT_EAGLE"}
+  --ttt-steps "$EAGLE1_TTT_STEPS" ${INIT_EAGLE:+--init-from "$INIT_EAGLE"}
 job eagle3 train_head eagle3 "$WORK/heads/eagle3" "$EAGLE3_TOKENS" "$WORK/heads/eagle3/yuhuili-eagle3/config.json" \
   --draft-vocab-size "$DRAFT_VOCAB" --ttt-steps "$TTT_STEPS" --format yuhuili-eagle3,speculators-eagle3 \
   --target-name HuggingFaceTB/SmolLM2-135M-Instruct ${INIT_EAGLE3:+--init-from "$INIT_EAGLE3"}

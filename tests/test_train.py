@@ -54,7 +54,7 @@ def _target(root):
 def _settings(root, method, **kw):
     base = dict(method=method, target=str(root / "target"), data=[str(root / "data")], steps=4, token_budget=4096,
                 max_len=64, lr=3e-3, warmup_steps=1, seed=0, device="cpu", log_every=1000, progress=False,
-                ttt_steps=3, draft_vocab_size=48, save_every=0)
+                ttt_steps=3 if method == "eagle3" else None, draft_vocab_size=48, save_every=0)
     base.update(kw)
     return TrainSettings(**base)
 
@@ -177,17 +177,42 @@ def test_ttt_mask_pattern():
 
 
 # -- training ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "eagle ttt"])
 def test_training_overfits_a_fixed_batch(tiny, method):
     # One batch per epoch (token budget > the data): every step sees the same batch.
-    trainer = Trainer(_settings(tiny, method, steps=30, token_budget=8192, max_len=64, log_every=1, lr=1e-2),
-                      log=lambda *a: None)
+    kw = dict(ttt_steps=3) if method == "eagle ttt" else {}
+    trainer = Trainer(_settings(tiny, method.split()[0], steps=30, token_budget=8192, max_len=64, log_every=1,
+                                lr=1e-2, **kw), log=lambda *a: None)
     assert len(trainer.epoch_batches) == 1
     history = trainer.run().history
     losses = [h["loss"] for h in history]
     assert len(losses) == 30 and losses[-1] < 0.8 * losses[0], losses
     acc = "acc0" if method == "eagle3" else "acc"
     assert history[-1][acc] > history[0][acc] + 0.1
+    if method == "eagle ttt":  # the unrolled steps learn too
+        assert history[-1]["acc2"] > history[0]["acc2"] + 0.1
+
+
+def test_eagle1_training_time_test_step0_is_the_one_step_loss(tiny):
+    """EAGLE-1 with ttt_steps > 1: step 0 runs through the drafting attention path
+    (eagle3.ttt_steps_forward) and must give the one-step loss's terms (plain causal
+    attention); steps 1.. add terms with weight decay**s."""
+    from eagle_zoo.train.batching import Batch
+    from eagle_zoo.train.eagle1 import eagle1_loss
+
+    trainer = Trainer(_settings(tiny, "eagle", steps=1), log=lambda *a: None)
+    data = TokenData.load(tiny / "data")
+    ids, mask = data.sequence(0)
+    batch = Batch(ids.unsqueeze(0), mask.unsqueeze(0).bool(), torch.tensor([ids.shape[0]]))
+    with torch.no_grad():
+        one, m1, n1 = eagle1_loss(trainer.head, trainer.target.model, batch, noise=0.0)
+        three, m3, n3 = eagle1_loss(trainer.head, trainer.target.model, batch, noise=0.0, ttt_steps=3, decay=0.5)
+    assert n1 == n3 > 0
+    for key in ("v_loss", "p_loss", "acc"):
+        torch.testing.assert_close(m3[key], m1[key], rtol=1e-5, atol=1e-6)
+    later = sum(0.5 ** s * (m3[f"v_loss{s}"] + 0.1 * m3[f"p_loss{s}"]) for s in (1, 2))
+    torch.testing.assert_close(three, one + later, rtol=1e-5, atol=1e-6)
+    assert float(later) > 0
 
 
 def test_resume_reproduces_the_uninterrupted_run(tiny, tmp_path):

@@ -78,14 +78,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--min-lr-ratio", type=float, default=0.1)
         p.add_argument("--weight-decay", type=float, default=0.0)
         p.add_argument("--grad-clip", type=float, default=0.5)
+        p.add_argument("--ttt-steps", type=int, help="unrolled drafting steps (training-time test; default 7 for "
+                                                     "eagle3, 1 for eagle as its published recipe)")
+        p.add_argument("--ttt-decay", type=float, default=0.8, help="loss weight of step i: decay**i")
         if method == "eagle":
             p.add_argument("--noise", type=float, default=0.2, help="uniform input-feature noise (0 = off)")
             p.add_argument("--save-embeddings", action="store_true",
                            help="also store embed_tokens (the target's copy, as yuhuili heads do); by default "
                                 "the loader shares the target's")
         else:
-            p.add_argument("--ttt-steps", type=int, default=7, help="unrolled drafting steps")
-            p.add_argument("--ttt-decay", type=float, default=0.8, help="loss weight of step i: decay**i")
             p.add_argument("--draft-vocab-size", type=int, help="draft vocabulary (default min(32000, vocab))")
             p.add_argument("--aux-layers", help="three target layer ids, e.g. 2,15,27 (default 2,N//2,N-3)")
         p.add_argument("--num-speculative-tokens", type=int, default=3, help="default K written to speculators configs")
@@ -178,8 +179,8 @@ def settings_from_args(args):
         method=args.method, target=args.target, data=list(args.data), steps=args.steps, epochs=args.epochs,
         max_seconds=args.max_seconds, stop_after_seconds=args.stop_after_seconds, token_budget=args.token_budget, max_len=args.max_len, lr=args.lr,
         warmup_steps=args.warmup_steps, min_lr_ratio=args.min_lr_ratio, weight_decay=args.weight_decay,
-        grad_clip=args.grad_clip, noise=getattr(args, "noise", 0.2), ttt_steps=getattr(args, "ttt_steps", 7),
-        ttt_decay=getattr(args, "ttt_decay", 0.8), draft_vocab_size=getattr(args, "draft_vocab_size", None),
+        grad_clip=args.grad_clip, noise=getattr(args, "noise", 0.2), ttt_steps=args.ttt_steps,
+        ttt_decay=args.ttt_decay, draft_vocab_size=getattr(args, "draft_vocab_size", None),
         aux_layers=aux, init_from=getattr(args, "init_from", None), seed=args.seed, device=args.device, dtype=args.dtype,
         state_dir=args.state_dir or f"{str(args.out).rstrip('/')}.state", resume=args.resume,
         save_every=args.save_every, log_every=args.log_every, progress=not args.no_progress)

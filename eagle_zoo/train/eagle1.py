@@ -9,6 +9,12 @@ token count.
 
 f is the target's final hidden state after its final norm, computed on the fly.
 Input noise: uniform, (rand - 0.5) * noise * 512 / seq_len (noise = 0.2).
+
+ttt_steps > 1 adds training-time test, as EAGLE-3 trains (eagle3.py, same attention):
+step s >= 1 of chain i reads the head's own output of step s-1 and token x_{i+s+1} at
+position i+s, as the engine's drafting loop does, and is trained towards f_{i+s+1} and
+the distribution of x_{i+s+2} with weight decay^s. The noise is on step 0's inputs.
+Published EAGLE-1 heads train step 0 only (ttt_steps = 1, the default).
 """
 from __future__ import annotations
 
@@ -16,14 +22,17 @@ import torch
 import torch.nn.functional as F
 
 from .batching import Batch
+from .eagle3 import DECAY, _shift, ttt_steps_forward
 
 P_WEIGHT = 0.1  # weight of the distillation term; the feature term has weight 1
 
 
-def eagle1_loss(head, target, batch: Batch, *, noise: float = 0.2, generator=None):
-    """-> (loss, metrics dict of detached tensors, number of loss tokens)."""
+def eagle1_loss(head, target, batch: Batch, *, noise: float = 0.2, generator=None, ttt_steps: int = 1,
+                decay: float = DECAY, cache_dtype: torch.dtype = torch.float32):
+    """-> (loss, metrics dict of detached tensors, number of step-0 loss tokens)."""
     ids = batch.input_ids
     B, T = ids.shape
+    n = T - 1  # chains 0..T-2 (chain i needs token x_{i+1})
     positions = torch.arange(T, device=ids.device).expand(B, T)
     with torch.no_grad():
         feats, _ = target(ids, positions)
@@ -31,18 +40,29 @@ def eagle1_loss(head, target, batch: Batch, *, noise: float = 0.2, generator=Non
     if noise:
         u = torch.rand(inputs.shape, generator=generator, device=inputs.device)
         inputs = inputs + (u - 0.5) * noise * 512 / T
-    h = head(ids[:, 1:], positions[:, :-1], inputs)  # [B, T-1]: chain i = 0..T-2
-
-    valid = batch.loss_mask[:, 2:]  # x_{i+2} is an assistant token; chains 0..T-3
-    h_v = h[:, : T - 2][valid]
-    f_next = feats[:, 1 : T - 1][valid]
-    with torch.no_grad():
-        target_p = torch.softmax(target.compute_logits(f_next).float(), dim=-1)
-    log_q = torch.log_softmax(head.compute_logits(h_v).float(), dim=-1)
-    p_loss = -(target_p * log_q).sum(-1).mean()
-    v_loss = F.smooth_l1_loss(h_v.float(), f_next.float())  # mean over tokens and features
-    loss = v_loss + P_WEIGHT * p_loss
-    with torch.no_grad():
-        acc = (log_q.argmax(-1) == target_p.argmax(-1)).float().mean()
-    metrics = {"loss": loss.detach(), "v_loss": v_loss.detach(), "p_loss": p_loss.detach(), "acc": acc}
-    return loss, metrics, h_v.shape[0]
+    if ttt_steps == 1:  # one step: plain causal attention, no cache
+        steps = [(0, head(ids[:, 1:], positions[:, :-1], inputs))]
+    else:
+        steps = ttt_steps_forward(head, ids, inputs, ttt_steps, cache_dtype)
+    loss = inputs.new_zeros((), dtype=torch.float32)
+    metrics, n0 = {}, 0
+    for s, h in steps:  # h [B, n, H]: chain i at step s predicts f_{i+s+1}
+        valid = _shift(batch.loss_mask, s + 2, n)  # x_{i+s+2} is an assistant token
+        if s == 0:
+            n0 = int(valid.sum())
+        if not bool(valid.any()):
+            continue
+        h_v = h[valid]
+        f_next = _shift(feats, s + 1, n)[valid]
+        with torch.no_grad():
+            target_p = torch.softmax(target.compute_logits(f_next).float(), dim=-1)
+        log_q = torch.log_softmax(head.compute_logits(h_v).float(), dim=-1)
+        p_loss = -(target_p * log_q).sum(-1).mean()
+        v_loss = F.smooth_l1_loss(h_v.float(), f_next.float())  # mean over tokens and features
+        loss = loss + decay ** s * (v_loss + P_WEIGHT * p_loss)
+        with torch.no_grad():
+            acc = (log_q.argmax(-1) == target_p.argmax(-1)).float().mean()
+        suffix = "" if s == 0 else str(s)
+        metrics.update({f"v_loss{suffix}": v_loss.detach(), f"p_loss{suffix}": p_loss.detach(), f"acc{suffix}": acc})
+    metrics["loss"] = loss.detach()
+    return loss, metrics, n0

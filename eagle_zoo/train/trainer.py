@@ -46,7 +46,7 @@ class TrainSettings:
     betas: tuple = (0.9, 0.95)
     grad_clip: float = 0.5
     noise: float = 0.2  # EAGLE-1 input noise
-    ttt_steps: int = 7  # EAGLE-3 unrolled steps
+    ttt_steps: Optional[int] = None  # unrolled drafting steps; None: 1 for EAGLE-1 (its recipe), 7 for EAGLE-3
     ttt_decay: float = 0.8
     draft_vocab_size: Optional[int] = None  # EAGLE-3; default min(32000, vocab)
     aux_layers: Optional[list] = None
@@ -171,9 +171,11 @@ class Trainer:
         s = self.s
         with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.autocast):
             if s.method == "eagle":
-                return eagle1_loss(self.head, self.target.model, batch, noise=s.noise, generator=self.noise_gen)
+                return eagle1_loss(self.head, self.target.model, batch, noise=s.noise, generator=self.noise_gen,
+                                   ttt_steps=s.ttt_steps or 1, decay=s.ttt_decay,
+                                   cache_dtype=self.dtype if self.autocast else torch.float32)
             return eagle3_loss(self.head, self.target.model, batch, aux_layer_ids=self.flat_config["eagle_aux_hidden_state_layer_ids"],
-                               ttt_steps=s.ttt_steps, decay=s.ttt_decay,
+                               ttt_steps=s.ttt_steps or 7, decay=s.ttt_decay,
                                cache_dtype=self.dtype if self.autocast else torch.float32)
 
     def train_step(self, batch) -> dict:
