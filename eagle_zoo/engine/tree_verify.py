@@ -161,11 +161,17 @@ def tree_decode_step(engine, seqs) -> None:
 def _draft_and_verify(engine, last, base, slots, max_base):
     """Draft the trees and run the target over every node. max_base None: the whole-row
     form (kv_len = the caches' length, masks over it), which a CUDA graph captures."""
-    proposer, runner = engine.proposer, engine.runner
-    B = slots.shape[0]
-    tree = proposer.propose_tree(slots, base, max_base)
-    N = tree.num_nodes
+    tree = engine.proposer.propose_tree(slots, base, max_base)
     tree.tokens[:, 0] = last
+    return (tree, *target_tree_pass(engine, tree, base, slots, max_base))
+
+
+def target_tree_pass(engine, tree, base, slots, max_base):
+    """The target over every node of the drafted trees (root = the last token):
+    -> (hidden, aux, logits)."""
+    runner = engine.runner
+    B = slots.shape[0]
+    N = tree.num_nodes
     positions = base.view(B, 1) + tree.depth
     columns = base.view(B, 1) + torch.arange(N, device=slots.device)
     kv_len = runner.max_len if max_base is None else max_base + N
@@ -174,10 +180,10 @@ def _draft_and_verify(engine, last, base, slots, max_base):
     hidden, aux = runner.run(tree.tokens, positions, slots, None if max_base is None else kv_len,
                              engine.aux_layer_ids, attn_mask=mask, cache_positions=columns,
                              tree_keys=(positions, base, tree.ancestors))
-    return tree, hidden, aux, engine.target.compute_logits(hidden)
+    return hidden, aux, engine.target.compute_logits(hidden)
 
 
-def _finish(engine, tree, slots, base, max_base, tokens, accepted, path, hidden, aux) -> torch.Tensor:
+def finish_tree_step(engine, tree, slots, base, max_base, tokens, accepted, path, hidden, aux) -> torch.Tensor:
     """Compact the target's cache onto the accepted path, catch the head up; returns
     [B, L+2]: the emitted tokens (-1 padded) and the number of accepted drafts."""
     compact_kv(engine.runner.kv_caches, slots, base, path)
@@ -187,11 +193,11 @@ def _finish(engine, tree, slots, base, max_base, tokens, accepted, path, hidden,
 
 def greedy_tree_step(engine, last, base, slots, max_base) -> torch.Tensor:
     """A greedy tree step on the device, no host sync: last, base, slots [B]; returns
-    what _finish returns. With max_base None it is the whole-row form that
+    what finish_tree_step returns. With max_base None it is the whole-row form that
     _graphed_greedy_step captures; a host int bounds the attention instead."""
     tree, hidden, aux, logits = _draft_and_verify(engine, last, base, slots, max_base)
     tokens, accepted, path = accept_greedy(logits.argmax(-1), tree)
-    return _finish(engine, tree, slots, base, max_base, tokens, accepted, path, hidden, aux)
+    return finish_tree_step(engine, tree, slots, base, max_base, tokens, accepted, path, hidden, aux)
 
 
 def _sampled_tree_step(engine, last, base, slots, max_base, sampling) -> torch.Tensor:
@@ -205,7 +211,7 @@ def _sampled_tree_step(engine, last, base, slots, max_base, sampling) -> torch.T
     uniforms = draw("uniform", (B, tree.max_depth + 1, proposer.top_k), sampling.generators, engine.device)
     exponentials = draw("exponential", (B, logits.shape[-1]), sampling.generators, engine.device)
     tokens, accepted, path = accept_sampled(probs, tree, proposer.top_k, uniforms, exponentials)
-    return _finish(engine, tree, slots, base, max_base, tokens, accepted, path, hidden, aux)
+    return finish_tree_step(engine, tree, slots, base, max_base, tokens, accepted, path, hidden, aux)
 
 
 def _graphed_greedy_step(engine):
