@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .batching import Batch
-from .eagle3 import DECAY, _shift, ttt_steps_forward
+from .eagle3 import DECAY, chain_shift, ttt_steps_forward
 
 P_WEIGHT = 0.1  # weight of the distillation term; the feature term has weight 1
 
@@ -47,13 +47,13 @@ def eagle1_loss(head, target, batch: Batch, *, noise: float = 0.2, generator=Non
     loss = inputs.new_zeros((), dtype=torch.float32)
     metrics, n0 = {}, 0
     for s, h in steps:  # h [B, n, H]: chain i at step s predicts f_{i+s+1}
-        valid = _shift(batch.loss_mask, s + 2, n)  # x_{i+s+2} is an assistant token
+        valid = chain_shift(batch.loss_mask, s + 2, n)  # x_{i+s+2} is an assistant token
         if s == 0:
             n0 = int(valid.sum())
         if not bool(valid.any()):
             continue
         h_v = h[valid]
-        f_next = _shift(feats, s + 1, n)[valid]
+        f_next = chain_shift(feats, s + 1, n)[valid]
         with torch.no_grad():
             target_p = torch.softmax(target.compute_logits(f_next).float(), dim=-1)
         log_q = torch.log_softmax(head.compute_logits(h_v).float(), dim=-1)

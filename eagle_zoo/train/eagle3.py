@@ -42,7 +42,7 @@ def ttt_mask(n: int, step: int, device=None) -> torch.Tensor:
     return ((block == 0) & (j <= i)) | ((block > 0) & (j == i))
 
 
-def _shift(x: torch.Tensor, k: int, n: int) -> torch.Tensor:
+def chain_shift(x: torch.Tensor, k: int, n: int) -> torch.Tensor:
     """x[:, k:k+n] padded with zeros (False) to n columns."""
     out = x[:, k : k + n]
     if out.shape[1] < n:
@@ -64,7 +64,7 @@ def ttt_steps_forward(head, ids: torch.Tensor, feats: torch.Tensor, steps: int, 
         ctx = AttentionContext(caches, slots, (s * n + chain).expand(B, n), (s + 1) * n,
                                ttt_mask(n, s, dev).expand(B, n, (s + 1) * n))
         with use_context(ctx):
-            feats = head(_shift(ids, s + 1, n), (chain + s).expand(B, n), feats)
+            feats = head(chain_shift(ids, s + 1, n), (chain + s).expand(B, n), feats)
         yield s, feats
 
 
@@ -87,14 +87,14 @@ def eagle3_loss(head, target, batch: Batch, *, aux_layer_ids, ttt_steps: int = 7
     loss = feats.new_zeros((), dtype=torch.float32)
     metrics, n0 = {}, 0
     for s, h in ttt_steps_forward(head, ids, feats, ttt_steps, cache_dtype):
-        valid = _shift(batch.loss_mask, s + 2, n) & _shift(top_ok, s + 1, n)
+        valid = chain_shift(batch.loss_mask, s + 2, n) & chain_shift(top_ok, s + 1, n)
         if s == 0:
             n0 = int(valid.sum())
         if not bool(valid.any()):
             continue
         log_q = torch.log_softmax(head.compute_draft_logits(h[valid]).float(), dim=-1)
         with torch.no_grad():
-            p = torch.softmax(_shift(target_logits, s + 1, n)[valid].float(), dim=-1)
+            p = torch.softmax(chain_shift(target_logits, s + 1, n)[valid].float(), dim=-1)
         ce = -(p * log_q).sum(-1).mean()
         loss = loss + decay ** s * ce
         with torch.no_grad():
