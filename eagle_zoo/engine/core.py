@@ -47,6 +47,11 @@ class LaunchedStep:
     slots: torch.Tensor  # [B]
     next_base: torch.Tensor  # [B] each sequence's cached length after the step
     next_last: torch.Tensor  # [B, 1] its last emitted token (the next step's input)
+    # CUDA: ``out`` copied into pinned host memory right behind the step, and an event
+    # after that copy, so reading it back waits for this step only, not for the next
+    # one already queued behind it (a plain .cpu() would wait for the whole stream).
+    host_out: Optional[torch.Tensor] = None
+    copied: Optional[torch.cuda.Event] = None
 
 
 class EngineCore:
@@ -221,14 +226,24 @@ class EngineCore:
             self.proposer.on_plain_step(batch, TargetOutput(input_ids, tokens, positions, hidden, aux))
         drafted = torch.full_like(accepted, k) if num_draft is None else num_draft.to(accepted.dtype)
         out = torch.cat([tokens, accepted[:, None], drafted[:, None]], dim=1)
-        return LaunchedStep(seqs, k, out, slots, base + accepted + 1, tokens.gather(1, accepted.view(-1, 1)))
+        step = LaunchedStep(seqs, k, out, slots, base + accepted + 1, tokens.gather(1, accepted.view(-1, 1)))
+        if out.is_cuda:
+            step.host_out = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+            step.host_out.copy_(out, non_blocking=True)
+            step.copied = torch.cuda.Event()
+            step.copied.record()
+        return step
 
     def _read_back(self, step: LaunchedStep) -> list[Sequence]:
         """The step's one device->host synchronisation (tokens, accepted, drafted), then
         metrics, stop checks and finishing. Requests that finished or were aborted since
         the step was launched are skipped (async scheduling ran one step past them)."""
         k = step.k
-        host = step.out.cpu().tolist()
+        if step.copied is not None:
+            step.copied.synchronize()
+            host = step.host_out.tolist()
+        else:
+            host = step.out.cpu().tolist()
         live = [(seq, row) for seq, row in zip(step.seqs, host) if seq.status is Status.RUNNING]
         if self.k:
             self.metrics.observe([row[k + 2] for _, row in live], [row[k + 1] for _, row in live])
