@@ -65,3 +65,48 @@ def test_whole_step_graphs_switch(monkeypatch):
     assert whole_step_graphs()
     monkeypatch.setenv("EAGLE_ZOO_STEP_GRAPHS", "0")
     assert not whole_step_graphs()
+
+
+@pytest.mark.parametrize("k", [0, 3])
+@torch.inference_mode()
+def test_greedy_target_pass_matches_the_eager_verification(k, tmp_path):
+    """EngineCore.greedy_target_pass (what the greedy steps' CUDA graph captures: the target
+    over whole cache rows, lm_head, greedy verification) gives the eager path's tokens,
+    accepted counts and features (runner.run bounded by kv_len, compute_logits,
+    verify_drafts)."""
+    from eagle_zoo.engine.verify import SamplingBatch, verify_drafts
+
+    kind = ef.kind_of("llama")
+    target = ef.write_target(tmp_path / "target", kind, edit=ef.bigram_edit())
+    llm = LLM(str(target), device="cpu", dtype="float32", max_model_len=96, max_num_seqs=2, enforce_eager=True)
+    engine = llm.engine
+    prompts = ef.random_prompts((7, 11), cf.TINY["vocab_size"], seed=2)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=9,
+                                                                                  ignore_eos=True))
+    slots = torch.tensor([1, 0])
+    base = torch.tensor([len(p) + 8 for p in prompts])
+    positions = base.view(2, 1) + torch.arange(k + 1)
+    caches = [c for pair in engine.runner.kv_caches for c in pair]
+    saved = [c.clone() for c in caches]
+    greedy = SamplingBatch(tensors=None, generators=[None, None], all_greedy=True)
+
+    def eager(ids):
+        for c, b in zip(caches, saved):
+            c.copy_(b)
+        hidden, _ = engine.runner.run(ids, positions, slots, int(positions.max()) + 1, ())
+        return (*verify_drafts(engine.target.compute_logits(hidden), ids[:, 1:] if k else None, None, greedy),
+                hidden)
+
+    # Row 0 drafts the target's own greedy chain (all k accepted), row 1 random tokens.
+    ids = torch.randint(3, cf.TINY["vocab_size"], (2, k + 1), generator=torch.Generator().manual_seed(4))
+    for _ in range(k):
+        argmax = engine.target.compute_logits(eager(ids)[2]).argmax(-1)
+        ids[0, 1:] = argmax[0, :k]
+    want_tokens, want_accepted, want_hidden = eager(ids)
+    for c, b in zip(caches, saved):
+        c.copy_(b)
+    tokens, accepted, hidden, _ = engine.greedy_target_pass(ids, positions, slots, ids[:, 1:])
+    assert torch.equal(tokens, want_tokens) and torch.equal(accepted, want_accepted)
+    assert int(accepted[0]) == k
+    torch.testing.assert_close(hidden, want_hidden, rtol=1e-5, atol=1e-6)
+    assert len(outs) == 2

@@ -26,12 +26,13 @@ from typing import Iterable, Optional
 import torch
 
 from .detokenizer import update_sequence_text
+from .graphs import GraphedForward, whole_step_graphs
 from .host_tensors import device_tensor
 from .metrics import SpecDecodingMetrics
 from .outputs import CompletionOutput, RequestOutput
 from .proposers import Proposer, StepBatch, TargetOutput
 from .runner import ModelRunner
-from .verify import SamplingBatch, verify_drafts
+from .verify import SamplingBatch, verify_drafts, verify_greedy
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
@@ -82,6 +83,13 @@ class EngineCore:
         # proposer: up to its total_tokens - 1 nodes, tree_verify.py).
         self.max_len = max_model_len + max(self.k, getattr(proposer, "max_verify_tokens", 0)) + 1
         self.runner = ModelRunner(target, max_num_seqs, self.max_len, dtype, device, graph_pool)
+        # Greedy steps: the target's pass, its lm_head and the greedy verification in one
+        # CUDA graph (the lm_head and the handful of small verification kernels otherwise
+        # launch one by one after the forward's graph).
+        self._greedy_target_graph = None
+        if self.runner.graphed is not None and whole_step_graphs():
+            self._greedy_target_graph = GraphedForward(self.greedy_target_pass, max_num_seqs,
+                                                       self.runner.scratch_slot, graph_pool)
         self.scheduler = Scheduler(max_num_seqs)
         self.metrics = SpecDecodingMetrics(num_speculative_tokens=self.k)
         self.seed = seed
@@ -217,9 +225,14 @@ class EngineCore:
         else:
             input_ids = last
         positions = base.unsqueeze(1) + torch.arange(k + 1, device=dev)
-        hidden, aux = self.runner.run(input_ids, positions, slots, kv_len, self.aux_layer_ids)
-        logits = self.target.compute_logits(hidden)
-        tokens, accepted = verify_drafts(logits, drafts, num_draft, SamplingBatch.from_sequences(seqs, dev))
+        graph = self._greedy_target_graph
+        if batch.all_greedy and num_draft is None and graph is not None and graph.eligible(input_ids):
+            # A plain step verifies [B, 0] drafts.
+            tokens, accepted, hidden, aux = graph(input_ids, positions, slots, drafts if k else input_ids[:, :0])
+        else:
+            hidden, aux = self.runner.run(input_ids, positions, slots, kv_len, self.aux_layer_ids)
+            logits = self.target.compute_logits(hidden)
+            tokens, accepted = verify_drafts(logits, drafts, num_draft, SamplingBatch.from_sequences(seqs, dev))
         if k:
             self.proposer.on_verify(batch, TargetOutput(input_ids, tokens, positions, hidden, aux), accepted)
         elif self.proposer is not None:  # a plain step (schedule K = 0, or no n-gram match)
@@ -233,6 +246,14 @@ class EngineCore:
             step.copied = torch.cuda.Event()
             step.copied.record()
         return step
+
+    def greedy_target_pass(self, input_ids, positions, slots, drafts):
+        """The target over [B, K+1] tokens (whole cache rows) and greedy verification of
+        the K drafts: -> (tokens, accepted, hidden, aux), what the eager path computes with
+        runner.run + compute_logits + verify_drafts; the form _greedy_target_graph captures."""
+        hidden, aux = self.runner.forward_full_length(input_ids, positions, slots, self.aux_layer_ids)
+        tokens, accepted = verify_greedy(self.target.compute_logits(hidden), drafts, None)
+        return tokens, accepted, hidden, aux
 
     def _read_back(self, step: LaunchedStep) -> list[Sequence]:
         """The step's one device->host synchronisation (tokens, accepted, drafted), then
