@@ -23,9 +23,10 @@ DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 
 
 def whole_step_graphs() -> bool:
-    """Whether the EAGLE drafting loop, its catch-up and greedy tree steps are captured
-    whole (default) rather than pass by pass: EAGLE_ZOO_STEP_GRAPHS=0 turns that off, for
-    before / after measurements in one run."""
+    """Whether the EAGLE drafting loop, its catch-up, greedy tree steps and greedy target
+    steps (forward + lm_head + verification) are captured whole (default) rather than pass
+    by pass: EAGLE_ZOO_STEP_GRAPHS=0 turns that off, for before / after measurements in
+    one run."""
     return os.environ.get("EAGLE_ZOO_STEP_GRAPHS", "1") != "0"
 MAX_GRAPH_TOKENS = 16  # T above this (prefill) runs eagerly
 
