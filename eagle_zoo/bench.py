@@ -57,7 +57,8 @@ def add_arguments(p):
                            '\'{"disable_padded_drafter_batch": true}\'')
     perf.add_argument("--tree", default=None,
                       help="add an EAGLE-2 dynamic tree row per head to the batch-1 table: TOP_K,DEPTH,TOTAL_TOKENS "
-                           "(e.g. 8,5,60; speculative_config tree)")
+                           "(e.g. 8,5,60; speculative_config tree); several shapes separated by ';' "
+                           "(e.g. '8,5,60;4,4,24')")
 
 
 def load_prompts(dataset: Optional[str], num_prompts: int) -> list[str]:

@@ -2,7 +2,7 @@
 
 Tables (all greedy, MT-bench first turns, chat template):
   batch 1: transformers `generate` (peer), our plain decoding, EAGLE / EAGLE-3 chains
-           for k in --ks (and an EAGLE-2 dynamic tree with --tree TOP_K,DEPTH,TOTAL_TOKENS),
+           for k in --ks (and EAGLE-2 dynamic trees with --tree TOP_K,DEPTH,TOTAL_TOKENS[;...]),
            with mean acceptance length and speed-up over plain;
   throughput at several batch sizes with and without speculation (and, with
            --depth-schedule, with K chosen per step from the batch size);
@@ -129,6 +129,11 @@ def _tree_option(text: str) -> dict:
     return {"top_k": top_k, "depth": depth, "total_tokens": total}
 
 
+def _tree_options(text: str) -> list[tuple[str, dict]]:
+    """--tree with one or more shapes separated by ';' (e.g. "8,5,60;4,4,24"): [(label, tree)]."""
+    return [(part.strip(), _tree_option(part.strip())) for part in text.split(";") if part.strip()]
+
+
 def run_perf(args) -> int:
     from .engine.llm import LLM
     from .engine.sampling_params import SamplingParams
@@ -199,14 +204,15 @@ def run_perf(args) -> int:
     record("batch1", {"config": "plain", "tokens_per_s": plain_tps})
     reference = [o.outputs[0].token_ids for o in plain_outs]
     lossless = report["lossless"] = {}
-    tree = _tree_option(args.tree) if getattr(args, "tree", None) else None
+    trees = _tree_options(args.tree) if getattr(args, "tree", None) else []
     for head in heads:
-        for k in ks + ([None] if tree and head != "ngram" else []):  # None: the --tree row
+        rows = [(k, None) for k in ks] + ([(None, t) for t in trees] if head != "ngram" else [])
+        for k, tree in rows:  # k None: a --tree row
             spec = ({"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
                     if head == "ngram" else {"model": head, "num_speculative_tokens": k, **extra})
-            if k is None:
-                spec["tree"] = tree
-            label = f"{head} " + (f"k={k}" if k is not None else f"tree {args.tree}")
+            if tree is not None:
+                spec["tree"] = tree[1]
+            label = f"{head} " + (f"k={k}" if k is not None else f"tree {tree[0]}")
             try:
                 llm = make(spec)
                 warm(llm)
@@ -216,7 +222,7 @@ def run_perf(args) -> int:
                 continue
             m = llm.engine.metrics
             same = sum(o.outputs[0].token_ids == r for o, r in zip(outs, reference))
-            name = f"{llm.speculative_config.method} " + (f"k={k}" if k is not None else f"tree {args.tree}")
+            name = f"{llm.speculative_config.method} " + (f"k={k}" if k is not None else f"tree {tree[0]}")
             lossless[name] = f"{same}/{len(prompts)}"
             record("batch1", {"config": name, "tokens_per_s": tps, "speedup": tps / plain_tps,
                               "mean_acceptance_length": m.mean_acceptance_length, "identical_to_plain": same})

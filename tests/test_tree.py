@@ -605,3 +605,9 @@ def test_perf_tree_option():
     assert _tree_option("8,5,60") == {"top_k": 8, "depth": 5, "total_tokens": 60}
     with pytest.raises(SystemExit, match="TOP_K,DEPTH,TOTAL_TOKENS"):
         _tree_option("8,5")
+    from eagle_zoo.perf import _tree_options
+
+    assert _tree_options("8,5,60; 4,4,24") == [("8,5,60", {"top_k": 8, "depth": 5, "total_tokens": 60}),
+                                              ("4,4,24", {"top_k": 4, "depth": 4, "total_tokens": 24})]
+    with pytest.raises(SystemExit, match="TOP_K,DEPTH,TOTAL_TOKENS"):
+        _tree_options("8,5,60;4,4")
