@@ -7,6 +7,7 @@
 # setup.sh x3 and train.sh, or with .device/d carried): batch 1, 10 MT-bench prompts,
 # 256 tokens, bf16: plain, EAGLE-1 / EAGLE-3 k=3 chains and EAGLE-2 trees (8, 5, 60),
 # each with its identity to plain decoding. Heads: HEADS (default: the shipped ones).
+# TREE: tree shapes, ';'-separated (default 8,5,60), e.g. TREE="8,5,60;4,4,24;6,3,30".
 set -u
 cd "$(dirname "$0")/../.."
 source scripts/device/env.sh
@@ -17,6 +18,6 @@ for v in ${SETTINGS:-1 0}; do
   echo "== $VAR=$v"
   env "$VAR=$v" timeout ${AB_TIMEOUT:-200} python3 -m eagle_zoo.cli bench --perf --model "$TARGET" \
     --eagle "$H/eagle" --eagle3 "$H/eagle3" --max-tokens 256 --num-prompts ${PROMPTS:-10} --ks 3 --batch-sizes "" \
-    --tree 8,5,60 --json "$OUT/perf-$VAR-$v.json" 2>&1 | grep -v "it/s\]" | grep -v -i warn \
+    --tree "${TREE:-8,5,60}" --json "$OUT/perf-$VAR-$v.json" 2>&1 | grep -v "it/s\]" | grep -v -i warn \
     || echo "perf bench ($VAR=$v) failed or timed out (rows so far above)"
 done
