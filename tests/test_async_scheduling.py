@@ -1,9 +1,10 @@
 """async_scheduling: the engine launches a batch's next decode step from the device-side
 results of the step in flight, before reading that one back (engine/core.py). Outputs,
 finish reasons and metrics must be those of the synchronous engine, whatever finishes,
-stops, joins or is aborted in between; sampled requests and host-side proposers (n-gram)
-fall back to reading each step back first. On the CPU the overlap buys nothing, but the
-run-ahead path runs the same code as on CUDA (where graphs replay it)."""
+stops, joins or is aborted in between (plain decoding, EAGLE chains, EAGLE-2 trees);
+sampled requests and host-side proposers (n-gram) fall back to reading each step back
+first. On the CPU the overlap buys nothing, but the run-ahead path runs the same code as
+on CUDA (where graphs replay it)."""
 from __future__ import annotations
 
 import pytest
@@ -38,6 +39,8 @@ def _spec(models, method):
         return None
     if method == "ngram":
         return {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    if method == "eagle tree":
+        return {"method": "eagle", "model": str(heads["eagle"]), "tree": {"top_k": 3, "depth": 3, "total_tokens": 10}}
     if method == "eagle, adaptive depth":  # CPU "auto": K = 3 alone, plain steps (K = 0) from 2 requests
         return {"method": "eagle", "model": str(heads["eagle"]), "num_speculative_tokens": 3,
                 "num_speculative_tokens_by_batch_size": "auto"}
@@ -47,7 +50,7 @@ def _spec(models, method):
 def _record_run_ahead(monkeypatch):
     """Counts the read-backs of a step that happened after a later step was launched."""
     events = []
-    launch, read_back = EngineCore._launch, EngineCore._read_back
+    launch, read_back = EngineCore._launch_step, EngineCore._read_back
 
     def launch_spy(self, *args, **kw):
         step = launch(self, *args, **kw)
@@ -58,7 +61,7 @@ def _record_run_ahead(monkeypatch):
         events.append(("read", step))
         return read_back(self, step)
 
-    monkeypatch.setattr(EngineCore, "_launch", launch_spy)
+    monkeypatch.setattr(EngineCore, "_launch_step", launch_spy)
     monkeypatch.setattr(EngineCore, "_read_back", read_spy)
 
     def run_ahead() -> tuple[int, int]:
@@ -83,7 +86,7 @@ def _generate(models, method, async_scheduling, params, max_num_seqs=3):
             (m.num_drafts, m.num_draft_tokens, m.num_accepted_tokens, list(m.num_accepted_tokens_per_pos)))
 
 
-@pytest.mark.parametrize("method", [None, "eagle", "eagle3", "eagle, adaptive depth"])
+@pytest.mark.parametrize("method", [None, "eagle", "eagle3", "eagle, adaptive depth", "eagle tree"])
 def test_run_ahead_gives_the_synchronous_outputs_and_metrics(models, method, monkeypatch):
     params = [SamplingParams(temperature=0, **p) for p in PARAMS]
     want = _generate(models, method, False, params)

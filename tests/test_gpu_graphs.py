@@ -56,7 +56,7 @@ def test_graphs_give_the_eager_tokens(checkpoints, name):
         assert graphed == plain
 
 
-@pytest.mark.parametrize("name", ["plain", "eagle k=3", "eagle3 k=3"])
+@pytest.mark.parametrize("name", ["plain", "eagle k=3", "eagle3 k=3", "eagle3 tree"])
 def test_async_scheduling_with_graphs_gives_the_same_tokens(checkpoints, name):
     """Run-ahead steps (engine/core.py) replay the same graphs from device-side inputs."""
     target, heads = checkpoints

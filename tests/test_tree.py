@@ -364,11 +364,11 @@ def reference_tree(hf_target, head, method, history, top_k, depth, total_tokens)
 def record_trees(llm, monkeypatch):
     """(history, [(token, parent) of nodes 1..]) for every sequence of every tree step."""
     seen = []
-    step = tree_verify.tree_decode_step
+    step = tree_verify.launch_tree_step
     proposer = llm.engine.proposer
     propose = proposer.propose_tree
 
-    def recording_step(engine, seqs):
+    def recording_step(engine, seqs, *args):
         histories = [list(s.all_token_ids) for s in seqs]
 
         def recording_propose(*args):
@@ -379,11 +379,11 @@ def record_trees(llm, monkeypatch):
 
         proposer.propose_tree = recording_propose
         try:
-            return step(engine, seqs)
+            return step(engine, seqs, *args)
         finally:
             proposer.propose_tree = propose
 
-    monkeypatch.setattr(tree_verify, "tree_decode_step", recording_step)
+    monkeypatch.setattr(tree_verify, "launch_tree_step", recording_step)
     return seen
 
 

@@ -12,7 +12,7 @@ decoding):
 
 With async_scheduling (vLLM's option of that name) a step's host work overlaps the
 next step's GPU work: while the running batch stays the same, every request is greedy
-and the proposer's steps are device-only (plain decoding, EAGLE chains), the next step
+and the proposer's steps are device-only (plain decoding, EAGLE chains and trees), the next step
 is launched from the device-side results of the one in flight (its emitted tokens and
 positions) before the host waits for that one and does its bookkeeping. A request that
 finishes got one step more on the GPU, which is discarded; outputs are unchanged.
@@ -53,6 +53,7 @@ class LaunchedStep:
     # one already queued behind it (a plain .cpu() would wait for the whole stream).
     host_out: Optional[torch.Tensor] = None
     copied: Optional[torch.cuda.Event] = None
+    num_positions: Optional[int] = None  # trees: the metrics' positions are the tree's levels
 
 
 class EngineCore:
@@ -160,11 +161,6 @@ class EngineCore:
         self._append(seq, [int(tokens[0, 0])])
 
     def _decode(self, seqs: list[Sequence]) -> list[Sequence]:
-        if hasattr(self.proposer, "propose_tree"):  # EAGLE-2 dynamic tree: engine/tree_verify.py
-            from . import tree_verify  # looked up per step: tests wrap tree_decode_step
-
-            tree_verify.tree_decode_step(self, seqs)
-            return self._finish_if_done(seqs)
         k = self.k if self.depth_schedule is None or not self.k else self.depth_schedule.choose(len(seqs))
         finished = []
         in_flight, self._in_flight = self._in_flight, None
@@ -174,8 +170,8 @@ class EngineCore:
                 # The same batch: queue its next step from the device-side results first,
                 # then read back the one in flight while the GPU runs the next.
                 kv_len = max(s.num_cached for s in seqs) + 2 * (k + 1)  # in flight: up to k + 1 more tokens
-                self._in_flight = self._launch(seqs, k, in_flight.slots, in_flight.next_base,
-                                               in_flight.next_last, kv_len)
+                self._in_flight = self._launch_step(seqs, k, in_flight.slots, in_flight.next_base,
+                                                    in_flight.next_last, kv_len)
                 return self._read_back(in_flight)
             finished = self._read_back(in_flight)
             seqs = [s for s in seqs if s.status is Status.RUNNING]
@@ -186,7 +182,7 @@ class EngineCore:
         columns = device_tensor([[s.slot for s in seqs], cached, [s.last_token_id for s in seqs]], self.device,
                                 torch.long)
         slots, base, last = columns[0], columns[1], columns[2].unsqueeze(1)
-        launched = self._launch(seqs, k, slots, base, last, max(cached) + k + 1)
+        launched = self._launch_step(seqs, k, slots, base, last, max(cached) + k + 1)
         if self._may_run_ahead(seqs):
             self._in_flight = launched
             return finished
@@ -201,10 +197,36 @@ class EngineCore:
                 and (self.proposer is None or getattr(self.proposer, "device_only_steps", False))
                 and max(s.num_tokens for s in seqs) + 2 * (self.k + 1) < self.max_model_len)
 
+    def _launch_step(self, seqs: list[Sequence], k: int, slots: torch.Tensor, base: torch.Tensor,
+                     last: torch.Tensor, kv_len: int) -> LaunchedStep:
+        """Queue one decode step on the device (no host sync): a chain step (_launch) or an
+        EAGLE-2 tree step (tree_verify.launch_tree_step, whose max_base is the bound on the
+        sequences' cached lengths that kv_len carries). base [B]; last [B, 1]."""
+        if hasattr(self.proposer, "propose_tree"):
+            from . import tree_verify  # looked up per step: tests wrap launch_tree_step
+
+            return tree_verify.launch_tree_step(self, seqs, slots, base, last[:, 0], kv_len - (k + 1))
+        return self._launch(seqs, k, slots, base, last, kv_len)
+
+    def launched(self, seqs: list[Sequence], k: int, tokens: torch.Tensor, accepted: torch.Tensor,
+                 drafted: torch.Tensor, slots: torch.Tensor, base: torch.Tensor,
+                 num_positions: Optional[int] = None) -> LaunchedStep:
+        """The LaunchedStep of a step whose emitted tokens [B, k+1] (-1 padded), accepted
+        drafts [B] and drafted tokens [B] are queued on the device."""
+        out = torch.cat([tokens, accepted[:, None], drafted[:, None]], dim=1)
+        step = LaunchedStep(seqs, k, out, slots, base + accepted + 1, tokens.gather(1, accepted.view(-1, 1)),
+                            num_positions=num_positions)
+        if out.is_cuda:
+            step.host_out = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+            step.host_out.copy_(out, non_blocking=True)
+            step.copied = torch.cuda.Event()
+            step.copied.record()
+        return step
+
     def _launch(self, seqs: list[Sequence], k: int, slots: torch.Tensor, base: torch.Tensor, last: torch.Tensor,
                 kv_len: int) -> LaunchedStep:
-        """Queue one decode step on the device (no host sync): drafts, the target's pass,
-        verification, the proposer's catch-up. base [B]: cached lengths; last [B, 1]."""
+        """Queue one chain decode step on the device (no host sync): drafts, the target's
+        pass, verification, the proposer's catch-up. base [B]: cached lengths; last [B, 1]."""
         dev = self.device
         # Copying every sequence's token list is O(length) per step: only for proposers
         # that read it (n-gram lookup, the draft model's last two tokens).
@@ -238,14 +260,7 @@ class EngineCore:
         elif self.proposer is not None:  # a plain step (schedule K = 0, or no n-gram match)
             self.proposer.on_plain_step(batch, TargetOutput(input_ids, tokens, positions, hidden, aux))
         drafted = torch.full_like(accepted, k) if num_draft is None else num_draft.to(accepted.dtype)
-        out = torch.cat([tokens, accepted[:, None], drafted[:, None]], dim=1)
-        step = LaunchedStep(seqs, k, out, slots, base + accepted + 1, tokens.gather(1, accepted.view(-1, 1)))
-        if out.is_cuda:
-            step.host_out = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
-            step.host_out.copy_(out, non_blocking=True)
-            step.copied = torch.cuda.Event()
-            step.copied.record()
-        return step
+        return self.launched(seqs, k, tokens, accepted, drafted, slots, base)
 
     def greedy_target_pass(self, input_ids, positions, slots, drafts):
         """The target over [B, K+1] tokens (whole cache rows) and greedy verification of
@@ -267,7 +282,8 @@ class EngineCore:
             host = step.out.cpu().tolist()
         live = [(seq, row) for seq, row in zip(step.seqs, host) if seq.status is Status.RUNNING]
         if self.k:
-            self.metrics.observe([row[k + 2] for _, row in live], [row[k + 1] for _, row in live])
+            self.metrics.observe([row[k + 2] for _, row in live], [row[k + 1] for _, row in live],
+                                 num_positions=step.num_positions)
         for seq, row in live:
             self._append(seq, row[: row[k + 1] + 1])
         return self._finish_if_done([seq for seq, _ in live])

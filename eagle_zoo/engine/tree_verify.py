@@ -13,7 +13,6 @@ from __future__ import annotations
 import torch
 
 from .graphs import GraphedForward, whole_step_graphs
-from .host_tensors import device_tensor
 from .sampler import apply_sampling_params, draw, sample_from_probs
 from .tree import TreeDraft, cache_mask
 from .verify import SamplingBatch
@@ -132,30 +131,26 @@ def compact_kv(kv_caches, slots: torch.Tensor, base: torch.Tensor, path: torch.T
 
 
 @torch.inference_mode()
-def tree_decode_step(engine, seqs) -> None:
-    """One tree step for the running sequences ``seqs`` of ``engine`` (EngineCore), greedy
-    or sampled; appends the emitted tokens. The caller finishes sequences."""
+def launch_tree_step(engine, seqs, slots, base, last, max_base: int):
+    """Queue one tree step for ``seqs`` of ``engine`` (EngineCore), greedy or sampled, on
+    the device: slots, base, last [B]; max_base bounds the sequences' cached lengths (the
+    eager forms' attention). -> the engine's LaunchedStep (read back by the engine)."""
     proposer, dev = engine.proposer, engine.device
     B = len(seqs)
-    cached = [s.num_cached for s in seqs]
-    columns = device_tensor([[s.slot for s in seqs], cached, [s.last_token_id for s in seqs]], dev, torch.long)
-    slots, base, last = columns[0], columns[1], columns[2]
     sampling = SamplingBatch.from_sequences(seqs, dev)
     if sampling.all_greedy:
         graphed = _graphed_greedy_step(engine)
         if graphed is not None and graphed.eligible(last.view(B, 1)):
             out = graphed(last.view(B, 1), base.view(B, 1), slots)
         else:
-            out = greedy_tree_step(engine, last, base, slots, max(cached))
+            out = greedy_tree_step(engine, last, base, slots, max_base)
     else:
-        out = _sampled_tree_step(engine, last, base, slots, max(cached), sampling)
-    # The one device->host synchronisation of the step.
-    L, N = proposer.max_depth, proposer.total_tokens
-    host = out.cpu().tolist()
+        out = _sampled_tree_step(engine, last, base, slots, max_base, sampling)
     # One draft of N - 1 tokens per sequence; per-position counts over the tree's levels.
-    engine.metrics.observe([N - 1] * B, [row[L + 1] for row in host], num_positions=L)
-    for seq, row in zip(seqs, host):
-        engine._append(seq, row[: row[L + 1] + 1])
+    L, N = proposer.max_depth, proposer.total_tokens
+    accepted = out[:, L + 1]
+    return engine.launched(seqs, L, out[:, : L + 1], accepted, torch.full_like(accepted, N - 1), slots, base,
+                           num_positions=L)
 
 
 def _draft_and_verify(engine, last, base, slots, max_base):

@@ -179,8 +179,6 @@ def main() -> None:
         while engine.has_unfinished():
             engine.step()
         for async_scheduling in (False, True):
-            if config == "tree" and async_scheduling:
-                continue  # tree steps read each step back
             us, per_step = engine_steps(llm, prompt, args.steps, async_scheduling)
             steps[(config, async_scheduling)] = (us, per_step)
             print(f"{config:8s} engine step{' (async)' if async_scheduling else '':8s} {us:9.1f} us  "
