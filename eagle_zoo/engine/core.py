@@ -208,7 +208,7 @@ class EngineCore:
             return tree_verify.launch_tree_step(self, seqs, slots, base, last[:, 0], kv_len - (k + 1))
         return self._launch(seqs, k, slots, base, last, kv_len)
 
-    def launched(self, seqs: list[Sequence], k: int, tokens: torch.Tensor, accepted: torch.Tensor,
+    def launched_step(self, seqs: list[Sequence], k: int, tokens: torch.Tensor, accepted: torch.Tensor,
                  drafted: torch.Tensor, slots: torch.Tensor, base: torch.Tensor,
                  num_positions: Optional[int] = None) -> LaunchedStep:
         """The LaunchedStep of a step whose emitted tokens [B, k+1] (-1 padded), accepted
@@ -260,7 +260,7 @@ class EngineCore:
         elif self.proposer is not None:  # a plain step (schedule K = 0, or no n-gram match)
             self.proposer.on_plain_step(batch, TargetOutput(input_ids, tokens, positions, hidden, aux))
         drafted = torch.full_like(accepted, k) if num_draft is None else num_draft.to(accepted.dtype)
-        return self.launched(seqs, k, tokens, accepted, drafted, slots, base)
+        return self.launched_step(seqs, k, tokens, accepted, drafted, slots, base)
 
     def greedy_target_pass(self, input_ids, positions, slots, drafts):
         """The target over [B, K+1] tokens (whole cache rows) and greedy verification of

@@ -149,7 +149,7 @@ def launch_tree_step(engine, seqs, slots, base, last, max_base: int):
     # One draft of N - 1 tokens per sequence; per-position counts over the tree's levels.
     L, N = proposer.max_depth, proposer.total_tokens
     accepted = out[:, L + 1]
-    return engine.launched(seqs, L, out[:, : L + 1], accepted, torch.full_like(accepted, N - 1), slots, base,
+    return engine.launched_step(seqs, L, out[:, : L + 1], accepted, torch.full_like(accepted, N - 1), slots, base,
                            num_positions=L)
 
 
