@@ -27,6 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
     p.add_argument("--device", default=None, help="cuda | cpu (default: cuda when available)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--async-scheduling", action="store_true", default=None,
+                   help="launch each decode step before the previous one is read back (greedy requests; "
+                        "README, engine options); also EAGLE_ZOO_ASYNC_SCHEDULING=1")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -51,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         llm = LLM(args.model, spec, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-                  max_num_seqs=args.max_num_seqs, seed=args.seed, tensor_parallel_size=args.tensor_parallel_size)
+                  max_num_seqs=args.max_num_seqs, seed=args.seed, tensor_parallel_size=args.tensor_parallel_size,
+                  async_scheduling=args.async_scheduling)
     except (ValueError, NotImplementedError, FileNotFoundError) as exc:
         return _fail(str(exc))
     app = create_app(llm, served_model_names=args.served_model_name or [args.model], api_key=args.api_key)
