@@ -1,7 +1,8 @@
 """async_scheduling: the engine launches a batch's next decode step from the device-side
 results of the step in flight, before reading that one back (engine/core.py). Outputs,
 finish reasons and metrics must be those of the synchronous engine, whatever finishes,
-stops, joins or is aborted in between (plain decoding, EAGLE chains, EAGLE-2 trees);
+stops, joins or is aborted in between (plain decoding, EAGLE chains, EAGLE-2 trees,
+P-EAGLE);
 sampled requests and host-side proposers (n-gram) fall back to reading each step back
 first. On the CPU the overlap buys nothing, but the run-ahead path runs the same code as
 on CUDA (where graphs replay it)."""
@@ -29,8 +30,10 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("async")
     kind = ef.kind_of("llama")
     target = ef.write_target(root / "target", kind, edit=ef.bigram_edit())
+    peagle = root / "peagle"
+    cf.write_speculators(peagle, model_type="peagle", speculative_tokens=3, mask_token_id=5, aux_layer_ids=[1, 2, 3])
     return target, {"eagle": ef.write_bigram_eagle_head(root / "eagle", target),
-                    "eagle3": ef.write_head(root / "eagle3", kind, "eagle3")}
+                    "eagle3": ef.write_head(root / "eagle3", kind, "eagle3"), "peagle": peagle}
 
 
 def _spec(models, method):
@@ -39,6 +42,8 @@ def _spec(models, method):
         return None
     if method == "ngram":
         return {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    if method == "peagle":  # P-EAGLE: K drafts in one head pass (parallel_drafting)
+        return {"model": str(heads["peagle"]), "num_speculative_tokens": 3}
     if method == "eagle tree":
         return {"method": "eagle", "model": str(heads["eagle"]), "tree": {"top_k": 3, "depth": 3, "total_tokens": 10}}
     if method == "eagle, adaptive depth":  # CPU "auto": K = 3 alone, plain steps (K = 0) from 2 requests
@@ -86,7 +91,7 @@ def _generate(models, method, async_scheduling, params, max_num_seqs=3):
             (m.num_drafts, m.num_draft_tokens, m.num_accepted_tokens, list(m.num_accepted_tokens_per_pos)))
 
 
-@pytest.mark.parametrize("method", [None, "eagle", "eagle3", "eagle, adaptive depth", "eagle tree"])
+@pytest.mark.parametrize("method", [None, "eagle", "eagle3", "eagle, adaptive depth", "eagle tree", "peagle"])
 def test_run_ahead_gives_the_synchronous_outputs_and_metrics(models, method, monkeypatch):
     params = [SamplingParams(temperature=0, **p) for p in PARAMS]
     want = _generate(models, method, False, params)
@@ -99,6 +104,8 @@ def test_run_ahead_gives_the_synchronous_outputs_and_metrics(models, method, mon
     assert {"length", "stop"} <= reasons  # the cases above did occur
     if method and method.startswith("eagle"):
         assert want[1][2] > 0  # drafts were accepted
+    if method == "peagle":
+        assert want[1][0] > 0  # drafts were made
 
 
 @pytest.mark.parametrize("method", [None, "ngram"])

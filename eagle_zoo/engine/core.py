@@ -12,7 +12,7 @@ decoding):
 
 With async_scheduling (vLLM's option of that name) a step's host work overlaps the
 next step's GPU work: while the running batch stays the same, every request is greedy
-and the proposer's steps are device-only (plain decoding, EAGLE chains and trees), the next step
+and the proposer's steps are device-only (plain decoding, EAGLE chains, trees and P-EAGLE), the next step
 is launched from the device-side results of the one in flight (its emitted tokens and
 positions) before the host waits for that one and does its bookkeeping. A request that
 finishes got one step more on the GPU, which is discarded; outputs are unchanged.

@@ -53,12 +53,11 @@ def mask_token_id(config, source: str) -> int:
 class ParallelEagleProposer(EagleProposer):
     def __init__(self, head, k: int, num_slots: int, max_len: int, dtype, device, target_num_layers: int,
                  graph_pool=None, padded_drafter_batch: bool = True, source: str = "the draft head"):
-        # Room for the moved writes of rejected positions: up to 2K past the last verified one.
+        # Room for the moved writes of rejected positions: up to 2K past the last verified one
+        # (with async scheduling one step later still: within the engine's room check,
+        # EngineCore._may_run_ahead).
         super().__init__(head, "eagle3", k, num_slots, max_len + k, dtype, device, target_num_layers,
                          graph_pool, padded_drafter_batch)
-        # Not yet checked for running ahead (its extra slots' moved writes): async
-        # scheduling reads each P-EAGLE step back before launching the next.
-        self.device_only_steps = False
         if "mask_hidden" not in getattr(head, "loaded", ()):
             raise ValueError(
                 f"{source}: parallel_drafting needs the P-EAGLE mask_hidden tensor (the feature of "
