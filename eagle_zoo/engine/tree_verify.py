@@ -150,7 +150,7 @@ def launch_tree_step(engine, seqs, slots, base, last, max_base: int):
     L, N = proposer.max_depth, proposer.total_tokens
     accepted = out[:, L + 1]
     return engine.launched_step(seqs, L, out[:, : L + 1], accepted, torch.full_like(accepted, N - 1), slots, base,
-                           num_positions=L)
+                                num_positions=L)
 
 
 def _draft_and_verify(engine, last, base, slots, max_base):

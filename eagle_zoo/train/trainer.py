@@ -60,6 +60,10 @@ class TrainSettings:
     log_every: int = 20
     progress: bool = True
 
+    def __post_init__(self):
+        if self.ttt_steps is None:  # resolved here, so the run's record holds the value used
+            self.ttt_steps = 7 if self.method == "eagle3" else 1
+
 
 @dataclass
 class TrainResult:
@@ -169,14 +173,14 @@ class Trainer:
     # -- one optimisation step ------------------------------------------------------
     def _loss(self, batch):
         s = self.s
+        unrolled = dict(ttt_steps=s.ttt_steps, decay=s.ttt_decay,
+                        cache_dtype=self.dtype if self.autocast else torch.float32)
         with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.autocast):
             if s.method == "eagle":
                 return eagle1_loss(self.head, self.target.model, batch, noise=s.noise, generator=self.noise_gen,
-                                   ttt_steps=s.ttt_steps or 1, decay=s.ttt_decay,
-                                   cache_dtype=self.dtype if self.autocast else torch.float32)
-            return eagle3_loss(self.head, self.target.model, batch, aux_layer_ids=self.flat_config["eagle_aux_hidden_state_layer_ids"],
-                               ttt_steps=s.ttt_steps or 7, decay=s.ttt_decay,
-                               cache_dtype=self.dtype if self.autocast else torch.float32)
+                                   **unrolled)
+            return eagle3_loss(self.head, self.target.model, batch,
+                               aux_layer_ids=self.flat_config["eagle_aux_hidden_state_layer_ids"], **unrolled)
 
     def train_step(self, batch) -> dict:
         for group in self.optimizer.param_groups:
