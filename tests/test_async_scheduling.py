@@ -46,9 +46,9 @@ def _spec(models, method):
         return {"model": str(heads["peagle"]), "num_speculative_tokens": 3}
     if method == "eagle tree":
         return {"method": "eagle", "model": str(heads["eagle"]), "tree": {"top_k": 3, "depth": 3, "total_tokens": 10}}
-    if method == "eagle, adaptive depth":  # CPU "auto": K = 3 alone, plain steps (K = 0) from 2 requests
+    if method == "eagle, adaptive depth":  # K = 3 alone, plain steps (K = 0) from 2 requests
         return {"method": "eagle", "model": str(heads["eagle"]), "num_speculative_tokens": 3,
-                "num_speculative_tokens_by_batch_size": "auto"}
+                "num_speculative_tokens_by_batch_size": {"1": 3, "2": 0}}
     return {"method": method, "model": str(heads[method]), "num_speculative_tokens": 3}
 
 
@@ -154,3 +154,24 @@ def test_async_scheduling_with_tensor_parallelism_is_refused(models):
     target, _ = models
     with pytest.raises(ValueError, match="async_scheduling"):
         LLM(str(target), device="cpu", tensor_parallel_size=2, async_scheduling=True)
+
+
+def test_default_is_on_for_one_cuda_device(monkeypatch, models):
+    """Unset: on for a CUDA device (the host's work hides behind the GPU's), off on the
+    CPU and with tensor parallelism; EAGLE_ZOO_ASYNC_SCHEDULING=0/1 decides for a process."""
+    import torch
+
+    from eagle_zoo.engine.llm import default_async_scheduling
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    monkeypatch.delenv("EAGLE_ZOO_ASYNC_SCHEDULING", raising=False)
+    assert default_async_scheduling(cuda, 1) and not default_async_scheduling(cpu, 1)
+    assert not default_async_scheduling(cuda, 2)
+    monkeypatch.setenv("EAGLE_ZOO_ASYNC_SCHEDULING", "0")
+    assert not default_async_scheduling(cuda, 1)
+    monkeypatch.setenv("EAGLE_ZOO_ASYNC_SCHEDULING", "1")
+    assert default_async_scheduling(cpu, 1) and not default_async_scheduling(cpu, 2)
+    target, _ = models
+    assert LLM(str(target), device="cpu", dtype="float32", max_model_len=64).engine.async_scheduling
+    assert not LLM(str(target), device="cpu", dtype="float32", max_model_len=64,
+                   async_scheduling=False).engine.async_scheduling

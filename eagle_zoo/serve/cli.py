@@ -27,9 +27,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
     p.add_argument("--device", default=None, help="cuda | cpu (default: cuda when available)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--async-scheduling", action="store_true", default=None,
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="launch each decode step before the previous one is read back (greedy requests; "
-                        "README, engine options); also EAGLE_ZOO_ASYNC_SCHEDULING=1")
+                        "README, engine options); default: on for a CUDA device, off on the CPU and with "
+                        "tensor parallelism; also EAGLE_ZOO_ASYNC_SCHEDULING=0/1")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
