@@ -173,3 +173,20 @@ def test_reference_is_sensitive_to_the_attention_pattern(target):
     right = head(torch.tensor([x[1 : c + 3]]), torch.arange(c + 2)[None], torch.cat([g[:, : c + 1], h0], 1))[0, -1]
     wrong = head(torch.tensor([x[1 : c + 3]]), torch.arange(c + 2)[None], g[:, : c + 2])[0, -1]
     assert not torch.allclose(right, wrong, atol=1e-3)
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+@torch.inference_mode()
+def test_draft_argmax_and_top_k_equal_the_full_vocabulary_logits(target, method):
+    """The drafting shortcuts (EAGLE-3: over the draft vocabulary, then d2t) pick the
+    tokens and log-probs that compute_logits' full-vocabulary logits give."""
+    head = _head(target, method)
+    h = torch.randn(3, 5, head.config.hidden_size, generator=torch.Generator().manual_seed(8))
+    full = head.compute_logits(h)
+    assert torch.equal(head.draft_argmax(h), full.argmax(-1))
+    scores, tokens = head.draft_top_k(h, 4)
+    want_scores, want_tokens = torch.log_softmax(full.float(), -1).topk(4, dim=-1)
+    assert torch.equal(tokens, want_tokens)
+    torch.testing.assert_close(scores, want_scores, rtol=0, atol=1e-5)
+    if method == "eagle3":
+        assert bool(torch.isin(tokens, DRAFT_IDS).all())

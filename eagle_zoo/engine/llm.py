@@ -83,12 +83,10 @@ class LLM:
         async_scheduling: Optional[bool] = None,
     ):
         init_args = {k: v for k, v in locals().items() if k != "self"}  # tensor-parallel workers rebuild from these
-        if async_scheduling and tensor_parallel_size > 1:
+        if async_scheduling and isinstance(tensor_parallel_size, int) and tensor_parallel_size > 1:  # before ranks start
             raise ValueError("async_scheduling=True is not supported with tensor_parallel_size > 1 (the ranks' "
                              "run-ahead is untested): leave async_scheduling off")
         self.device = resolve_device(device)
-        if async_scheduling is None:
-            async_scheduling = default_async_scheduling(self.device, tensor_parallel_size)
         self.dtype = resolve_dtype(dtype, self.device)
         self.speculative_config = SpeculativeConfig.parse(speculative_config, config_reader=read_draft_config)
         # Checks the parallel sizes; with tensor_parallel_size > 1 brings up this rank
@@ -96,6 +94,8 @@ class LLM:
         self.parallel = start_parallel(init_args, self.speculative_config, self.device, owner=self)
         if self.parallel is not None:
             self.device = self.parallel.device  # cuda:<local rank> on GPUs
+        if async_scheduling is None:
+            async_scheduling = default_async_scheduling(self.device, tensor_parallel_size)
         torch.manual_seed(seed)
         with target_scope(self.parallel):
             loaded = load_model(model, self.dtype, self.device, revision=revision)

@@ -126,7 +126,7 @@ class EagleProposer(Proposer):
         return self._combine(self._feature_inputs(out))
 
     def _draft_token(self, h: torch.Tensor) -> torch.Tensor:
-        return self.head.compute_logits(h).argmax(dim=-1)
+        return self.head.draft_argmax(h)
 
     @torch.inference_mode()
     def on_prefill(self, slot: int, out: TargetOutput) -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from .proposers import EagleProposer
-from .tree import TreeDraft, cache_mask, select_tree, stable_top
+from .tree import CacheMask, TreeDraft, select_tree, stable_top
 
 
 def tree_shape(depth: int, total_tokens: int) -> tuple[int, int]:
@@ -53,9 +53,6 @@ class TreeEagleProposer(EagleProposer):
         super().__init__(head, method, self.max_depth, num_slots, max_len, dtype, device,
                          target_num_layers, graph_pool)
 
-    def _log_probs(self, h: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(self.head.compute_logits(h).float(), dim=-1)
-
     @torch.inference_mode()
     def propose_tree(self, slots: torch.Tensor, base: torch.Tensor, max_base: int | None) -> TreeDraft:
         """One tree per sequence; base [B] is each sequence's root position (its number of
@@ -65,7 +62,7 @@ class TreeEagleProposer(EagleProposer):
         B = slots.shape[0]
         hidden = self.next_hidden[slots]
         H = hidden.shape[-1]
-        scores, tokens = self._log_probs(hidden).topk(k, dim=-1)  # level 1
+        scores, tokens = self.head.draft_top_k(hidden, k)  # level 1
         cand_scores, cand_tokens = [scores], [tokens]
         cand_parents = [torch.full((B, k), -1, dtype=torch.long, device=slots.device)]
         node_cand = torch.arange(k, device=slots.device).expand(B, k)  # candidate numbers of the expanded
@@ -75,13 +72,15 @@ class TreeEagleProposer(EagleProposer):
         kv_len = None if max_base is None else max_base + R * k
         own = torch.arange(k, device=slots.device)
         true = torch.ones((), dtype=torch.bool, device=slots.device)  # a device value: capturable index_put
+        masks = CacheMask(base, R * k, self.runner.max_len if kv_len is None else kv_len)
+        first_cols = base.view(B, 1) + own  # round 0's scratch columns
         for r in range(R):
             visible[:, own, r * k + own] = true
-            cols = base.view(B, 1) + r * k + own
+            cols = first_cols + r * k
             pos = (base + r).view(B, 1).expand(B, k)
-            mask = cache_mask(base, visible, self.runner.max_len if kv_len is None else kv_len)
+            mask = masks(visible)
             h = self.runner.run(tokens, pos, slots, kv_len, node_hidden, attn_mask=mask, cache_positions=cols)
-            child_scores, child_tokens = self._log_probs(h).topk(k, dim=-1)  # [B, k, k]
+            child_scores, child_tokens = self.head.draft_top_k(h, k)  # [B, k, k]
             cum = (scores.unsqueeze(-1) + child_scores).flatten(1)  # [B, k*k]
             first = k + r * k * k  # candidate number of this round's first child
             cand_scores.append(cum)

@@ -82,6 +82,16 @@ class _HeadBase(nn.Module):
             shared.append(name)
         return shared
 
+    # Drafting reads only the best tokens, so it may skip building full-vocabulary logits
+    # (Eagle3Head does); compute_logits stays the reference these must agree with.
+    def draft_argmax(self, h: torch.Tensor) -> torch.Tensor:
+        """The greedy draft token (target vocabulary ids) at each position of h."""
+        return self.compute_logits(h).argmax(dim=-1)
+
+    def draft_top_k(self, h: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log-probs in fp32, target vocabulary ids) of the k most likely draft tokens."""
+        return torch.log_softmax(self.compute_logits(h).float(), dim=-1).topk(k, dim=-1)
+
 
 class EagleHead(_HeadBase):
     """EAGLE-1: h = layers(fc(cat([embed(ids), hidden]))); logits = lm_head([norm](h)).
@@ -257,3 +267,15 @@ class Eagle3Head(_HeadBase):
         out = draft.new_full((*draft.shape[:-1], self.vocab_size), float("-inf"))
         target_ids = torch.arange(self.draft_vocab_size, device=draft.device) + self.d2t
         return out.index_copy_(-1, target_ids, draft)
+
+    # Over the draft vocabulary, then mapped (target id = draft id + d2t[draft id]): the
+    # -inf columns compute_logits adds change neither the best tokens nor log_softmax's
+    # normalizer, and skipping them saves a full-vocabulary fill and scatter per round.
+    # d2t is increasing in published and our heads' vocabularies, so ties resolve alike.
+    def draft_argmax(self, h: torch.Tensor) -> torch.Tensor:
+        ids = self.compute_draft_logits(h).argmax(dim=-1)
+        return ids + self.d2t[ids]
+
+    def draft_top_k(self, h: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        scores, ids = torch.log_softmax(self.compute_draft_logits(h).float(), dim=-1).topk(k, dim=-1)
+        return scores, ids + self.d2t[ids]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU speed tables (issue 7; PART=tables, the default, or PART=lossless80), after setup.sh x3 and with .device/d (+ .device/pristine)
-# carried, or in a lease where train.sh already ran: bf16, batch 1 on 10 MT-bench
-# prompts (transformers, plain, EAGLE-1 / EAGLE-3 chains k = 1..5, EAGLE-3 tree),
+# carried, or in a lease where train.sh already ran: bf16, batch 1 on the 80 MT-bench
+# prompts (transformers on 2, plain, EAGLE-1 / EAGLE-3 chains k = 1..5, trees 8,5,60 and 6,3,30),
 # throughput at batch 1, 4, 16, 64 with and without speculation plus the adaptive
 # depth schedule, the 8B-shaped decode step against its floor. Heads: the shipped ones
 # (HEADS=/root/m/heads for freshly trained ones).
@@ -13,8 +13,8 @@ python3 -c "from eagle_zoo.default_target import resolve_default as r; print(r('
 H=${HEADS:-plugins/eagle-zoo-smollm2-heads/eagle_zoo_smollm2_heads/heads}
 E1=$H/eagle E3=$H/eagle3
 case ${PART:-tables} in
-  tables)    # batch-1 chains and tree on 10 prompts, throughput, adaptive depth, 8B floor
-    ARGS="--num-prompts 10 --ks 1,2,3,4,5 --batch-sizes 1,4,16,64 --tree 8,5,60 --depth-schedule auto --hf-prompts 2 --floor" ;;
+  tables)    # batch-1 chains and trees on 80 prompts (issue 7), throughput, adaptive depth, 8B floor
+    ARGS="--num-prompts 80 --ks 1,2,3,4,5 --batch-sizes 1,4,16,64 --tree '8,5,60;6,3,30' --depth-schedule auto --hf-prompts 2 --floor" ;;
   lossless80)  # issue 7 item 6: bf16 greedy identity to plain decoding on all 80 MT-bench prompts
     ARGS="--num-prompts 80 --ks 3 --batch-sizes '' --tree 8,5,60" ;;
 esac
