@@ -46,6 +46,9 @@ def add_arguments(p):
     perf.add_argument("--ks", default="1,2,3,4,5", help="speculative depths of the batch-1 table")
     perf.add_argument("--batch-sizes", default="1,4,16,64")
     perf.add_argument("--tput-k", type=int, default=3, help="k of the throughput table")
+    perf.add_argument("--tput-waves", type=int, default=1,
+                      help="throughput runs decode WAVES x batch size requests, max_num_seqs = batch size "
+                           "(continuous batching keeps the batch full; more waves: longer, steadier runs)")
     perf.add_argument("--hf-prompts", type=int, default=0, help="prompts for the transformers generate peer (0: skip)")
     perf.add_argument("--perf-max-model-len", type=int, default=1024)
     perf.add_argument("--floor", action="store_true", help="time an 8B-shaped decode step against the bandwidth floor")

@@ -230,8 +230,9 @@ def run_perf(args) -> int:
     # -- throughput vs batch size ------------------------------------------------
     spec_head = args.eagle3 or args.eagle
     for bs in [int(b) for b in args.batch_sizes.split(",") if b]:
-        convs = (conversations * ((bs + len(conversations) - 1) // len(conversations)))[:bs]
-        row = {"batch": bs}
+        n = bs * max(getattr(args, "tput_waves", 1), 1)
+        convs = (conversations * ((n + len(conversations) - 1) // len(conversations)))[:n]
+        row = {"batch": bs, "requests": n}
         configs = [("plain", None)]
         if spec_head is not None:
             fixed = {"model": spec_head, "num_speculative_tokens": args.tput_k, **extra}

@@ -5,25 +5,41 @@ Why: verification makes every request of a step cost K+1 target positions. At ba
 the target pass is bound by reading the weights (or, for a small model on a GPU, by
 kernel launches), so the extra positions are nearly free and accepted drafts are pure
 gain; as the batch grows the pass becomes compute-bound and rejected positions cost
-real time. Where that happens depends on the device, the target, the head and the
-host, so "auto" measures it while it runs (MeasuredDepthSchedule).
+real time. Where that happens depends on the device, so "auto" is one schedule per
+device type (default_schedule).
 
-A fixed schedule maps the smallest batch size a depth applies to onto that depth:
+A schedule maps the smallest batch size a depth applies to onto that depth:
 ``{"1": 3, "4": 1, "8": 0}`` drafts 3 tokens for batches of 1-3 requests, 1 for 4-7,
-and runs plain steps (K = 0) from 8 on (DepthSchedule). ``"auto"`` tries every depth
-0..num_speculative_tokens for a few steps in each batch-size bucket and then runs the
-one with the most tokens per second. Pure Python: no torch here.
+and runs plain steps (K = 0) from 8 on. ``"auto"`` is default_schedule with its top
+depth replaced by num_speculative_tokens. Pure Python: no torch here.
 """
 from __future__ import annotations
 
 import bisect
-import statistics
-import time
-from collections import Counter, defaultdict, deque
-from typing import Any, Callable, Optional, Union
+from collections import Counter
+from typing import Any, Optional, Union
 
 OPTION = "num_speculative_tokens_by_batch_size"
 AUTO = "auto"
+
+
+def default_schedule(k: int, device_type: str = "cuda") -> dict[int, int]:
+    """"auto" for a device type: {batch size a depth starts at: depth}.
+
+    cuda: K up to batch 95, plain (0) from 96 on. Measured on an H200 (bf16, SmolLM2-135M,
+    EAGLE-3 head, K = 3, 10 MT-bench prompts, 256 tokens; BENCHMARKS.md, issue 7 tables):
+    speculative vs plain tokens/s 1.55x at batch 1, 1.37x at 4, 1.28x at 16, 1.01x at 64,
+    and K = 1 at batch 4 was slower than K = 3 (1099 vs 1257). Above 64 nothing was
+    measured; the speed-up falls with the batch, so plain steps take over at the next
+    graph bucket (96).
+    cpu: K at batch 1 only. On 2 cores (fp32, BENCHMARKS.md, CPU) three requests decoded
+    together with K = 3 ran at 0.90x plain (a step verifies 12 positions), while one at a
+    time gains up to 1.3x.
+
+    Measure your own target and head with ``eagle-zoo bench --perf --depth-schedule ...``."""
+    if device_type == "cpu":
+        return {1: k, 2: 0}
+    return {1: k, 96: 0}
 
 
 class DepthScheduleError(ValueError):
@@ -82,9 +98,9 @@ def normalize(value: Any, num_speculative_tokens: Optional[int]) -> Union[None, 
 
 
 class DepthSchedule:
-    """A fixed schedule: K for a step's batch size. Depths are a few fixed values, so
-    every step still has a fixed shape per (batch bucket, K) and CUDA graphs (keyed by
-    batch bucket and tokens per sequence, K + 1) cover each of them."""
+    """K for a step's batch size. Depths are a few fixed values, so every step still has
+    a fixed shape per (batch bucket, K) and CUDA graphs (keyed by batch bucket and
+    tokens per sequence, K + 1) cover each of them."""
 
     def __init__(self, schedule: dict[int, int]):
         self.starts = sorted(schedule)
@@ -93,11 +109,12 @@ class DepthSchedule:
         self.steps_by_depth: Counter = Counter()  # decode steps run at each K (benchmarks)
 
     @classmethod
-    def from_config(cls, value: Union[None, str, dict], num_speculative_tokens: int) -> Optional["DepthSchedule"]:
+    def from_config(cls, value: Union[None, str, dict], num_speculative_tokens: int,
+                    device_type: str = "cuda") -> Optional["DepthSchedule"]:
         if value is None:
             return None
         if value == AUTO:
-            return MeasuredDepthSchedule(num_speculative_tokens)
+            return cls(default_schedule(num_speculative_tokens, device_type))
         return cls({int(size): k for size, k in value.items()})
 
     def depth(self, batch_size: int) -> int:
@@ -109,95 +126,5 @@ class DepthSchedule:
         self.steps_by_depth[k] += 1
         return k
 
-    def observe(self, batch_size: int, k: int, drafted: list[int], accepted: list[int]) -> None:
-        """A decode step of ``batch_size`` requests at depth ``k`` was read back (per request:
-        draft tokens proposed, drafts accepted). A fixed schedule learns nothing from it."""
-
-    def interrupt(self) -> None:
-        """Work other than decode steps (a prefill) ran since the last read-back."""
-
     def as_dict(self) -> dict[str, int]:
         return {str(s): k for s, k in zip(self.starts, self.depths)}
-
-
-def batch_bucket(batch_size: int) -> int:
-    """The power of two at or above ``batch_size``: steps of one bucket cost about the same
-    (CUDA graphs pad the batch to a bucket of this kind), so they share measurements."""
-    return 1 << max(batch_size - 1, 0).bit_length()
-
-
-class MeasuredDepthSchedule(DepthSchedule):
-    """"auto": per batch bucket, the depth K in 0..max_depth with the most tokens per
-    second, measured on this run.
-
-    tokens per second at depth K = tokens a request gains per step at K / step time at K.
-    - Tokens per step come from acceptance by position, pooled over all steps and buckets:
-      1 + sum over positions i <= K of P(draft i accepted). Chain drafts of depth K are
-      the first K drafts of any deeper step, so a step at depth K' >= i tells about
-      position i (the fraction of its requests that drafted i and accepted it).
-    - Step time is per (bucket, K): the host time between consecutive read-backs of
-      steps of that bucket and depth, i.e. the whole engine step (device work, host work,
-      the one sync). Intervals with a prefill, a depth or bucket change, or the first use
-      of a shape (CUDA graph capture) are not samples. The median of the last
-      ``window`` samples is used: a stray slow step (a page fault, another process)
-      does not move it.
-    A bucket first runs each depth (deepest first) for ``probe_steps`` consecutive steps,
-    then the best; depths keep being re-estimated from the steps they run, and the
-    acceptance term keeps learning from every step. Greedy output does not depend on the
-    depths chosen; a seeded sampled request's output does (its random numbers follow the
-    step widths), as with any schedule.
-    """
-
-    def __init__(self, max_depth: int, probe_steps: int = 5, window: int = 16,
-                 clock: Callable[[], float] = time.perf_counter):
-        if max_depth < 1:
-            raise DepthScheduleError(f"{OPTION}: \"auto\" needs num_speculative_tokens >= 1, got {max_depth}")
-        self.max_depth = max_depth
-        self.candidates = list(range(max_depth, -1, -1))  # probing order: deepest first
-        self.samples_needed = max(probe_steps - 1, 1)  # a depth's first step in a row is no sample
-        self.clock = clock
-        self.steps_by_depth = Counter()
-        self.seconds: dict[tuple[int, int], deque] = defaultdict(lambda: deque(maxlen=window))
-        self.position_drafted = [0] * (max_depth + 1)  # [i]: requests that drafted position i
-        self.position_accepted = [0] * (max_depth + 1)  # [i]: ... and accepted it
-        self._last: Optional[tuple[int, int, float]] = None  # (bucket, K, time) of the last read-back
-
-    def tokens_per_step(self, k: int) -> float:
-        """Expected tokens a request gains in a step at depth k (1 = plain)."""
-        total = 1.0
-        for i in range(1, k + 1):
-            if self.position_drafted[i]:
-                total += self.position_accepted[i] / self.position_drafted[i]
-        return total
-
-    def step_seconds(self, bucket: int, k: int) -> Optional[float]:
-        samples = self.seconds.get((bucket, k))
-        if not samples or len(samples) < self.samples_needed:
-            return None
-        return statistics.median(samples)
-
-    def depth(self, batch_size: int) -> int:
-        bucket = batch_bucket(batch_size)
-        best, best_rate = None, 0.0
-        for k in self.candidates:
-            seconds = self.step_seconds(bucket, k)
-            if seconds is None:
-                return k  # still probing this bucket
-            rate = self.tokens_per_step(k) / max(seconds, 1e-12)
-            if rate > best_rate:
-                best, best_rate = k, rate
-        return best
-
-    def observe(self, batch_size: int, k: int, drafted: list[int], accepted: list[int]) -> None:
-        now = self.clock()
-        for d, a in zip(drafted, accepted):
-            for i in range(1, min(d, self.max_depth) + 1):
-                self.position_drafted[i] += 1
-                self.position_accepted[i] += a >= i
-        bucket = batch_bucket(batch_size)
-        if self._last is not None and self._last[:2] == (bucket, k):
-            self.seconds[(bucket, k)].append(now - self._last[2])
-        self._last = (bucket, k, now)
-
-    def interrupt(self) -> None:
-        self._last = None

@@ -137,8 +137,6 @@ class EngineCore:
         """Runs one step; returns the sequences that finished in it."""
         plan = self.scheduler.schedule()
         finished = []
-        if plan.prefill and self.depth_schedule is not None:
-            self.depth_schedule.interrupt()  # the next read-back's interval holds prefills
         for seq in plan.prefill:
             self._prefill(seq)
             finished += self._finish_if_done([seq])
@@ -284,10 +282,8 @@ class EngineCore:
             host = step.out.cpu().tolist()
         live = [(seq, row) for seq, row in zip(step.seqs, host) if seq.status is Status.RUNNING]
         if self.k:
-            drafted, accepted = [row[k + 2] for _, row in live], [row[k + 1] for _, row in live]
-            self.metrics.observe(drafted, accepted, num_positions=step.num_positions)
-            if self.depth_schedule is not None:
-                self.depth_schedule.observe(len(step.seqs), k, drafted, accepted)
+            self.metrics.observe([row[k + 2] for _, row in live], [row[k + 1] for _, row in live],
+                                 num_positions=step.num_positions)
         for seq, row in live:
             self._append(seq, row[: row[k + 1] + 1])
         return self._finish_if_done([seq for seq, _ in live])

@@ -195,7 +195,8 @@ class LLM:
         spec = self.speculative_config
         if proposer is None:
             return None
-        return DepthSchedule.from_config(spec.num_speculative_tokens_by_batch_size, proposer.num_speculative_tokens)
+        return DepthSchedule.from_config(spec.num_speculative_tokens_by_batch_size, proposer.num_speculative_tokens,
+                                         self.device.type)
 
     # -- generation ------------------------------------------------------------
     def generate(
