@@ -26,12 +26,13 @@ AUTO = "auto"
 def default_schedule(k: int, device_type: str = "cuda") -> dict[int, int]:
     """"auto" for a device type: {batch size a depth starts at: depth}.
 
-    cuda: K up to batch 95, plain (0) from 96 on. Measured on an H200 (bf16, SmolLM2-135M,
-    EAGLE-3 head, K = 3, 10 MT-bench prompts, 256 tokens; BENCHMARKS.md, issue 7 tables):
-    speculative vs plain tokens/s 1.55x at batch 1, 1.37x at 4, 1.28x at 16, 1.01x at 64,
-    and K = 1 at batch 4 was slower than K = 3 (1099 vs 1257). Above 64 nothing was
-    measured; the speed-up falls with the batch, so plain steps take over at the next
-    graph bucket (96).
+    cuda: K up to batch 63, plain (0) from 64 on. Measured on an H200 (bf16, SmolLM2-135M,
+    EAGLE-3 head, K = 3, MT-bench prompts, 256 tokens; BENCHMARKS.md, issue 7 tables):
+    speculative vs plain tokens/s at batch 1 / 4 / 16 / 64: 1.55x / 1.37x / 1.28x / 1.01x
+    (third session), 1.12x / 1.07x / 1.08x / 1.02x (fourth), 1.47x / 1.05x / 1.52x / 0.94x
+    and 1.58x / 1.15x / 0.85x / 0.78x (sixth, two runs): batch 64 lost in two of the
+    four, batch 16 in one; K = 1 at batch 4 was slower than K = 3 (1099 vs 1257). These
+    runs are short (one wave of requests), so the boundary is coarse.
     cpu: K at batch 1 only. On 2 cores (fp32, BENCHMARKS.md, CPU) three requests decoded
     together with K = 3 ran at 0.90x plain (a step verifies 12 positions), while one at a
     time gains up to 1.3x.
@@ -39,7 +40,7 @@ def default_schedule(k: int, device_type: str = "cuda") -> dict[int, int]:
     Measure your own target and head with ``eagle-zoo bench --perf --depth-schedule ...``."""
     if device_type == "cpu":
         return {1: k, 2: 0}
-    return {1: k, 96: 0}
+    return {1: k, 64: 0}
 
 
 class DepthScheduleError(ValueError):

@@ -14,7 +14,7 @@ H=${HEADS:-plugins/eagle-zoo-smollm2-heads/eagle_zoo_smollm2_heads/heads}
 E1=$H/eagle E3=$H/eagle3
 case ${PART:-tables} in
   tables)    # batch-1 chains and trees on 80 prompts (issue 7), throughput, adaptive depth, 8B floor
-    ARGS="--num-prompts 80 --ks 1,2,3,4,5 --batch-sizes 1,4,16,64 --tree '8,5,60;6,3,30' --depth-schedule auto --hf-prompts 2 --floor" ;;
+    ARGS="--num-prompts 80 --ks 1,2,3,4,5 --batch-sizes 1,4,16,64 --tput-waves 3 --tree '8,5,60;6,3,30' --depth-schedule auto --hf-prompts 2 --floor" ;;
   lossless80)  # issue 7 item 6: bf16 greedy identity to plain decoding on all 80 MT-bench prompts
     ARGS="--num-prompts 80 --ks 3 --batch-sizes '' --tree 8,5,60" ;;
 esac
