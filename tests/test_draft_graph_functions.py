@@ -62,6 +62,7 @@ def test_whole_step_graphs_switch(monkeypatch):
     """EAGLE_ZOO_STEP_GRAPHS=0 keeps graphs pass by pass (for before / after runs)."""
     from eagle_zoo.engine.graphs import whole_step_graphs
 
+    monkeypatch.delenv("EAGLE_ZOO_STEP_GRAPHS", raising=False)
     assert whole_step_graphs()
     monkeypatch.setenv("EAGLE_ZOO_STEP_GRAPHS", "0")
     assert not whole_step_graphs()

@@ -209,8 +209,8 @@ class EngineCore:
         return self._launch(seqs, k, slots, base, last, kv_len)
 
     def launched_step(self, seqs: list[Sequence], k: int, tokens: torch.Tensor, accepted: torch.Tensor,
-                 drafted: torch.Tensor, slots: torch.Tensor, base: torch.Tensor,
-                 num_positions: Optional[int] = None) -> LaunchedStep:
+                      drafted: torch.Tensor, slots: torch.Tensor, base: torch.Tensor,
+                      num_positions: Optional[int] = None) -> LaunchedStep:
         """The LaunchedStep of a step whose emitted tokens [B, k+1] (-1 padded), accepted
         drafts [B] and drafted tokens [B] are queued on the device."""
         out = torch.cat([tokens, accepted[:, None], drafted[:, None]], dim=1)

@@ -20,6 +20,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
+MAX_GRAPH_TOKENS = 16  # T above this (prefill) runs eagerly
 
 
 def whole_step_graphs() -> bool:
@@ -28,7 +29,6 @@ def whole_step_graphs() -> bool:
     by pass: EAGLE_ZOO_STEP_GRAPHS=0 turns that off, for before / after measurements in
     one run."""
     return os.environ.get("EAGLE_ZOO_STEP_GRAPHS", "1") != "0"
-MAX_GRAPH_TOKENS = 16  # T above this (prefill) runs eagerly
 
 
 _live_pools: "weakref.WeakSet[GraphPool]" = weakref.WeakSet()

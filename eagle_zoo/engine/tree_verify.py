@@ -141,15 +141,14 @@ def launch_tree_step(engine, seqs, slots, base, last, max_base: int):
     if sampling.all_greedy:
         graphed = _graphed_greedy_step(engine)
         if graphed is not None and graphed.eligible(last.view(B, 1)):
-            out = graphed(last.view(B, 1), base.view(B, 1), slots)
+            tokens, accepted = graphed(last.view(B, 1), base.view(B, 1), slots)
         else:
-            out = greedy_tree_step(engine, last, base, slots, max_base)
+            tokens, accepted = greedy_tree_step(engine, last, base, slots, max_base)
     else:
-        out = _sampled_tree_step(engine, last, base, slots, max_base, sampling)
+        tokens, accepted = _sampled_tree_step(engine, last, base, slots, max_base, sampling)
     # One draft of N - 1 tokens per sequence; per-position counts over the tree's levels.
     L, N = proposer.max_depth, proposer.total_tokens
-    accepted = out[:, L + 1]
-    return engine.launched_step(seqs, L, out[:, : L + 1], accepted, torch.full_like(accepted, N - 1), slots, base,
+    return engine.launched_step(seqs, L, tokens, accepted, torch.full_like(accepted, N - 1), slots, base,
                                 num_positions=L)
 
 
@@ -178,15 +177,16 @@ def target_tree_pass(engine, tree, base, slots, max_base):
     return hidden, aux, engine.target.compute_logits(hidden)
 
 
-def finish_tree_step(engine, tree, slots, base, max_base, tokens, accepted, path, hidden, aux) -> torch.Tensor:
+def finish_tree_step(engine, tree, slots, base, max_base, tokens, accepted, path, hidden,
+                     aux) -> tuple[torch.Tensor, torch.Tensor]:
     """Compact the target's cache onto the accepted path, catch the head up; returns
-    [B, L+2]: the emitted tokens (-1 padded) and the number of accepted drafts."""
+    (emitted tokens [B, L+1], -1 padded; accepted drafts [B])."""
     compact_kv(engine.runner.kv_caches, slots, base, path)
     engine.proposer.on_tree_verify(slots, base, max_base, path, tokens, accepted, hidden, aux)
-    return torch.cat([tokens, accepted.view(-1, 1)], dim=1)
+    return tokens, accepted
 
 
-def greedy_tree_step(engine, last, base, slots, max_base) -> torch.Tensor:
+def greedy_tree_step(engine, last, base, slots, max_base) -> tuple[torch.Tensor, torch.Tensor]:
     """A greedy tree step on the device, no host sync: last, base, slots [B]; returns
     what finish_tree_step returns. With max_base None it is the whole-row form that
     _graphed_greedy_step captures; a host int bounds the attention instead."""
@@ -195,7 +195,7 @@ def greedy_tree_step(engine, last, base, slots, max_base) -> torch.Tensor:
     return finish_tree_step(engine, tree, slots, base, max_base, tokens, accepted, path, hidden, aux)
 
 
-def _sampled_tree_step(engine, last, base, slots, max_base, sampling) -> torch.Tensor:
+def _sampled_tree_step(engine, last, base, slots, max_base, sampling) -> tuple[torch.Tensor, torch.Tensor]:
     # Eager: the per-request generators draw outside any graph.
     proposer = engine.proposer
     B = slots.shape[0]
