@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._triton import triton, tl, use_triton
+from ._triton import gdc_launch_dependents, gdc_wait, pdl_launch, triton, tl, use_triton
 
 _BLOCK = 1024
 
@@ -19,7 +19,10 @@ def silu_and_mul_torch(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _silu_and_mul_kernel(X, Y, sx, sy, I, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(X, Y, sx, sy, I, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # kernels/_triton.py: nothing of the kernels before is read until they are done
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < I
@@ -36,7 +39,7 @@ def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty((rows.shape[0], two_i // 2), dtype=x.dtype, device=x.device)
     if rows.shape[0]:
         grid = (rows.shape[0], triton.cdiv(two_i // 2, _BLOCK))
-        _silu_and_mul_kernel[grid](rows, out, rows.stride(0), out.stride(0), two_i // 2, BLOCK=_BLOCK)
+        _silu_and_mul_kernel[grid](rows, out, rows.stride(0), out.stride(0), two_i // 2, BLOCK=_BLOCK, **pdl_launch(x))
     return out.view(*x.shape[:-1], two_i // 2)
 
 

@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from ._triton import tl, triton, use_triton
+from ._triton import gdc_launch_dependents, gdc_wait, pdl_launch, tl, triton, use_triton
 
 
 def _check(q, k_cache, v_cache, attn_mask, kv_len):
@@ -80,7 +80,10 @@ def _attn_split_kernel(Q, K, V, SLOT, POS, MASK, ACC, M, L, BASE, ANC,
                        ssb, spb, spt, smb, smt, sml, sbb, sab, sat, sal,
                        HAS_MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, TREE: tl.constexpr, IEEE: tl.constexpr,
                        DK: tl.constexpr, DV: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # kernels/_triton.py: nothing of the kernels before is read until they are done
+        gdc_wait()
+        gdc_launch_dependents()
     pid = tl.program_id(0)  # (b, kv head, row tile)
     s = tl.program_id(1)    # key split
     mt = pid % n_mtiles
@@ -166,7 +169,10 @@ def _attn_split_kernel(Q, K, V, SLOT, POS, MASK, ACC, M, L, BASE, ANC,
 
 @triton.jit(do_not_specialize=["n_split"])
 def _attn_merge_kernel(ACC, M, L, O, T, H, n_split, sob, sot, soh, sod,
-                       DV: tl.constexpr, BLOCK_DV: tl.constexpr):
+                       DV: tl.constexpr, BLOCK_DV: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # kernels/_triton.py: nothing of the kernels before is read until they are done
+        gdc_wait()
+        gdc_launch_dependents()
     pid = tl.program_id(0)  # (b, t, h)
     h = pid % H
     t = (pid // H) % T
@@ -237,11 +243,11 @@ def cache_attention_triton(q, k_cache, v_cache, slot_ids, cache_positions, kv_le
         HAS_MASK=attn_mask is not None, HAS_WINDOW=window is not None, TREE=use_tree,
         IEEE=q.dtype == torch.float32,
         DK=DK, DV=DV, BLOCK_DK=max(16, triton.next_power_of_2(DK)), BLOCK_DV=max(16, triton.next_power_of_2(DV)),
-        BLOCK_M=_BLOCK_M, BLOCK_N=block_n, SPLIT=split_size, num_warps=_NUM_WARPS,
+        BLOCK_M=_BLOCK_M, BLOCK_N=block_n, SPLIT=split_size, num_warps=_NUM_WARPS, **pdl_launch(q),
     )
     _attn_merge_kernel[(B * T * H,)](
         acc, m, l, out, T, H, n_split, *out.stride(),
-        DV=DV, BLOCK_DV=triton.next_power_of_2(DV), num_warps=1,
+        DV=DV, BLOCK_DV=triton.next_power_of_2(DV), num_warps=1, **pdl_launch(q),
     )
     return out
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import triton, tl, use_triton
+from ._triton import gdc_launch_dependents, gdc_wait, pdl_launch, triton, tl, use_triton
 
 
 def write_kv_torch(k_cache, v_cache, k, v, slot_ids, cache_positions) -> None:
@@ -26,7 +26,10 @@ def _write_kv_kernel(K, V, KC, VC, SLOT, POS, T, n_kv, max_len,
                      skb, skt, skh, skd, svb, svt, svh, svd,
                      sks, skl, skch, skcd, svs, svl, svch, svcd, ssb, spb, spt,
                      DK: tl.constexpr, DV: tl.constexpr, BLOCK_H: tl.constexpr,
-                     BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
+                     BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # kernels/_triton.py: nothing of the kernels before is read until they are done
+        gdc_wait()
+        gdc_launch_dependents()
     # One program per token: its whole [n_kv, d] tile for k and for v.
     pid = tl.program_id(0)
     b = pid // T
@@ -57,7 +60,7 @@ def write_kv_triton(k_cache, v_cache, k, v, slot_ids, cache_positions) -> None:
         *k.stride(), *v.stride(), *k_cache.stride(), *v_cache.stride(), slot_ids.stride(0),
         *cache_positions.stride(),
         DK=dk, DV=dv, BLOCK_H=triton.next_power_of_2(n_kv),
-        BLOCK_DK=triton.next_power_of_2(dk), BLOCK_DV=triton.next_power_of_2(dv),
+        BLOCK_DK=triton.next_power_of_2(dk), BLOCK_DV=triton.next_power_of_2(dv), **pdl_launch(k),
     )
 
 

@@ -29,7 +29,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ._triton import triton, tl, use_triton
+from ._triton import gdc_launch_dependents, gdc_wait, pdl_launch, triton, tl, use_triton
 from .activation import silu_and_mul_torch
 from .norm import rms_norm_torch
 
@@ -53,10 +53,34 @@ def fused_linear_torch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
     return y if residual is None else residual + y
 
 
+@triton.jit
+def _k_block(X, NW, rows, rmask, ks, kmask, sxm, w, u, acc, acc_up, sq,
+             HAS_NORM: tl.constexpr, GATED: tl.constexpr, IEEE: tl.constexpr):
+    # One BLOCK_K step of the reduction, given this step's weight tiles w (and u, GATED).
+    x = tl.load(X + rows[:, None] * sxm + ks[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
+    if HAS_NORM:
+        # RMSNorm as a prologue in the same pass: rstd is one scalar a row, so the
+        # product takes x * norm_weight and is scaled by rstd after the reduction.
+        xf = x.to(tl.float32)
+        sq += xf * xf
+        x = (xf * tl.load(NW + ks, mask=kmask, other=0.0).to(tl.float32)[None, :]).to(x.dtype)
+    if IEEE:
+        acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(x, tl.trans(w), acc)
+    if GATED:
+        if IEEE:
+            acc_up = tl.dot(x, tl.trans(u), acc_up, input_precision="ieee")
+        else:
+            acc_up = tl.dot(x, tl.trans(u), acc_up)
+    return acc, acc_up, sq
+
+
 @triton.jit(do_not_specialize=["M"])  # M varies per call (prefill lengths): one compiled variant
 def _linear_kernel(X, W, B, NW, R, Y, M, N, K, sxm, swn, srm, sym, eps,
                    HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, GATED: tl.constexpr, HAS_RES: tl.constexpr,
-                   IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                   IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   PDL: tl.constexpr, PREFETCH: tl.constexpr):
     # Program (n, m): output columns [n*BLOCK_N, +BLOCK_N) of rows [m*BLOCK_M, +BLOCK_M).
     # GATED: W holds gate rows [0, N) then up rows [N, 2N); the output is silu(gate) * up.
     rows = (tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
@@ -67,28 +91,31 @@ def _linear_kernel(X, W, B, NW, R, Y, M, N, K, sxm, swn, srm, sym, eps,
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     sq = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)  # summed over K once, after the loop
-    for k0 in range(0, K, BLOCK_K):
+    if PDL:
+        if PREFETCH:
+            # The weights are no kernel's output: the first K block's tiles are read
+            # before waiting for the kernel before, so their latency overlaps it.
+            ks = tl.arange(0, BLOCK_K)
+            kmask = ks < K
+            wmask = cmask[:, None] & kmask[None, :]
+            w = tl.load(W + cols[:, None] * swn + ks[None, :], mask=wmask, other=0.0)
+            u = w
+            if GATED:
+                u = tl.load(W + (cols[:, None] + N) * swn + ks[None, :], mask=wmask, other=0.0)
+        gdc_wait()  # kernels/_triton.py: no activation is read before the kernels before are done
+        gdc_launch_dependents()
+        if PREFETCH:
+            acc, acc_up, sq = _k_block(X, NW, rows, rmask, ks, kmask, sxm, w, u, acc, acc_up, sq,
+                                       HAS_NORM, GATED, IEEE)
+    for k0 in range(BLOCK_K if PDL and PREFETCH else 0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         kmask = ks < K
-        x = tl.load(X + rows[:, None] * sxm + ks[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
-        if HAS_NORM:
-            # RMSNorm as a prologue in the same pass: rstd is one scalar a row, so the
-            # product takes x * norm_weight and is scaled by rstd after the reduction.
-            xf = x.to(tl.float32)
-            sq += xf * xf
-            x = (xf * tl.load(NW + ks, mask=kmask, other=0.0).to(tl.float32)[None, :]).to(dt)
         wmask = cmask[:, None] & kmask[None, :]
         w = tl.load(W + cols[:, None] * swn + ks[None, :], mask=wmask, other=0.0)
-        if IEEE:
-            acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(x, tl.trans(w), acc)
+        u = w
         if GATED:
             u = tl.load(W + (cols[:, None] + N) * swn + ks[None, :], mask=wmask, other=0.0)
-            if IEEE:
-                acc_up = tl.dot(x, tl.trans(u), acc_up, input_precision="ieee")
-            else:
-                acc_up = tl.dot(x, tl.trans(u), acc_up)
+        acc, acc_up, sq = _k_block(X, NW, rows, rmask, ks, kmask, sxm, w, u, acc, acc_up, sq, HAS_NORM, GATED, IEEE)
     if HAS_NORM:
         rstd = (1.0 / tl.sqrt(tl.sum(sq, axis=1) / K + eps))[:, None]
         acc = acc * rstd
@@ -140,7 +167,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[to
             res, out, M, N, K, rows.stride(0), weight.stride(0), res.stride(0), out.stride(0), eps,
             HAS_BIAS=bias is not None, HAS_NORM=norm_weight is not None, GATED=gated,
             HAS_RES=residual is not None, IEEE=x.dtype == torch.float32,
-            BLOCK_M=BLOCK_M, **cfg,
+            BLOCK_M=BLOCK_M, **cfg, **pdl_launch(x), PREFETCH=os.environ.get("EAGLE_ZOO_PDL_PREFETCH", "1") == "1",
         )
     return out.view(*x.shape[:-1], N)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import triton, tl, use_triton
+from ._triton import gdc_launch_dependents, gdc_wait, pdl_launch, triton, tl, use_triton
 
 MAX_TRITON_HIDDEN = 16384  # one row per block; wider rows keep the reference
 
@@ -23,7 +23,10 @@ def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
 
 
 @triton.jit
-def _rms_norm_kernel(X, W, Y, sx, sy, N, eps, BLOCK: tl.constexpr):
+def _rms_norm_kernel(X, W, Y, sx, sy, N, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # kernels/_triton.py: nothing of the kernels before is read until they are done
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
@@ -40,7 +43,7 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
     out = torch.empty_like(rows)
     if rows.shape[0]:
         _rms_norm_kernel[(rows.shape[0],)](rows, weight, out, rows.stride(0), out.stride(0), n, eps,
-                                           BLOCK=triton.next_power_of_2(n))
+                                           BLOCK=triton.next_power_of_2(n), **pdl_launch(x))
     return out.view(x.shape)
 
 

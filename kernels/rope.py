@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import triton, tl, use_triton
+from ._triton import gdc_launch_dependents, gdc_wait, pdl_launch, triton, tl, use_triton
 from .kv_cache import write_kv_torch
 
 
@@ -58,7 +58,10 @@ def _rotate_heads(X, Y, sxh, syh, heads, c, s, HALF: tl.constexpr, BLOCK_H: tl.c
 def _rope_neox_kernel(Q, K, QO, KO, COS, SIN, T, hq, hk,
                       sqb, sqt, sqh, skb, skt, skh, sqob, sqot, sqoh, skob, skot, skoh, scb, sct, ssb, sst,
                       HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
-                      BLOCK_D: tl.constexpr):
+                      BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # kernels/_triton.py: nothing of the kernels before is read until they are done
+        gdc_wait()
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     b = (pid // T).to(tl.int64)
     t = (pid % T).to(tl.int64)
@@ -88,7 +91,7 @@ def rope_neox_triton(q, k, cos, sin):
             qo.stride(0), qo.stride(1), qo.stride(2), ko.stride(0), ko.stride(1), ko.stride(2),
             cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
             HALF=d // 2, BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HK=triton.next_power_of_2(hk),
-            BLOCK_D=triton.next_power_of_2(d // 2),
+            BLOCK_D=triton.next_power_of_2(d // 2), **pdl_launch(q),
         )
     return qo, ko
 
@@ -105,7 +108,10 @@ def _rope_write_kv_kernel(Q, K, V, QO, KC, VC, COS, SIN, SLOT, POS, T, hq, hk, m
                           sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sqob, sqot, sqoh,
                           sks, skl, skch, svs, svl, svch, scb, sct, ssb, sst, sslot, spb, spt,
                           HALF: tl.constexpr, DV: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
-                          BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+                          BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # kernels/_triton.py: nothing of the kernels before is read until they are done
+        gdc_wait()
+        gdc_launch_dependents()
     # One program per token: rotate its q heads into QO, its k heads straight into the
     # cache row slot_ids[b] at column cache_positions[b, t], and copy its v heads there.
     pid = tl.program_id(0)
@@ -145,7 +151,7 @@ def rope_write_kv_triton(q, k, v, cos, sin, k_cache, v_cache, slot_ids, cache_po
             cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1), slot_ids.stride(0),
             cache_positions.stride(0), cache_positions.stride(1),
             HALF=d // 2, DV=dv, BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HK=triton.next_power_of_2(hk),
-            BLOCK_D=triton.next_power_of_2(d // 2), BLOCK_DV=triton.next_power_of_2(dv),
+            BLOCK_D=triton.next_power_of_2(d // 2), BLOCK_DV=triton.next_power_of_2(dv), **pdl_launch(q),
         )
     return qo
 

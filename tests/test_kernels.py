@@ -686,3 +686,57 @@ def test_attention_tree_mode_matches_reference_and_plain_decoding_bits(device):
                 plain = cache_attention_triton(q[b:b + 1, i:i + 1], kc2, vc2, slots[b:b + 1], pos, kv_len, 0.25,
                                                **kw)
                 assert torch.equal(plain[0, 0], out[b, i]), (b, i)
+
+
+# --- programmatic dependent launch (kernels/_triton.py) ---
+
+from kernels._triton import pdl_launch  # noqa: E402
+
+
+def test_pdl_is_off_for_cpu_tensors_and_by_switch(monkeypatch):
+    assert pdl_launch(torch.zeros(1)) == {"PDL": False}
+    monkeypatch.setenv("EAGLE_ZOO_PDL", "0")
+    assert pdl_launch(torch.zeros(1)) == {"PDL": False}
+
+
+def _layer_chain(x, ws, nw, res):
+    """Kernels that read each other's outputs back to back, as a decode step's layers do:
+    norm + gated projection, a projection with a residual add, a plain one."""
+    h = fused_linear_triton(x, ws[0], norm_weight=nw, eps=1e-5, gated=True)
+    h = fused_linear_triton(h, ws[1], residual=res)
+    return fused_linear_triton(h, ws[2])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA or INTERPRET or not HAS_TRITON, reason="needs CUDA and triton")
+def test_pdl_chain_in_a_cuda_graph_gives_the_bits_of_serial_launches(monkeypatch):
+    """With PDL each kernel may start before the one it reads from ends (it waits in
+    gdc_wait): a captured chain must give the bits of the same chain launched without it,
+    replay after replay, with the input changed between replays."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("PDL needs compute capability 9")
+    g = torch.Generator().manual_seed(11)
+    dev, dt = "cuda", torch.bfloat16
+    K, I = 576, 1536
+    ws = [(torch.randn(2 * I, K, generator=g) / K ** 0.5).to(dev, dt),
+          (torch.randn(K, I, generator=g) / I ** 0.5).to(dev, dt),
+          (torch.randn(4096 + 64, K, generator=g) / K ** 0.5).to(dev, dt)]
+    nw = (1 + 0.1 * torch.randn(K, generator=g)).to(dev, dt)
+    x = torch.randn(3, K, generator=g).to(dev, dt)
+    res = torch.randn(3, K, generator=g).to(dev, dt)
+    for prefetch in ("1", "0"):
+        monkeypatch.setenv("EAGLE_ZOO_PDL_PREFETCH", prefetch)
+        monkeypatch.setenv("EAGLE_ZOO_PDL", "1")
+        assert pdl_launch(x)["PDL"]
+        _layer_chain(x, ws, nw, res)  # compile outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = _layer_chain(x, ws, nw, res)
+        for step in range(3):
+            x.copy_(torch.randn(3, K, generator=g).to(dev, dt))
+            graph.replay()
+            monkeypatch.setenv("EAGLE_ZOO_PDL", "0")
+            want = _layer_chain(x, ws, nw, res)
+            monkeypatch.setenv("EAGLE_ZOO_PDL", "1")
+            torch.cuda.synchronize()
+            assert torch.equal(out, want), (prefetch, step)
