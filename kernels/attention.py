@@ -13,7 +13,6 @@ masked key's value still enters the product with weight 0, and 0 * nan = nan.
 """
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
@@ -75,14 +74,13 @@ _BLOCK_M, _BLOCK_N, _SPLIT, _NUM_WARPS = 16, 64, 256, 4
 
 
 @triton.jit(do_not_specialize=["T", "n_split", "kv_len", "window", "n_levels", "spb"])
-def _attn_split_kernel(Q, K, V, SLOT, POS, MASK, ACC, M, L, BASE, ANC, CNT, O,
+def _attn_split_kernel(Q, K, V, SLOT, POS, MASK, ACC, M, L, BASE, ANC,
                        T, H, G, n_kv, n_mtiles, n_split, kv_len, window, scale_log2e, n_levels,
                        sqb, sqt, sqh, sqd, sks, skl, skh, skd, svs, svl, svh, svd,
-                       ssb, spb, spt, smb, smt, sml, sbb, sab, sat, sal, sob, sot, soh, sod,
+                       ssb, spb, spt, smb, smt, sml, sbb, sab, sat, sal,
                        HAS_MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, TREE: tl.constexpr, IEEE: tl.constexpr,
                        DK: tl.constexpr, DV: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr,
-                       MERGE: tl.constexpr):
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr):
     if PDL:  # kernels/_triton.py: nothing of the kernels before is read until they are done
         gdc_wait()
         gdc_launch_dependents()
@@ -167,44 +165,6 @@ def _attn_split_kernel(Q, K, V, SLOT, POS, MASK, ACC, M, L, BASE, ANC, CNT, O,
     tl.store(M + part, m_i, mask=row_ok)
     tl.store(L + part, l_i, mask=row_ok)
     tl.store(ACC + part[:, None] * DV + dv[None, :], acc, mask=row_ok[:, None] & (dv[None, :] < DV))
-    if MERGE:
-        # The tile's last split to finish merges all of them (the merge kernel's work, one
-        # launch fewer a layer). The barrier puts every thread's partial stores before the
-        # counter's release; the acquire puts the other splits' stores before the loads.
-        tl.debug_barrier()
-        arrived = tl.atomic_add(CNT + pid, 1, sem="acq_rel")
-        if arrived == n_split - 1:
-            _merge_rows(ACC, M, L, O, (b * T + t) * H + h, row_ok, b, t, h, n_split, sob, sot, soh, sod,
-                        DV, BLOCK_DV)
-            tl.atomic_xchg(CNT + pid, 0)  # ready for the next launch (or graph replay)
-
-
-@triton.jit
-def _merge_rows(ACC, M, L, O, qh, row_ok, b, t, h, n_split, sob, sot, soh, sod,
-                DV: tl.constexpr, BLOCK_DV: tl.constexpr):
-    # Rows qh (= (b*T + t)*H + h) of the partials merged in split order 0, 1, 2, ...: the
-    # merge kernel's arithmetic, a vector of rows at a time (same bits). .cg loads: the
-    # other splits' partials are read from L2, never from a stale L1 line.
-    dv = tl.arange(0, BLOCK_DV)
-    omask = row_ok[:, None] & (dv[None, :] < DV)
-    m = tl.full(qh.shape, float("-inf"), tl.float32)
-    l = tl.zeros(qh.shape, tl.float32)
-    acc = tl.zeros([qh.shape[0], BLOCK_DV], tl.float32)
-    for s in range(0, n_split):  # fixed order; an empty split (m=-inf, l=0, acc=0) is a no-op
-        ms = tl.load(M + qh * n_split + s, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
-        ls = tl.load(L + qh * n_split + s, mask=row_ok, other=0.0, cache_modifier=".cg")
-        accs = tl.load(ACC + (qh[:, None] * n_split + s) * DV + dv[None, :], mask=omask, other=0.0,
-                       cache_modifier=".cg")
-        m_new = tl.maximum(m, ms)
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        a = tl.exp2(m - m_use)
-        w = tl.exp2(ms - m_use)
-        l = l * a + ls * w
-        acc = acc * a[:, None] + accs * w[:, None]
-        m = m_new
-    out = acc / tl.where(l > 0, l, 1.0)[:, None]  # a query that saw no key: acc = 0 -> zeros
-    tl.store(O + b * sob + t[:, None] * sot + h[:, None] * soh + dv[None, :] * sod, out.to(O.dtype.element_ty),
-             mask=omask)
 
 
 @triton.jit(do_not_specialize=["n_split"])
@@ -239,10 +199,8 @@ def _attn_merge_kernel(ACC, M, L, O, T, H, n_split, sob, sot, soh, sod,
 
 def cache_attention_triton(q, k_cache, v_cache, slot_ids, cache_positions, kv_len, scale,
                            attn_mask=None, window=None, *, tree=None, split_size: int = _SPLIT,
-                           block_n: int = _BLOCK_N, merge: bool = True):
+                           block_n: int = _BLOCK_N):
     """Triton version; split_size / block_n are for tests (each value is its own fixed order).
-    merge: the splits are merged by the split kernel's last program of each tile (one
-    launch); False (or EAGLE_ZOO_FUSED_MERGE=0) launches the merge kernel (same bits).
 
     tree = (positions [B,T], base [B], ancestors [B,T,L+1]) for an EAGLE-2 tree pass whose
     node t sits at cache column cache_positions[b,t] with rope position positions[b,t] =
@@ -275,52 +233,23 @@ def cache_attention_triton(q, k_cache, v_cache, slot_ids, cache_positions, kv_le
         base, anc = slot_ids, cache_positions.unsqueeze(-1)  # dummies when unused
     mask = attn_mask.view(torch.uint8) if attn_mask is not None else cache_positions  # dummy when unused
     msk_strides = mask.stride() if attn_mask is not None else (0, 0, 0)
-    n_tiles = B * n_kv * n_mtiles
-    counters = _merge_counters(q, n_tiles) if merge else None
-    _attn_split_kernel[(n_tiles, n_split)](
+    _attn_split_kernel[(B * n_kv * n_mtiles, n_split)](
         q, k_cache, v_cache, slot_ids, cache_positions, mask, acc, m, l, base, anc,
-        counters if counters is not None else m, out,
         T, H, G, n_kv, n_mtiles, n_split, kv_len, 0 if window is None else int(window),
         float(scale) * 1.4426950408889634,  # log2(e): exp2 instead of exp
         anc.shape[-1],
         *q.stride(), *k_cache.stride(), *v_cache.stride(), slot_ids.stride(0), *cache_positions.stride(),
-        *msk_strides, base.stride(0), *anc.stride(), *out.stride(),
+        *msk_strides, base.stride(0), *anc.stride(),
         HAS_MASK=attn_mask is not None, HAS_WINDOW=window is not None, TREE=use_tree,
         IEEE=q.dtype == torch.float32,
         DK=DK, DV=DV, BLOCK_DK=max(16, triton.next_power_of_2(DK)), BLOCK_DV=max(16, triton.next_power_of_2(DV)),
         BLOCK_M=_BLOCK_M, BLOCK_N=block_n, SPLIT=split_size, num_warps=_NUM_WARPS, **pdl_launch(q),
-        MERGE=counters is not None,
     )
-    if counters is None:
-        _attn_merge_kernel[(B * T * H,)](
-            acc, m, l, out, T, H, n_split, *out.stride(),
-            DV=DV, BLOCK_DV=triton.next_power_of_2(DV), num_warps=1, **pdl_launch(q),
-        )
+    _attn_merge_kernel[(B * T * H,)](
+        acc, m, l, out, T, H, n_split, *out.stride(),
+        DV=DV, BLOCK_DV=triton.next_power_of_2(DV), num_warps=1, **pdl_launch(q),
+    )
     return out
-
-
-# Arrival counters of the merge folded into the split kernel: one int32 a tile, zero
-# between launches (the merging program resets its tile's). One buffer a device, grown
-# outside CUDA-graph capture only; every buffer ever made is kept, since a captured graph
-# holds its address. Launches that use them run one at a time on a device (one stream).
-_COUNTERS: dict = {}
-_COUNTERS_KEPT: list = []
-
-
-def _merge_counters(q: torch.Tensor, n_tiles: int) -> Optional[torch.Tensor]:
-    """The counters for n_tiles tiles, or None (the merge kernel then runs): when
-    EAGLE_ZOO_FUSED_MERGE=0, or when a larger buffer would be needed inside a capture."""
-    if os.environ.get("EAGLE_ZOO_FUSED_MERGE", "1") == "0":
-        return None
-    key = str(q.device)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n_tiles:
-        if q.is_cuda and torch.cuda.is_current_stream_capturing():
-            return None
-        buf = torch.zeros(max(n_tiles, 4096), dtype=torch.int32, device=q.device)
-        _COUNTERS[key] = buf
-        _COUNTERS_KEPT.append(buf)
-    return buf
 
 
 def cache_attention(q, k_cache, v_cache, slot_ids, cache_positions, kv_len: int, scale: float,

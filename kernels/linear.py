@@ -54,12 +54,6 @@ def fused_linear_torch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
 
 
 @triton.jit
-def _prefetch_l2(ptrs):
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // dummy $0", "=r,l", [ptrs], dtype=tl.int32,
-                              is_pure=False, pack=1)
-
-
-@triton.jit
 def _k_block(X, NW, rows, rmask, ks, kmask, sxm, w, u, acc, acc_up, sq,
              HAS_NORM: tl.constexpr, GATED: tl.constexpr, IEEE: tl.constexpr):
     # One BLOCK_K step of the reduction, given this step's weight tiles w (and u, GATED).
@@ -86,7 +80,7 @@ def _k_block(X, NW, rows, rmask, ks, kmask, sxm, w, u, acc, acc_up, sq,
 def _linear_kernel(X, W, B, NW, R, Y, M, N, K, sxm, swn, srm, sym, eps,
                    HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, GATED: tl.constexpr, HAS_RES: tl.constexpr,
                    IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   PDL: tl.constexpr, PREFETCH: tl.constexpr, LINES: tl.constexpr):
+                   PDL: tl.constexpr):
     # Program (n, m): output columns [n*BLOCK_N, +BLOCK_N) of rows [m*BLOCK_M, +BLOCK_M).
     # GATED: W holds gate rows [0, N) then up rows [N, 2N); the output is silu(gate) * up.
     rows = (tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
@@ -98,31 +92,19 @@ def _linear_kernel(X, W, B, NW, R, Y, M, N, K, sxm, swn, srm, sym, eps,
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     sq = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)  # summed over K once, after the loop
     if PDL:
-        if PREFETCH >= 2:
-            # The whole weight slab of this program into L2 (one prefetch per 128-byte
-            # line), so that the loop's loads after the wait hit L2 instead of HBM.
-            per_line = 128 // (W.dtype.element_ty.primitive_bitwidth // 8)
-            starts = tl.arange(0, LINES) * per_line
-            pmask = cmask[:, None] & (starts < K)[None, :]
-            _prefetch_l2(tl.where(pmask, W + cols[:, None] * swn + starts[None, :], W))
-            if GATED:
-                _prefetch_l2(tl.where(pmask, W + (cols[:, None] + N) * swn + starts[None, :], W))
-        if PREFETCH >= 1:
-            # The weights are no kernel's output: the first K block's tiles are read
-            # before waiting for the kernel before, so their latency overlaps it.
-            ks = tl.arange(0, BLOCK_K)
-            kmask = ks < K
-            wmask = cmask[:, None] & kmask[None, :]
-            w = tl.load(W + cols[:, None] * swn + ks[None, :], mask=wmask, other=0.0)
-            u = w
-            if GATED:
-                u = tl.load(W + (cols[:, None] + N) * swn + ks[None, :], mask=wmask, other=0.0)
+        # The weights are no kernel's output: the first K block's tiles are read before
+        # waiting for the kernel before, so their latency overlaps it.
+        ks = tl.arange(0, BLOCK_K)
+        kmask = ks < K
+        wmask = cmask[:, None] & kmask[None, :]
+        w = tl.load(W + cols[:, None] * swn + ks[None, :], mask=wmask, other=0.0)
+        u = w
+        if GATED:
+            u = tl.load(W + (cols[:, None] + N) * swn + ks[None, :], mask=wmask, other=0.0)
         gdc_wait()  # kernels/_triton.py: no activation is read before the kernels before are done
         gdc_launch_dependents()
-        if PREFETCH >= 1:
-            acc, acc_up, sq = _k_block(X, NW, rows, rmask, ks, kmask, sxm, w, u, acc, acc_up, sq,
-                                       HAS_NORM, GATED, IEEE)
-    for k0 in range(BLOCK_K if PDL and PREFETCH >= 1 else 0, K, BLOCK_K):
+        acc, acc_up, sq = _k_block(X, NW, rows, rmask, ks, kmask, sxm, w, u, acc, acc_up, sq, HAS_NORM, GATED, IEEE)
+    for k0 in range(BLOCK_K if PDL else 0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         kmask = ks < K
         wmask = cmask[:, None] & kmask[None, :]
@@ -182,8 +164,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[to
             res, out, M, N, K, rows.stride(0), weight.stride(0), res.stride(0), out.stride(0), eps,
             HAS_BIAS=bias is not None, HAS_NORM=norm_weight is not None, GATED=gated,
             HAS_RES=residual is not None, IEEE=x.dtype == torch.float32,
-            BLOCK_M=BLOCK_M, **cfg, **pdl_launch(x), PREFETCH=int(os.environ.get("EAGLE_ZOO_PDL_PREFETCH", "1")),
-            LINES=triton.next_power_of_2(triton.cdiv(K * x.element_size(), 128)),
+            BLOCK_M=BLOCK_M, **cfg, **pdl_launch(x),
         )
     return out.view(*x.shape[:-1], N)
 
