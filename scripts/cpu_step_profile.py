@@ -1,11 +1,13 @@
 """CPU cost of one target step (BENCHMARKS.md, "CPU"): the embedded SmolLM2 target,
 fp32, one sequence with CACHED tokens in its cache, the engine's ModelRunner.
 
-    .venv/bin/python scripts/cpu_step_profile.py [--threads 1] [--cached 150] [--repeats 30]
+    .venv/bin/python scripts/cpu_step_profile.py [--threads 1] [--cached 150] [--repeats 30] [--profile]
 
 Prints the weight bytes a token reads (layers + lm_head), the read bandwidth of a
 large sum, the floor they give, and the median / min time of a step verifying T = 1
-and T = 4 tokens (target forward + logits for those tokens). Run on an idle machine.
+and T = 4 tokens (target forward + logits for those tokens). --profile also runs 10 T = 1
+steps under torch.profiler: the matmuls' share of a step (aten::mm self time) and the
+read bandwidth it implies for the weights. Run on an idle machine.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--cached", type=int, default=150)
     p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--profile", action="store_true", help="matmul time of a T=1 step (torch.profiler)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -65,6 +68,19 @@ def main() -> None:
                 model.compute_logits(hidden)
                 times.append(time.perf_counter() - t)
             print(f"T={T}: median {statistics.median(times) * 1e3:.1f} ms, min {min(times) * 1e3:.1f} ms")
+        if args.profile:
+            from torch.profiler import ProfilerActivity, profile
+
+            ids, pos, steps = torch.tensor([[1]]), torch.tensor([[args.cached]]), 10
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                for _ in range(steps):
+                    hidden, _ = runner.run(ids, pos, slots, args.cached + 1, ())
+                    model.compute_logits(hidden)
+            events = prof.key_averages()
+            total_us = sum(e.self_cpu_time_total for e in events) / steps
+            mm_us = sum(e.self_cpu_time_total for e in events if e.key == "aten::mm") / steps
+            print(f"profiled T=1 step: {total_us / 1e3:.1f} ms, of it aten::mm {mm_us / 1e3:.1f} ms "
+                  f"({total / mm_us / 1e3:.1f} GB/s of weights), everything else {(total_us - mm_us) / 1e3:.1f} ms")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from typing import Iterable, Optional
 
 import torch
 
+from . import chain_step
 from .detokenizer import update_sequence_text
 from .graphs import GraphedForward, whole_step_graphs
 from .host_tensors import device_tensor
@@ -235,6 +236,11 @@ class EngineCore:
         history = [s.all_token_ids for s in seqs] if reads else []
         batch = StepBatch(slots, base, history, kv_len,
                           all_greedy=all(s.params.greedy for s in seqs), depth=k)
+        if k and batch.all_greedy:
+            graphed = chain_step.graphed_chain_step(self)
+            if graphed is not None and graphed.eligible(last):
+                tokens, accepted = graphed(last, base.unsqueeze(1), slots, k)
+                return self.launched_step(seqs, k, tokens, accepted, torch.full_like(accepted, k), slots, base)
         drafts = num_draft = None
         if k:
             drafts, num_draft = self.proposer.propose(batch)
