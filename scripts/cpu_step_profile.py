@@ -6,8 +6,8 @@ fp32, one sequence with CACHED tokens in its cache, the engine's ModelRunner.
 Prints the weight bytes a token reads (layers + lm_head), the read bandwidth of a
 large sum, the floor they give, and the median / min time of a step verifying T = 1
 and T = 4 tokens (target forward + logits for those tokens). --profile also runs 10 T = 1
-steps under torch.profiler: the matmuls' share of a step (aten::mm self time) and the
-read bandwidth it implies for the weights. Run on an idle machine.
+steps under torch.profiler: the matmuls' share of a step (aten::mm self time, or the
+time in kernels/cpu_linear.py) and the read bandwidth it implies for the weights. Run on an idle machine.
 """
 from __future__ import annotations
 
@@ -69,19 +69,51 @@ def main() -> None:
                 times.append(time.perf_counter() - t)
             print(f"T={T}: median {statistics.median(times) * 1e3:.1f} ms, min {min(times) * 1e3:.1f} ms")
         if args.profile:
-            from torch.profiler import ProfilerActivity, profile
+            profile_matmuls(runner, model, slots, args.cached, total)
 
-            ids, pos, steps = torch.tensor([[1]]), torch.tensor([[args.cached]]), 10
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
-                for _ in range(steps):
-                    hidden, _ = runner.run(ids, pos, slots, args.cached + 1, ())
-                    model.compute_logits(hidden)
-            events = prof.key_averages()
-            total_us = sum(e.self_cpu_time_total for e in events) / steps
-            mm_us = sum(e.self_cpu_time_total for e in events if e.key == "aten::mm") / steps
-            print(f"profiled T=1 step: {total_us / 1e3:.1f} ms, of it aten::mm {mm_us / 1e3:.1f} ms "
-                  f"({total / mm_us / 1e3:.1f} GB/s of weights), everything else {(total_us - mm_us) / 1e3:.1f} ms")
 
+def profile_matmuls(runner, model, slots, cached: int, weight_bytes: int, steps: int = 10) -> None:
+    """The matmuls' time in a T=1 step: kernels/cpu_linear.py timed around each call
+    (it is no aten op), or aten::mm's self time under torch.profiler when torch's matmul
+    runs; the step itself timed without the profiler (which inflates small ops)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from kernels import cpu_linear
+
+    ids, pos = torch.tensor([[1]]), torch.tensor([[cached]])
+
+    def step():
+        hidden, _ = runner.run(ids, pos, slots, cached + 1, ())
+        model.compute_logits(hidden)
+
+    kernel_s = []
+    plain_kernel = cpu_linear.few_row_linear
+
+    def timed_kernel(x, w):
+        t = time.perf_counter()
+        y = plain_kernel(x, w)
+        kernel_s.append(time.perf_counter() - t)
+        return y
+
+    step_s = []
+    cpu_linear.few_row_linear = timed_kernel
+    try:
+        for _ in range(steps):
+            t = time.perf_counter()
+            step()
+            step_s.append(time.perf_counter() - t)
+    finally:
+        cpu_linear.few_row_linear = plain_kernel
+    mm_s = sum(kernel_s) / steps
+    if not kernel_s:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(steps):
+                step()
+        mm_s = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key == "aten::mm") / steps / 1e6
+    step_ms = statistics.median(step_s) * 1e3
+    source = "kernels/cpu_linear.py" if kernel_s else "aten::mm"
+    print(f"T=1 step {step_ms:.1f} ms (median of {steps}): matmuls ({source}) {mm_s * 1e3:.1f} ms "
+          f"({weight_bytes / mm_s / 1e9:.1f} GB/s of weights), everything else {step_ms - mm_s * 1e3:.1f} ms")
 
 if __name__ == "__main__":
     main()

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from eagle_zoo.models import layers
 from eagle_zoo.models.attention import Attention, AttentionContext, use_context
 from eagle_zoo.models.layers import RotaryEmbedding, get_rope, linear
+from kernels import cpu_linear
 
 
 @pytest.mark.parametrize("rows", range(0, layers.CPU_FEW_ROWS + 3))
@@ -158,6 +159,12 @@ def test_memoised_masks_per_window():
 
 
 
+@pytest.fixture
+def without_cpu_kernel(monkeypatch):
+    """The column-major copies are the path without kernels/cpu_linear.py (no g++)."""
+    monkeypatch.setenv("EAGLE_ZOO_CPU_LINEAR", "0")
+
+
 def one_row_model():
     """A tall layer, a wide layer and an lm head, random weights."""
     torch.manual_seed(0)
@@ -170,13 +177,17 @@ def one_row_model():
     return m
 
 
-def test_one_row_copies_give_f_linear_results(monkeypatch):
+def test_one_row_copies_give_f_linear_results(monkeypatch, without_cpu_kernel):
     gc.collect()  # the budget is per process: room beyond the copies of live models
     monkeypatch.setattr(layers, "CPU_ONE_ROW_COPY_BYTES", layers.one_row_copy_bytes() + (1 << 20))
     m = one_row_model()
     assert layers.prepare_one_row_copies(m) == (64 * 16 + 100 * 16) * 4
     assert getattr(m.down.weight, "_one_row_copy", None) is None
     assert layers.prepare_one_row_copies(m) == 0  # already there
+    monkeypatch.setenv("EAGLE_ZOO_CPU_LINEAR", "1")
+    if cpu_linear.available():  # the kernel reads the row-major parameter: no copies
+        assert layers.prepare_one_row_copies(one_row_model()) == 0
+    monkeypatch.setenv("EAGLE_ZOO_CPU_LINEAR", "0")
     with torch.inference_mode():
         for mod, x in ((m.up, torch.randn(1, 1, 16)), (m.head, torch.randn(1, 16)), (m.down, torch.randn(1, 64))):
             torch.testing.assert_close(mod(x), F.linear(x, mod.weight), rtol=1e-5, atol=1e-5)
@@ -186,7 +197,7 @@ def test_one_row_copies_give_f_linear_results(monkeypatch):
             assert copy.t().is_contiguous()  # column-major
 
 
-def test_one_row_copy_not_used_once_stale():
+def test_one_row_copy_not_used_once_stale(without_cpu_kernel):
     """An in-place update of the parameter (an optimizer step) or a move makes the copy
     inapplicable: the layer reads the parameter again."""
     m = one_row_model()
@@ -201,7 +212,7 @@ def test_one_row_copy_not_used_once_stale():
         torch.testing.assert_close(m.up(x), F.linear(x, m.up.weight), rtol=1e-5, atol=1e-5)
 
 
-def test_one_row_copies_respect_the_budget_and_gradients(monkeypatch):
+def test_one_row_copies_respect_the_budget_and_gradients(monkeypatch, without_cpu_kernel):
     gc.collect()  # copies of earlier tests' models must not count
     monkeypatch.setattr(layers, "CPU_ONE_ROW_COPY_BYTES", layers.one_row_copy_bytes() + 64 * 16 * 4)
     m = one_row_model()

@@ -1,0 +1,82 @@
+"""Few-row float32 linear layers on the CPU (csrc/cpu_linear.cpp): y = x @ w^T for up to
+MAX_ROWS rows, a row-major AVX2 dot product per output, batch invariant (a row's bits do
+not depend on how many rows there are). Built on first use with torch's C++ extension
+loader (g++ with OpenMP; about 30 s, then cached); where it cannot be built or the CPU
+lacks AVX2, `available()` is False and callers keep torch's matmul.
+
+    python -m kernels.cpu_linear     builds it now (`make` does, so the first decode
+                                     step does not wait for the compiler) and says whether
+                                     it is in use
+
+EAGLE_ZOO_CPU_LINEAR=0 keeps torch's matmul (A/B runs).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+MAX_ROWS = 8
+SOURCE = Path(__file__).parent / "csrc" / "cpu_linear.cpp"
+_module = None
+_failure: Optional[str] = None
+
+
+def build_directory() -> Path:
+    """Where the compiled extension is cached: per torch version, under the user's cache."""
+    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return root / "eagle_zoo" / f"cpu_linear-torch{torch.__version__.replace('+', '-')}"
+
+
+def _load():
+    global _module, _failure
+    if _module is not None or _failure is not None:
+        return _module
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        _failure = f"this CPU has no AVX2 (torch reports {torch.backends.cpu.get_cpu_capability()})"
+        return None
+    try:
+        from torch.utils.cpp_extension import load
+
+        out = build_directory()
+        out.mkdir(parents=True, exist_ok=True)
+        _module = load(name="eagle_zoo_cpu_linear", sources=[str(SOURCE)], build_directory=str(out),
+                       extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                       verbose=False)
+    except Exception as e:  # no compiler, no Python headers, ...: torch's matmul stays
+        _failure = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+        warnings.warn(f"kernels/cpu_linear.py: the CPU linear kernel could not be built ({_failure}); "
+                      "CPU decoding keeps torch's matmul (slower). Install g++ and the Python headers to build it.")
+    return _module
+
+
+def available() -> bool:
+    """Whether few_row_linear runs the compiled kernel (builds it on the first call)."""
+    if os.environ.get("EAGLE_ZOO_CPU_LINEAR", "1") == "0":
+        return False
+    return _load() is not None
+
+
+def few_row_linear_torch(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Reference: x [M, K] @ w [N, K]^T."""
+    return F.linear(x, w)
+
+
+def few_row_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [M, K] (M <= MAX_ROWS) @ w [N, K]^T, float32 CPU tensors, contiguous: the kernel
+    where available(), the reference otherwise."""
+    if available():
+        return _module.few_row_linear(x.contiguous(), w.contiguous())
+    return few_row_linear_torch(x, w)
+
+
+if __name__ == "__main__":
+    ok = available()
+    print(f"kernels/cpu_linear.py: {'built, in use' if ok else 'not in use: ' + str(_failure or 'EAGLE_ZOO_CPU_LINEAR=0')}"
+          f" ({build_directory()})")
+    sys.exit(0)
