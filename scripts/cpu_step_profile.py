@@ -7,7 +7,7 @@ Prints the weight bytes a token reads (layers + lm_head), the read bandwidth of 
 large sum, the floor they give, and the median / min time of a step verifying T = 1
 and T = 4 tokens (target forward + logits for those tokens). --profile also runs 10 T = 1
 steps under torch.profiler: the matmuls' share of a step (aten::mm self time, or the
-time in kernels/cpu_linear.py) and the read bandwidth it implies for the weights. Run on an idle machine.
+time in kernels/cpu_decode.py) and the read bandwidth it implies for the weights. Run on an idle machine.
 """
 from __future__ import annotations
 
@@ -73,12 +73,12 @@ def main() -> None:
 
 
 def profile_matmuls(runner, model, slots, cached: int, weight_bytes: int, steps: int = 10) -> None:
-    """The matmuls' time in a T=1 step: kernels/cpu_linear.py timed around each call
+    """The matmuls' time in a T=1 step: kernels/cpu_decode.py timed around each call
     (it is no aten op), or aten::mm's self time under torch.profiler when torch's matmul
     runs; the step itself timed without the profiler (which inflates small ops)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from kernels import cpu_linear
+    from kernels import cpu_decode
 
     ids, pos = torch.tensor([[1]]), torch.tensor([[cached]])
 
@@ -87,7 +87,7 @@ def profile_matmuls(runner, model, slots, cached: int, weight_bytes: int, steps:
         model.compute_logits(hidden)
 
     kernel_s = []
-    plain_kernel = cpu_linear.few_row_linear
+    plain_kernel = cpu_decode.few_row_linear
 
     def timed_kernel(x, w):
         t = time.perf_counter()
@@ -96,14 +96,14 @@ def profile_matmuls(runner, model, slots, cached: int, weight_bytes: int, steps:
         return y
 
     step_s = []
-    cpu_linear.few_row_linear = timed_kernel
+    cpu_decode.few_row_linear = timed_kernel
     try:
         for _ in range(steps):
             t = time.perf_counter()
             step()
             step_s.append(time.perf_counter() - t)
     finally:
-        cpu_linear.few_row_linear = plain_kernel
+        cpu_decode.few_row_linear = plain_kernel
     mm_s = sum(kernel_s) / steps
     if not kernel_s:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -111,7 +111,7 @@ def profile_matmuls(runner, model, slots, cached: int, weight_bytes: int, steps:
                 step()
         mm_s = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key == "aten::mm") / steps / 1e6
     step_ms = statistics.median(step_s) * 1e3
-    source = "kernels/cpu_linear.py" if kernel_s else "aten::mm"
+    source = "kernels/cpu_decode.py" if kernel_s else "aten::mm"
     print(f"T=1 step {step_ms:.1f} ms (median of {steps}): matmuls ({source}) {mm_s * 1e3:.1f} ms "
           f"({weight_bytes / mm_s / 1e9:.1f} GB/s of weights), everything else {step_ms - mm_s * 1e3:.1f} ms")
 

@@ -44,7 +44,7 @@ YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 1.0
 def assert_close(got: torch.Tensor, want: torch.Tensor) -> None:
     """fp32 agreement relative to the tensor's scale: random 0.3-scale weights grow the
     residual stream to ~30, where summation order alone moves the last bits by ~1e-5
-    (decode steps of up to 8 rows run kernels/cpu_linear.py, prefill MKL: 2.1e-5 seen
+    (decode steps of up to 8 rows run kernels/cpu_decode.py, prefill MKL: 2.1e-5 seen
     where the scale was 5.5, so 5e-6 of the scale; a wrong layer misses by far more)."""
     torch.testing.assert_close(got, want, rtol=1e-5, atol=5e-6 * max(1.0, want.abs().max().item()))
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import cpu_linear
+from kernels import cpu_decode
 from kernels._triton import needs_autograd
 from kernels.activation import silu_and_mul, silu_and_mul_torch
 from kernels.linear import fused_linear_triton, use_linear_kernel
@@ -65,7 +65,7 @@ def _param(*shape: int) -> nn.Parameter:
 CPU_FEW_ROWS = 6
 
 
-# Both paths below are the fallback: where kernels/cpu_linear.py builds (g++, AVX2), up to
+# Both paths below are the fallback: where kernels/cpu_decode.py builds (g++, AVX2), up to
 # 8 rows go to its row-major dot products instead (~31 GB/s, batch invariant), and no
 # column-major copies are made.
 #
@@ -106,7 +106,7 @@ def prepare_one_row_copies(module: nn.Module) -> int:
     weights are loaded (a copy made earlier is ignored, not refreshed, once they change
     through the parameter; loads through ``param.data`` are not seen: load first)."""
     added = 0
-    if cpu_linear.available():  # the kernel reads row-major weights at full speed: no copies needed
+    if cpu_decode.available():  # the kernel reads row-major weights at full speed: no copies needed
         return added
     for m in module.modules():
         if not isinstance(m, (LinearBase, ParallelLMHead)):
@@ -138,10 +138,10 @@ def _one_row_weight(weight: torch.Tensor) -> torch.Tensor:
 
 
 def use_cpu_linear_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """kernels/cpu_linear.py's case: float32 CPU tensors, a contiguous 2-D weight, no
+    """kernels/cpu_decode.py's case: float32 CPU tensors, a contiguous 2-D weight, no
     autograd (the kernel has no backward), and the kernel built."""
     return (weight.dtype == torch.float32 and weight.dim() == 2 and weight.is_contiguous()
-            and not needs_autograd(x, weight) and cpu_linear.available())
+            and not needs_autograd(x, weight) and cpu_decode.available())
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -154,12 +154,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
             return fused_linear_triton(x, weight, bias)
         return F.linear(x, weight, bias)
     rows = x.numel() // max(x.shape[-1], 1)  # shapes only: no host sync
-    if x.dtype != torch.float32 or not 0 < rows <= cpu_linear.MAX_ROWS:
+    if x.dtype != torch.float32 or not 0 < rows <= cpu_decode.MAX_ROWS:
         return F.linear(x, weight, bias)
     if use_cpu_linear_kernel(x, weight):
-        # Our kernel (kernels/cpu_linear.py): the weights read at ~90% of the read
+        # Our kernel (kernels/cpu_decode.py): the weights read at ~90% of the read
         # bandwidth, and a row's bits the same in plain decoding and in verification.
-        y = cpu_linear.few_row_linear(x.reshape(rows, x.shape[-1]), weight).view(*x.shape[:-1], weight.shape[0])
+        y = cpu_decode.few_row_linear(x.reshape(rows, x.shape[-1]), weight).view(*x.shape[:-1], weight.shape[0])
         return y if bias is None else y + bias
     if rows > CPU_FEW_ROWS:
         return F.linear(x, weight, bias)
@@ -376,8 +376,14 @@ class RMSNorm(nn.Module):
         if x.is_cuda:
             return rms_norm(x, self.weight, self.eps)
         if x.dtype == self.weight.dtype == torch.float32:
+            rows = x.numel() // max(x.shape[-1], 1)
+            if 0 < rows <= cpu_decode.MAX_ROWS and not needs_autograd(x, self.weight) and cpu_decode.available():
+                # Decode steps: kernels/cpu_decode.py (a few us a norm against ~40 for
+                # F.rms_norm; a SmolLM2 step on the CPU runs 61 norms).
+                y = cpu_decode.rms_norm_rows(x.reshape(rows, x.shape[-1]), self.weight, self.eps)
+                return y.view(x.shape)
             # torch's fused op: the same bits as the reference in fp32 (tests/test_layers.py),
-            # one op instead of seven; a SmolLM2 step on the CPU runs 61 norms.
+            # one op instead of seven.
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         return rms_norm_torch(x, self.weight, self.eps)
 

@@ -1,4 +1,5 @@
-// Few-row float32 linear layers on the CPU: y[M, N] = x[M, K] @ w[N, K]^T for M <= 8.
+// The float32 CPU kernels of decode steps (a few rows): few_row_linear, y[M, N] =
+// x[M, K] @ w[N, K]^T, and rms_norm_rows, for M <= 8.
 //
 // Why: a decode step reads every weight once for one row (plain decoding) or a few
 // (verification). MKL's paths for these shapes stream the weights at 15-20 GB/s on the
@@ -12,6 +13,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
+
+#include <cmath>
 
 namespace {
 
@@ -63,6 +66,38 @@ torch::Tensor few_row_linear(const torch::Tensor& x, const torch::Tensor& w) {
   return y;
 }
 
+// RMSNorm of each row: y = w * (x * rstd), rstd = 1 / sqrt(mean(x^2) + eps), the order of
+// operations of kernels/norm.py's reference (not its bits: another summation order).
+// torch's F.rms_norm takes ~40 us a call here inside a decode step (several internal ops);
+// this takes a few. One thread: a row is a few hundred to a few thousand floats.
+torch::Tensor rms_norm_rows(const torch::Tensor& x, const torch::Tensor& w, double eps) {
+  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "rms_norm_rows: CPU tensors only");
+  TORCH_CHECK(x.scalar_type() == torch::kFloat && w.scalar_type() == torch::kFloat,
+              "rms_norm_rows: float32 only, got ", x.scalar_type(), " and ", w.scalar_type());
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 1 && x.size(1) == w.size(0),
+              "rms_norm_rows: x [M, N] and w [N], got ", x.sizes(), " and ", w.sizes());
+  TORCH_CHECK(x.is_contiguous() && w.is_contiguous(), "rms_norm_rows: contiguous x and w");
+  const int64_t M = x.size(0), N = x.size(1);
+  TORCH_CHECK(M <= 8, "rms_norm_rows: at most 8 rows, got ", M);
+  auto y = torch::empty({M, N}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m) {
+    const float* row = xp + m * N;
+    const float rstd = 1.0f / std::sqrt(dot(row, row, N) / static_cast<float>(N) + static_cast<float>(eps));
+    const __m256 r = _mm256_set1_ps(rstd);
+    float* out = yp + m * N;
+    int64_t i = 0;
+    for (; i + 8 <= N; i += 8) {
+      _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(wp + i), _mm256_mul_ps(_mm256_loadu_ps(row + i), r)));
+    }
+    for (; i < N; ++i) out[i] = wp[i] * (row[i] * rstd);
+  }
+  return y;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("few_row_linear", &few_row_linear, "y = x @ w^T for a few float32 rows (CPU)");
+  m.def("rms_norm_rows", &rms_norm_rows, "RMSNorm of a few float32 rows (CPU)");
 }

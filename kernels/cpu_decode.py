@@ -1,14 +1,15 @@
-"""Few-row float32 linear layers on the CPU (csrc/cpu_linear.cpp): y = x @ w^T for up to
-MAX_ROWS rows, a row-major AVX2 dot product per output, batch invariant (a row's bits do
-not depend on how many rows there are). Built on first use with torch's C++ extension
-loader (g++ with OpenMP; about 30 s, then cached); where it cannot be built or the CPU
-lacks AVX2, `available()` is False and callers keep torch's matmul.
+"""The float32 CPU kernels of decode steps (csrc/cpu_decode.cpp), for up to MAX_ROWS rows:
+few_row_linear (y = x @ w^T, a row-major AVX2 dot product per output) and rms_norm_rows.
+Both are batch invariant (a row's bits do not depend on how many rows there are). Built
+on first use with torch's C++ extension loader (g++ with OpenMP; about 30 s, then
+cached); where it cannot be built or the CPU lacks AVX2, `available()` is False and
+callers keep torch's ops.
 
-    python -m kernels.cpu_linear     builds it now (`make` does, so the first decode
+    python -m kernels.cpu_decode     builds it now (`make` does, so the first decode
                                      step does not wait for the compiler) and says whether
                                      it is in use
 
-EAGLE_ZOO_CPU_LINEAR=0 keeps torch's matmul (A/B runs).
+EAGLE_ZOO_CPU_KERNELS=0 keeps torch's ops (A/B runs).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 MAX_ROWS = 8
-SOURCE = Path(__file__).parent / "csrc" / "cpu_linear.cpp"
+SOURCE = Path(__file__).parent / "csrc" / "cpu_decode.cpp"
 _module = None
 _failure: Optional[str] = None
 
@@ -30,7 +31,7 @@ _failure: Optional[str] = None
 def build_directory() -> Path:
     """Where the compiled extension is cached: per torch version, under the user's cache."""
     root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return root / "eagle_zoo" / f"cpu_linear-torch{torch.__version__.replace('+', '-')}"
+    return root / "eagle_zoo" / f"cpu_decode-torch{torch.__version__.replace('+', '-')}"
 
 
 def _load():
@@ -45,19 +46,19 @@ def _load():
 
         out = build_directory()
         out.mkdir(parents=True, exist_ok=True)
-        _module = load(name="eagle_zoo_cpu_linear", sources=[str(SOURCE)], build_directory=str(out),
+        _module = load(name="eagle_zoo_cpu_decode", sources=[str(SOURCE)], build_directory=str(out),
                        extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"],
                        verbose=False)
     except Exception as e:  # no compiler, no Python headers, ...: torch's matmul stays
         _failure = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
-        warnings.warn(f"kernels/cpu_linear.py: the CPU linear kernel could not be built ({_failure}); "
-                      "CPU decoding keeps torch's matmul (slower). Install g++ and the Python headers to build it.")
+        warnings.warn(f"kernels/cpu_decode.py: the CPU decode kernels could not be built ({_failure}); "
+                      "CPU decoding keeps torch's ops (slower). Install g++ and the Python headers to build it.")
     return _module
 
 
 def available() -> bool:
-    """Whether few_row_linear runs the compiled kernel (builds it on the first call)."""
-    if os.environ.get("EAGLE_ZOO_CPU_LINEAR", "1") == "0":
+    """Whether the compiled kernels run (built on the first call)."""
+    if os.environ.get("EAGLE_ZOO_CPU_KERNELS", "1") == "0":
         return False
     return _load() is not None
 
@@ -75,8 +76,21 @@ def few_row_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return few_row_linear_torch(x, w)
 
 
+def rms_norm_rows_torch(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """Reference: kernels/norm.py's formula in float32."""
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rms_norm_rows(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of x [M, N] (M <= MAX_ROWS) with weight w [N], float32 CPU tensors: the
+    kernel where available(), the reference otherwise."""
+    if available():
+        return _module.rms_norm_rows(x.contiguous(), w.contiguous(), float(eps))
+    return rms_norm_rows_torch(x, w, eps)
+
+
 if __name__ == "__main__":
     ok = available()
-    print(f"kernels/cpu_linear.py: {'built, in use' if ok else 'not in use: ' + str(_failure or 'EAGLE_ZOO_CPU_LINEAR=0')}"
+    print(f"kernels/cpu_decode.py: {'built, in use' if ok else 'not in use: ' + str(_failure or 'EAGLE_ZOO_CPU_KERNELS=0')}"
           f" ({build_directory()})")
     sys.exit(0)

@@ -1,0 +1,92 @@
+"""kernels/cpu_decode.py: the few-row float32 CPU linear kernel against torch's matmul,
+its batch invariance, and models/layers.py's dispatch to it. Skipped where the kernel
+cannot be built (no g++ / Python headers / AVX2): the engine then keeps torch's matmul,
+which the rest of the suite tests."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eagle_zoo.models import layers
+from kernels import cpu_decode
+
+needs_kernel = pytest.mark.skipif(not cpu_decode.available(), reason="kernels/cpu_decode.py could not be built here")
+
+SHAPES = [(40, 200), (1728, 576), (576, 1536), (7, 33), (193, 8)]  # (N, K): tails in K and in N
+
+
+@needs_kernel
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_matches_torch_and_is_batch_invariant(shape):
+    N, K = shape
+    g = torch.Generator().manual_seed(N + K)
+    w = torch.randn(N, K, generator=g)
+    x = torch.randn(cpu_decode.MAX_ROWS, K, generator=g)
+    full = cpu_decode.few_row_linear(x, w)
+    ref = x.double() @ w.double().t()
+    torch.testing.assert_close(full.double(), ref, rtol=1e-5, atol=1e-5 * K ** 0.5)
+    for m in range(1, cpu_decode.MAX_ROWS):  # a row's bits alone and among m rows
+        assert torch.equal(cpu_decode.few_row_linear(x[:m], w), full[:m]), m
+    assert torch.equal(cpu_decode.few_row_linear(x[5:6], w)[0], full[5])
+
+
+@needs_kernel
+def test_bad_inputs_name_the_problem():
+    w = torch.randn(8, 16)
+    with pytest.raises(RuntimeError, match="at most 8 rows"):
+        cpu_decode._module.few_row_linear(torch.randn(9, 16), w)
+    with pytest.raises(RuntimeError, match="float32 only"):
+        cpu_decode._module.few_row_linear(torch.randn(2, 16, dtype=torch.float64), w.double())
+    with pytest.raises(RuntimeError, match=r"x \[M, K\] and w \[N, K\]"):
+        cpu_decode._module.few_row_linear(torch.randn(2, 15), w)
+
+
+@needs_kernel
+def test_layers_linear_uses_it_for_few_rows_and_keeps_autograd(monkeypatch):
+    g = torch.Generator().manual_seed(1)
+    w, b = torch.randn(24, 40, generator=g), torch.randn(24, generator=g)
+    x = torch.randn(1, 3, 40, generator=g)
+    calls = []
+    kernel = cpu_decode.few_row_linear
+    monkeypatch.setattr(cpu_decode, "few_row_linear", lambda *a: calls.append(a[0].shape) or kernel(*a))
+    y = layers.linear(x, w, b)
+    assert calls == [(3, 40)] and y.shape == (1, 3, 24)
+    torch.testing.assert_close(y, torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    layers.linear(torch.randn(1, 9, 40), w)  # 9 rows: prefill-sized, torch's matmul
+    assert len(calls) == 1
+    wg = w.clone().requires_grad_(True)
+    layers.linear(x, wg).sum().backward()  # training: torch's matmul, which has a backward
+    assert len(calls) == 1 and wg.grad is not None
+    monkeypatch.setenv("EAGLE_ZOO_CPU_KERNELS", "0")
+    layers.linear(x, w)
+    assert len(calls) == 1
+
+
+
+@needs_kernel
+@pytest.mark.parametrize("n", [576, 2048, 37])
+def test_rms_norm_rows_matches_the_reference_and_is_batch_invariant(n):
+    g = torch.Generator().manual_seed(n)
+    x, w = torch.randn(cpu_decode.MAX_ROWS, n, generator=g) * 3, torch.randn(n, generator=g)
+    full = cpu_decode.rms_norm_rows(x, w, 1e-5)
+    ref = (w.double() * x.double() / torch.sqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-5)).float()
+    torch.testing.assert_close(full, ref, rtol=1e-5, atol=1e-5)
+    for m in range(1, cpu_decode.MAX_ROWS):
+        assert torch.equal(cpu_decode.rms_norm_rows(x[:m], w, 1e-5), full[:m]), m
+
+
+@needs_kernel
+def test_rmsnorm_module_uses_it_for_few_rows(monkeypatch):
+    norm = layers.RMSNorm(64, 1e-5)
+    torch.nn.init.normal_(norm.weight)
+    calls = []
+    kernel = cpu_decode.rms_norm_rows
+    monkeypatch.setattr(cpu_decode, "rms_norm_rows", lambda *a: calls.append(a[0].shape) or kernel(*a))
+    x = torch.randn(1, 4, 64)
+    with torch.inference_mode():
+        torch.testing.assert_close(norm(x), torch.nn.functional.rms_norm(x, (64,), norm.weight, 1e-5),
+                                   rtol=1e-5, atol=1e-6)
+        norm(torch.randn(1, 12, 64))  # prefill-sized: torch's op
+    assert calls == [(4, 64)]
+    with pytest.raises(RuntimeError, match="at most 8 rows"):
+        cpu_decode._module.rms_norm_rows(torch.randn(9, 64), norm.weight.detach(), 1e-5)
