@@ -54,6 +54,17 @@ def fused_linear_torch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
 
 
 @triton.jit
+def _weight_tiles(W, cols, cmask, ks, kmask, N, swn, GATED: tl.constexpr):
+    # The weight tiles of one BLOCK_K step: gate (or the only) rows, and up rows if GATED.
+    wmask = cmask[:, None] & kmask[None, :]
+    w = tl.load(W + cols[:, None] * swn + ks[None, :], mask=wmask, other=0.0)
+    u = w
+    if GATED:
+        u = tl.load(W + (cols[:, None] + N) * swn + ks[None, :], mask=wmask, other=0.0)
+    return w, u
+
+
+@triton.jit
 def _k_block(X, NW, rows, rmask, ks, kmask, sxm, w, u, acc, acc_up, sq,
              HAS_NORM: tl.constexpr, GATED: tl.constexpr, IEEE: tl.constexpr):
     # One BLOCK_K step of the reduction, given this step's weight tiles w (and u, GATED).
@@ -96,22 +107,14 @@ def _linear_kernel(X, W, B, NW, R, Y, M, N, K, sxm, swn, srm, sym, eps,
         # waiting for the kernel before, so their latency overlaps it.
         ks = tl.arange(0, BLOCK_K)
         kmask = ks < K
-        wmask = cmask[:, None] & kmask[None, :]
-        w = tl.load(W + cols[:, None] * swn + ks[None, :], mask=wmask, other=0.0)
-        u = w
-        if GATED:
-            u = tl.load(W + (cols[:, None] + N) * swn + ks[None, :], mask=wmask, other=0.0)
+        w, u = _weight_tiles(W, cols, cmask, ks, kmask, N, swn, GATED)
         gdc_wait()  # kernels/_triton.py: no activation is read before the kernels before are done
         gdc_launch_dependents()
         acc, acc_up, sq = _k_block(X, NW, rows, rmask, ks, kmask, sxm, w, u, acc, acc_up, sq, HAS_NORM, GATED, IEEE)
     for k0 in range(BLOCK_K if PDL else 0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         kmask = ks < K
-        wmask = cmask[:, None] & kmask[None, :]
-        w = tl.load(W + cols[:, None] * swn + ks[None, :], mask=wmask, other=0.0)
-        u = w
-        if GATED:
-            u = tl.load(W + (cols[:, None] + N) * swn + ks[None, :], mask=wmask, other=0.0)
+        w, u = _weight_tiles(W, cols, cmask, ks, kmask, N, swn, GATED)
         acc, acc_up, sq = _k_block(X, NW, rows, rmask, ks, kmask, sxm, w, u, acc, acc_up, sq, HAS_NORM, GATED, IEEE)
     if HAS_NORM:
         rstd = (1.0 / tl.sqrt(tl.sum(sq, axis=1) / K + eps))[:, None]

@@ -409,3 +409,19 @@ def bigram_head_next_tokens(head_dir, target_dir) -> list[int]:
     head = torch.load(Path(head_dir) / "pytorch_model.bin", weights_only=True)
     lm_head = load_file(str(Path(target_dir) / "model.safetensors"))["lm_head.weight"]
     return (head["embed_tokens.weight"] @ lm_head.T).argmax(-1).tolist()
+
+
+class RunnerGraphStandIn:
+    """Stands in for runner.graphed (engine/graphs.py) on CPU: takes the calls a CUDA
+    graph would replay and runs the forward a captured graph runs (full-length context,
+    keys masked by position)."""
+
+    def __init__(self, runner, name, calls):
+        self.runner, self.name, self.calls = runner, name, calls
+
+    def eligible(self, input_ids):
+        return input_ids.shape[1] <= 16
+
+    def __call__(self, input_ids, positions, slot_ids, *args):
+        self.calls.append((self.name, input_ids.shape[1]))
+        return self.runner.forward_full_length(input_ids, positions, slot_ids, *args)

@@ -32,20 +32,6 @@ class StepGraphStandIn:
         return self.fn(last, base, slots, k)
 
 
-class RunnerGraphStandIn:
-    """Stands in for a runner's graphs: the forward a captured graph runs (whole row)."""
-
-    def __init__(self, runner, name, calls):
-        self.runner, self.name, self.calls = runner, name, calls
-
-    def eligible(self, input_ids):
-        return input_ids.shape[1] <= 16
-
-    def __call__(self, input_ids, positions, slot_ids, *args):
-        self.calls.append((self.name, input_ids.shape[1]))
-        return self.runner.forward_full_length(input_ids, positions, slot_ids, *args)
-
-
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("chain")
@@ -81,7 +67,7 @@ def test_chain_step_as_one_function_is_lossless_and_counts_like_three(setup, met
     one = make_llm(target, heads[method], method, max_num_seqs)
     calls = []
     for name, runner in (("target", one.engine.runner), ("head", one.engine.proposer.runner)):
-        runner.graphed = RunnerGraphStandIn(runner, name, calls)
+        runner.graphed = ef.RunnerGraphStandIn(runner, name, calls)
     steps = []
     one.engine._chain_step_graph = StepGraphStandIn(chain_step.whole_row_greedy_chain_step(one.engine), steps)
     assert run(one, prompts, params) == want

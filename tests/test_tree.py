@@ -249,22 +249,6 @@ def test_greedy_tree_equals_transformers(models, family, method, shape):
         check_counters(llm, outs, max_depth, total - 1)
 
 
-class GraphStandIn:
-    """Stands in for runner.graphed (engine/graphs.py) on CPU: takes the calls a CUDA
-    graph would replay and runs the forward a captured graph runs (full-length context,
-    keys masked by position)."""
-
-    def __init__(self, runner, name, calls):
-        self.runner, self.name, self.calls = runner, name, calls
-
-    def eligible(self, input_ids):
-        return input_ids.shape[1] <= 16
-
-    def __call__(self, input_ids, positions, slot_ids, *args):
-        self.calls.append((self.name, input_ids.shape[1]))
-        return self.runner.forward_full_length(input_ids, positions, slot_ids, *args)
-
-
 class StepGraphStandIn:
     """Stands in for the greedy tree step's CUDA graph on the CPU: records each call and
     runs the function a graph would capture (the whole-row form) directly."""
@@ -289,7 +273,7 @@ def test_graph_mode_runs_the_greedy_tree_step_as_one_graph(models):
     llm = make_llm(target, spec, 3)
     calls = []
     for name, runner in (("target", llm.engine.runner), ("head", llm.engine.proposer.runner)):
-        runner.graphed = GraphStandIn(runner, name, calls)
+        runner.graphed = ef.RunnerGraphStandIn(runner, name, calls)
     llm.engine._tree_step_graph = StepGraphStandIn(tree_verify.whole_row_greedy_step(llm.engine), calls)
     assert generate(llm, prompts, [greedy(n) for n in MAX_TOKENS]) == want
     prefill = sorted({n for n in LENGTHS if n <= 16})
