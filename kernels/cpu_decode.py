@@ -89,6 +89,19 @@ def rms_norm_rows(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return rms_norm_rows_torch(x, w, eps)
 
 
+def llama_layer_rows(h, norm1, eps1, w_qkv, w_o, norm2, eps2, w_gate_up, w_down, cos, sin, k_cache, v_cache,
+                     slot: int, cache_positions, kv_len: int, num_heads: int, num_kv_heads: int, scale: float):
+    """An exact Llama decoder layer for h [T, H] (T <= MAX_ROWS tokens of one sequence in
+    cache row ``slot``), float32, writing the tokens' k / v at cache_positions [T] and
+    attending causally over [0, min(position + 1, kv_len)); cos / sin [T, d/2] (the
+    rotary angles, already scaled). The caller checks available() and the layer's type
+    (models/fused_layer.py cpu_decoder_layer); the module path is the reference."""
+    return _module.llama_layer_rows(h.contiguous(), norm1, float(eps1), w_qkv, w_o, norm2, float(eps2), w_gate_up,
+                                    w_down, cos.contiguous(), sin.contiguous(), k_cache, v_cache, int(slot),
+                                    cache_positions.contiguous(), int(kv_len), int(num_heads), int(num_kv_heads),
+                                    float(scale))
+
+
 if __name__ == "__main__":
     state = "built, in use" if available() else f"not in use: {_failure or 'EAGLE_ZOO_CPU_KERNELS=0'}"
     print(f"kernels/cpu_decode.py: {state} ({build_directory()})")

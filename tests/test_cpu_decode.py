@@ -90,3 +90,38 @@ def test_rmsnorm_module_uses_it_for_few_rows(monkeypatch):
     assert calls == [(4, 64)]
     with pytest.raises(RuntimeError, match="at most 8 rows"):
         cpu_decode._module.rms_norm_rows(torch.randn(9, 64), norm.weight.detach(), 1e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_whole_llama_layer_in_one_call_gives_transformers_greedy(family, tmp_path, monkeypatch):
+    """models/fused_layer.py cpu_decoder_layer: plain decoding and EAGLE chain verification
+    of a tiny random Llama target run each decoder layer as one C++ call (counted), and give
+    transformers' greedy tokens. The tiny Mistral target has a sliding window, which the
+    call does not do: it keeps the module path, with the same result."""
+    import checkpoint_factory as cf
+    import engine_fixtures as ef
+    from eagle_zoo import LLM, SamplingParams
+
+    kind = ef.kind_of(family)
+    target = ef.write_target(tmp_path / "target", kind)
+    head = ef.write_head(tmp_path / "head", kind, "eagle", seed=4, scale=0.6)
+    prompts = ef.random_prompts((5, 12, 3), cf.TINY["vocab_size"], seed=1)
+    want = ef.hf_greedy(target, prompts, [20, 26, 14])
+    calls = []
+    kernel = cpu_decode.llama_layer_rows
+    monkeypatch.setattr(cpu_decode, "llama_layer_rows", lambda h, *a: calls.append(h.shape[0]) or kernel(h, *a))
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (20, 26, 14)]
+    for spec in (None, {"method": "eagle", "model": str(head), "num_speculative_tokens": 3}):
+        calls.clear()
+        llm = LLM(str(target), speculative_config=spec, device="cpu", dtype="float32", max_model_len=96,
+                  max_num_seqs=1)
+        got = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
+        assert got == want, spec
+        if family == "mistral":
+            assert not calls
+            continue
+        # Prompts of up to 8 tokens are prefilled through it too; then one token a step
+        # (plain) or the last token and 3 drafts (verification).
+        assert set(calls) >= {5, 3} | ({1} if spec is None else {4}), sorted(set(calls))
+        assert 12 not in calls  # prefill-sized: the module path

@@ -24,6 +24,8 @@ from typing import Optional
 
 import torch
 
+from kernels import cpu_decode
+from kernels._triton import needs_autograd
 from kernels.attention import cache_attention_triton
 from kernels.linear import fused_linear_triton, use_linear_kernel
 from kernels.rope import rope_write_kv_triton
@@ -53,7 +55,10 @@ def layer_supports_fusion(layer) -> bool:
 
 def fused_decoder_layer(layer, positions: torch.Tensor, h: torch.Tensor) -> Optional[torch.Tensor]:
     """The layer's output through the regrouped kernels, or None when they do not apply
-    (CPU, prefill-sized steps, no engine context, another layer type)."""
+    (prefill-sized steps, no engine context, another layer type). On the CPU: the whole
+    layer in one C++ call (cpu_decoder_layer)."""
+    if not h.is_cuda:
+        return cpu_decoder_layer(layer, positions, h)
     ctx = get_context()
     if (ctx is None or not h.is_cuda or h.dim() != 3 or h.shape[1] > KERNEL_MAX_T
             or not layer_supports_fusion(layer)):
@@ -87,3 +92,33 @@ def fused_layer_kernels(layer, positions: torch.Tensor, h: torch.Tensor, ctx) ->
     h = fused_linear_triton(a, attn.o_proj.weight, residual=h)
     m = fused_linear_triton(h, mlp.gate_up_proj.weight, norm_weight=norm2.weight, eps=norm2.eps, gated=True)
     return fused_linear_triton(m, mlp.down_proj.weight, residual=h)
+
+
+def cpu_decoder_layer(layer, positions: torch.Tensor, h: torch.Tensor) -> Optional[torch.Tensor]:
+    """The layer for up to 8 float32 tokens of one sequence in one C++ call
+    (kernels/cpu_decode.py llama_layer_rows: norm, qkv, rope, KV write, causal attention,
+    o_proj, norm, gate_up, silu, down_proj), or None where it does not apply: another
+    layer type, a mask other than causal (trees), a sliding window, several sequences,
+    prefill-sized steps, autograd, or the kernels not built. Plain decoding and chain
+    verification both take it, so a verified token gets plain decoding's bits."""
+    ctx = get_context()
+    if (ctx is None or ctx.attn_mask is not None or ctx.tree_keys is not None or h.dim() != 3 or h.shape[0] != 1
+            or not 0 < h.shape[1] <= cpu_decode.MAX_ROWS or h.dtype != torch.float32
+            or not layer_supports_fusion(layer) or layer.self_attn.attn.sliding_window is not None
+            or needs_autograd(h, layer.self_attn.qkv_proj.weight) or not cpu_decode.available()):
+        return None
+    attn, mlp, core = layer.self_attn, layer.mlp, layer.self_attn.attn
+    k_cache, v_cache = ctx.kv_caches[core.layer_idx]
+    if k_cache.dtype != torch.float32 or v_cache.dtype != torch.float32 or k_cache.shape[-1] != v_cache.shape[-1]:
+        return None
+    slot = ctx.memo.get("slot")
+    if slot is None:  # read on the host once per forward (no device sync on the CPU)
+        slot = ctx.memo["slot"] = int(ctx.slot_ids[0])
+    cos, sin = attn.rotary_emb._angles(positions)
+    T, half = h.shape[1], cos.shape[-1]
+    out = cpu_decode.llama_layer_rows(
+        h[0], layer.input_layernorm.weight, layer.input_layernorm.eps, attn.qkv_proj.weight, attn.o_proj.weight,
+        layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps, mlp.gate_up_proj.weight,
+        mlp.down_proj.weight, cos.reshape(T, half), sin.reshape(T, half), k_cache, v_cache, slot,
+        ctx.cache_positions.reshape(T), ctx.kv_len, core.num_heads, core.num_kv_heads, core.scale)
+    return out.unsqueeze(0)

@@ -14,7 +14,10 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <vector>
 
 namespace {
 
@@ -97,7 +100,107 @@ torch::Tensor rms_norm_rows(const torch::Tensor& x, const torch::Tensor& w, doub
   return y;
 }
 
+// One exact Llama decoder layer for T <= 8 tokens of one sequence (plain decoding and
+// chain verification), float32: rmsnorm -> qkv -> neox rope of q and k -> KV-cache write
+// -> causal attention over the cache row -> o_proj + residual -> rmsnorm -> gate_up ->
+// silu(gate) * up -> down_proj + residual. Why one call: the module path runs ~13 torch
+// ops and their Python a layer, ~12 ms a SmolLM2 step on the development CPU against
+// ~17 ms of matmuls (BENCHMARKS.md, CPU). Every token row goes through the same code
+// whatever T is, so verification gives plain decoding's bits.
+torch::Tensor llama_layer_rows(const torch::Tensor& h, const torch::Tensor& norm1, double eps1,
+                               const torch::Tensor& w_qkv, const torch::Tensor& w_o, const torch::Tensor& norm2,
+                               double eps2, const torch::Tensor& w_gate_up, const torch::Tensor& w_down,
+                               const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor k_cache,
+                               torch::Tensor v_cache, int64_t slot, const torch::Tensor& cache_positions,
+                               int64_t kv_len, int64_t num_heads, int64_t num_kv_heads, double scale) {
+  const int64_t T = h.size(0);
+  const int64_t d = k_cache.size(3);
+  const int64_t half = d / 2, group = num_heads / num_kv_heads;
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.scalar_type() == torch::kFloat &&
+              v_cache.scalar_type() == torch::kFloat && v_cache.size(3) == d && k_cache.size(2) == num_kv_heads,
+              "llama_layer_rows: contiguous float32 caches [slots, len, kv_heads, d]");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.numel() == T * half && sin.numel() == T * half,
+              "llama_layer_rows: cos / sin [T, d/2]");
+  TORCH_CHECK(cache_positions.scalar_type() == torch::kLong && cache_positions.numel() == T,
+              "llama_layer_rows: cache_positions [T] int64");
+  const int64_t max_len = k_cache.size(1);
+  const int64_t q_width = num_heads * d, kv_width = num_kv_heads * d;
+
+  torch::Tensor qkv = few_row_linear(rms_norm_rows(h, norm1, eps1), w_qkv);  // [T, q + k + v]
+  float* qkvp = qkv.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  const int64_t* pos = cache_positions.data_ptr<int64_t>();
+  float* kc = k_cache.data_ptr<float>();
+  float* vc = v_cache.data_ptr<float>();
+  const int64_t row = qkv.size(1);
+  // Rope (the whole-head formula of kernels/rope.py: x1*cos - x2*sin, x2*cos + x1*sin),
+  // then every token's k and v into the cache before any query reads it.
+  for (int64_t t = 0; t < T; ++t) {
+    float* tok = qkvp + t * row;
+    const float* c = cp + t * half;
+    const float* s = sp + t * half;
+    for (int64_t head = 0; head < num_heads + num_kv_heads; ++head) {
+      float* x = tok + head * d;
+      for (int64_t i = 0; i < half; ++i) {
+        const float x1 = x[i], x2 = x[i + half];
+        x[i] = x1 * c[i] + x2 * (-s[i]);
+        x[i + half] = x2 * c[i] + x1 * s[i];
+      }
+    }
+    TORCH_CHECK(pos[t] >= 0 && pos[t] < max_len, "llama_layer_rows: cache position ", pos[t], " outside [0, ",
+                max_len, ")");
+    const int64_t at = (slot * max_len + pos[t]) * kv_width;
+    std::memcpy(kc + at, tok + q_width, kv_width * sizeof(float));
+    std::memcpy(vc + at, tok + q_width + kv_width, kv_width * sizeof(float));
+  }
+  // Causal attention of each (token, head) over keys [0, min(pos + 1, kv_len)).
+  auto attn = torch::empty({T, q_width}, h.options());
+  float* ap = attn.data_ptr<float>();
+  std::vector<float> scores(static_cast<size_t>(std::max<int64_t>(kv_len, 1)));
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t keys = std::min(pos[t] + 1, kv_len);
+    for (int64_t head = 0; head < num_heads; ++head) {
+      const float* q = qkvp + t * row + head * d;
+      const int64_t kvh = head / group;
+      float* out = ap + t * q_width + head * d;
+      float m = -INFINITY;
+      for (int64_t j = 0; j < keys; ++j) {
+        scores[j] = dot(q, kc + (slot * max_len + j) * kv_width + kvh * d, d) * static_cast<float>(scale);
+        m = std::max(m, scores[j]);
+      }
+      float l = 0.f;
+      for (int64_t j = 0; j < keys; ++j) {
+        scores[j] = std::exp(scores[j] - m);
+        l += scores[j];
+      }
+      for (int64_t i = 0; i < d; ++i) out[i] = 0.f;
+      for (int64_t j = 0; j < keys; ++j) {
+        const float* v = vc + (slot * max_len + j) * kv_width + kvh * d;
+        const float p = scores[j];
+        for (int64_t i = 0; i < d; ++i) out[i] += p * v[i];
+      }
+      const float inv = keys > 0 ? 1.f / l : 0.f;
+      for (int64_t i = 0; i < d; ++i) out[i] *= inv;
+    }
+  }
+  torch::Tensor h2 = h + few_row_linear(attn, w_o);
+  torch::Tensor gu = few_row_linear(rms_norm_rows(h2, norm2, eps2), w_gate_up);  // [T, 2I]
+  const int64_t inter = gu.size(1) / 2;
+  auto act = torch::empty({T, inter}, h.options());
+  const float* gp = gu.data_ptr<float>();
+  float* mp = act.data_ptr<float>();
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t i = 0; i < inter; ++i) {
+      const float g = gp[t * 2 * inter + i];
+      mp[t * inter + i] = (g / (1.f + std::exp(-g))) * gp[t * 2 * inter + inter + i];
+    }
+  }
+  return h2 + few_row_linear(act, w_down);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("llama_layer_rows", &llama_layer_rows, "an exact Llama decoder layer for a few float32 tokens (CPU)");
   m.def("few_row_linear", &few_row_linear, "y = x @ w^T for a few float32 rows (CPU)");
   m.def("rms_norm_rows", &rms_norm_rows, "RMSNorm of a few float32 rows (CPU)");
 }
