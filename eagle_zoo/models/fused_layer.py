@@ -1,4 +1,5 @@
-"""A Llama-style decoder layer in 6 launches for decode-shaped steps on CUDA.
+"""A Llama-style decoder layer in 6 launches for decode-shaped steps on CUDA, and in one
+C++ call on the CPU (cpu_decoder_layer, at the end).
 
 The module path runs ~13 kernels a layer (norm, qkv, rope, KV write, attention split and
 merge, o_proj, add, norm, gate_up, silu-and-mul, down_proj, add). At batch 1 a step of a
