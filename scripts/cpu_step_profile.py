@@ -5,9 +5,9 @@ fp32, one sequence with CACHED tokens in its cache, the engine's ModelRunner.
 
 Prints the weight bytes a token reads (layers + lm_head), the read bandwidth of a
 large sum, the floor they give, and the median / min time of a step verifying T = 1
-and T = 4 tokens (target forward + logits for those tokens). --profile also runs 10 T = 1
-steps under torch.profiler: the matmuls' share of a step (aten::mm self time, or the
-time in kernels/cpu_decode.py) and the read bandwidth it implies for the weights. Run on an idle machine.
+and T = 4 tokens (target forward + logits for those tokens). --profile also times 10 T = 1
+steps by part: kernels/cpu_decode.py's one-call decoder layers and its matmuls outside
+them, or with EAGLE_ZOO_CPU_KERNELS=0 aten::mm (torch.profiler). Run on an idle machine.
 """
 from __future__ import annotations
 
@@ -73,9 +73,11 @@ def main() -> None:
 
 
 def profile_matmuls(runner, model, slots, cached: int, weight_bytes: int, steps: int = 10) -> None:
-    """The matmuls' time in a T=1 step: kernels/cpu_decode.py timed around each call
-    (it is no aten op), or aten::mm's self time under torch.profiler when torch's matmul
-    runs; the step itself timed without the profiler (which inflates small ops)."""
+    """Where a T=1 step goes: kernels/cpu_decode.py's calls timed around each (they are no
+    aten ops): whole decoder layers (llama_layer_rows) and matmuls outside them
+    (few_row_linear: the lm_head, or every layer of families without the one-call layer);
+    with the kernels off, aten::mm's self time under torch.profiler. The step itself is
+    timed without the profiler (which inflates small ops)."""
     from torch.profiler import ProfilerActivity, profile
 
     from kernels import cpu_decode
@@ -86,34 +88,42 @@ def profile_matmuls(runner, model, slots, cached: int, weight_bytes: int, steps:
         hidden, _ = runner.run(ids, pos, slots, cached + 1, ())
         model.compute_logits(hidden)
 
-    kernel_s = []
-    plain_kernel = cpu_decode.few_row_linear
+    spent = {"llama_layer_rows": [], "few_row_linear": []}
+    originals = {name: getattr(cpu_decode, name) for name in spent}
 
-    def timed_kernel(x, w):
-        t = time.perf_counter()
-        y = plain_kernel(x, w)
-        kernel_s.append(time.perf_counter() - t)
-        return y
+    def timed(name):
+        def call(*args):
+            t = time.perf_counter()
+            out = originals[name](*args)
+            spent[name].append(time.perf_counter() - t)
+            return out
+        return call
 
     step_s = []
-    cpu_decode.few_row_linear = timed_kernel
+    for name in spent:
+        setattr(cpu_decode, name, timed(name))
     try:
         for _ in range(steps):
             t = time.perf_counter()
             step()
             step_s.append(time.perf_counter() - t)
     finally:
-        cpu_decode.few_row_linear = plain_kernel
-    mm_s = sum(kernel_s) / steps
-    if not kernel_s:
+        for name, fn in originals.items():
+            setattr(cpu_decode, name, fn)
+    step_ms = statistics.median(step_s) * 1e3
+    layers_ms = sum(spent["llama_layer_rows"]) / steps * 1e3
+    mm_ms = sum(spent["few_row_linear"]) / steps * 1e3
+    if not spent["llama_layer_rows"] and not spent["few_row_linear"]:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(steps):
                 step()
-        mm_s = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key == "aten::mm") / steps / 1e6
-    step_ms = statistics.median(step_s) * 1e3
-    source = "kernels/cpu_decode.py" if kernel_s else "aten::mm"
-    print(f"T=1 step {step_ms:.1f} ms (median of {steps}): matmuls ({source}) {mm_s * 1e3:.1f} ms "
-          f"({weight_bytes / mm_s / 1e9:.1f} GB/s of weights), everything else {step_ms - mm_s * 1e3:.1f} ms")
+        mm_ms = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key == "aten::mm") / steps / 1e3
+        print(f"T=1 step {step_ms:.1f} ms (median of {steps}): matmuls (aten::mm) {mm_ms:.1f} ms "
+              f"({weight_bytes / mm_ms / 1e6:.1f} GB/s of weights), everything else {step_ms - mm_ms:.1f} ms")
+        return
+    print(f"T=1 step {step_ms:.1f} ms (median of {steps}): decoder layers in one C++ call each {layers_ms:.1f} ms, "
+          f"kernels/cpu_decode.py matmuls outside them {mm_ms:.1f} ms, everything else "
+          f"{step_ms - layers_ms - mm_ms:.1f} ms")
 
 if __name__ == "__main__":
     main()
