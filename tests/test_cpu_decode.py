@@ -125,3 +125,24 @@ def test_whole_llama_layer_in_one_call_gives_transformers_greedy(family, tmp_pat
         # (plain) or the last token and 3 drafts (verification).
         assert set(calls) >= {5, 3} | ({1} if spec is None else {4}), sorted(set(calls))
         assert 12 not in calls  # prefill-sized: the module path
+
+
+@needs_kernel
+def test_llama_layer_rows_rejects_mismatched_weights_and_slots():
+    H, heads, kv_heads, d = 32, 4, 2, 8
+    ones = torch.ones(H)
+    w = {"qkv": torch.zeros((heads + 2 * kv_heads) * d, H), "o": torch.zeros(H, heads * d),
+         "gu": torch.zeros(2 * 16, H), "down": torch.zeros(H, 16)}
+    caches = torch.zeros(2, 10, kv_heads, d), torch.zeros(2, 10, kv_heads, d)
+    angles = torch.ones(1, d // 2)
+
+    def call(qkv=w["qkv"], slot=0):
+        return cpu_decode.llama_layer_rows(torch.randn(1, H), ones, 1e-5, qkv, w["o"], ones, 1e-5, w["gu"],
+                                           w["down"], angles, angles, *caches, slot, torch.tensor([3]), 4,
+                                           heads, kv_heads, d ** -0.5)
+
+    assert call().shape == (1, H)
+    with pytest.raises(RuntimeError, match="slot 2 outside"):
+        call(slot=2)
+    with pytest.raises(RuntimeError, match="w_qkv"):
+        call(qkv=torch.zeros(heads * d, H))

@@ -125,6 +125,11 @@ torch::Tensor llama_layer_rows(const torch::Tensor& h, const torch::Tensor& norm
               "llama_layer_rows: cache_positions [T] int64");
   const int64_t max_len = k_cache.size(1);
   const int64_t q_width = num_heads * d, kv_width = num_kv_heads * d;
+  TORCH_CHECK(slot >= 0 && slot < k_cache.size(0), "llama_layer_rows: slot ", slot, " outside the caches' ",
+              k_cache.size(0), " rows");
+  TORCH_CHECK(w_qkv.size(0) == q_width + 2 * kv_width && w_o.size(1) == q_width && num_heads % num_kv_heads == 0,
+              "llama_layer_rows: w_qkv [", q_width + 2 * kv_width, ", H] and w_o [H, ", q_width, "] for ", num_heads,
+              " heads, ", num_kv_heads, " kv heads of ", d, ", got ", w_qkv.sizes(), " and ", w_o.sizes());
 
   torch::Tensor qkv = few_row_linear(rms_norm_rows(h, norm1, eps1), w_qkv);  // [T, q + k + v]
   float* qkvp = qkv.data_ptr<float>();
