@@ -43,6 +43,44 @@ inline float dot(const float* a, const float* b, int64_t K) {
   return total;
 }
 
+// dot() for two rows a0, a1 against the same b: b's vectors are loaded once for both
+// (verification steps are bound by these loads, not by memory), each row's arithmetic
+// exactly dot()'s, so a row's bits do not depend on whether it was paired.
+inline void dot2(const float* a0, const float* a1, const float* b, int64_t K, float* out0, float* out1) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  __m256 t0 = s0, t1 = s0, t2 = s0, t3 = s0;
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    const __m256 b0 = _mm256_loadu_ps(b + k), b1 = _mm256_loadu_ps(b + k + 8);
+    const __m256 b2 = _mm256_loadu_ps(b + k + 16), b3 = _mm256_loadu_ps(b + k + 24);
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a0 + k), b0, s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a0 + k + 8), b1, s1);
+    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a0 + k + 16), b2, s2);
+    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a0 + k + 24), b3, s3);
+    t0 = _mm256_fmadd_ps(_mm256_loadu_ps(a1 + k), b0, t0);
+    t1 = _mm256_fmadd_ps(_mm256_loadu_ps(a1 + k + 8), b1, t1);
+    t2 = _mm256_fmadd_ps(_mm256_loadu_ps(a1 + k + 16), b2, t2);
+    t3 = _mm256_fmadd_ps(_mm256_loadu_ps(a1 + k + 24), b3, t3);
+  }
+  for (; k + 8 <= K; k += 8) {
+    const __m256 b0 = _mm256_loadu_ps(b + k);
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a0 + k), b0, s0);
+    t0 = _mm256_fmadd_ps(_mm256_loadu_ps(a1 + k), b0, t0);
+  }
+  const int64_t tail = k;
+  __m256 s = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
+  __m256 t = _mm256_add_ps(_mm256_add_ps(t0, t1), _mm256_add_ps(t2, t3));
+  alignas(32) float ls[8], lt[8];
+  _mm256_store_ps(ls, s);
+  _mm256_store_ps(lt, t);
+  float total0 = ((ls[0] + ls[1]) + (ls[2] + ls[3])) + ((ls[4] + ls[5]) + (ls[6] + ls[7]));
+  float total1 = ((lt[0] + lt[1]) + (lt[2] + lt[3])) + ((lt[4] + lt[5]) + (lt[6] + lt[7]));
+  for (k = tail; k < K; ++k) total0 += a0[k] * b[k];
+  for (k = tail; k < K; ++k) total1 += a1[k] * b[k];
+  *out0 = total0;
+  *out1 = total1;
+}
+
 }  // namespace
 
 torch::Tensor few_row_linear(const torch::Tensor& x, const torch::Tensor& w) {
@@ -63,7 +101,9 @@ torch::Tensor few_row_linear(const torch::Tensor& x, const torch::Tensor& w) {
   at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
       const float* row = wp + n * K;
-      for (int64_t m = 0; m < M; ++m) yp[m * N + n] = dot(xp + m * K, row, K);
+      int64_t m = 0;
+      for (; m + 2 <= M; m += 2) dot2(xp + m * K, xp + (m + 1) * K, row, K, yp + m * N + n, yp + (m + 1) * N + n);
+      if (m < M) yp[m * N + n] = dot(xp + m * K, row, K);
     }
   });
   return y;
