@@ -110,7 +110,8 @@ def cpu_decoder_layer(layer, positions: torch.Tensor, h: torch.Tensor) -> Option
         return None
     attn, mlp, core = layer.self_attn, layer.mlp, layer.self_attn.attn
     k_cache, v_cache = ctx.kv_caches[core.layer_idx]
-    if k_cache.dtype != torch.float32 or v_cache.dtype != torch.float32 or k_cache.shape[-1] != v_cache.shape[-1]:
+    if (k_cache.dtype != torch.float32 or v_cache.dtype != torch.float32 or k_cache.shape[-1] != v_cache.shape[-1]
+            or not (k_cache.is_contiguous() and v_cache.is_contiguous()) or ctx.cache_positions.dtype != torch.long):
         return None
     slot = ctx.memo.get("slot")
     if slot is None:  # read on the host once per forward (no device sync on the CPU)
