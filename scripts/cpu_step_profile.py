@@ -69,10 +69,10 @@ def main() -> None:
                 times.append(time.perf_counter() - t)
             print(f"T={T}: median {statistics.median(times) * 1e3:.1f} ms, min {min(times) * 1e3:.1f} ms")
         if args.profile:
-            profile_matmuls(runner, model, slots, args.cached, total)
+            profile_parts(runner, model, slots, args.cached, total)
 
 
-def profile_matmuls(runner, model, slots, cached: int, weight_bytes: int, steps: int = 10) -> None:
+def profile_parts(runner, model, slots, cached: int, weight_bytes: int, steps: int = 10) -> None:
     """Where a T=1 step goes: kernels/cpu_decode.py's calls timed around each (they are no
     aten ops): whole decoder layers (llama_layer_rows) and matmuls outside them
     (few_row_linear: the lm_head, or every layer of families without the one-call layer);

@@ -378,8 +378,8 @@ class RMSNorm(nn.Module):
         if x.dtype == self.weight.dtype == torch.float32:
             rows = x.numel() // max(x.shape[-1], 1)
             if 0 < rows <= cpu_decode.MAX_ROWS and not needs_autograd(x, self.weight) and cpu_decode.available():
-                # Decode steps: kernels/cpu_decode.py (a few us a norm against ~40 for
-                # F.rms_norm; a SmolLM2 step on the CPU runs 61 norms).
+                # Decode steps: kernels/cpu_decode.py, one call instead of F.rms_norm's
+                # internal ops (a SmolLM2 step on the CPU runs 61 norms; BENCHMARKS.md, CPU).
                 y = cpu_decode.rms_norm_rows(x.reshape(rows, x.shape[-1]), self.weight, self.eps)
                 return y.view(x.shape)
             # torch's fused op: the same bits as the reference in fp32 (tests/test_layers.py),

@@ -81,17 +81,23 @@ inline void dot2(const float* a0, const float* a1, const float* b, int64_t K, fl
   *out1 = total1;
 }
 
+// The checks both entry points make: float32 CPU tensors, contiguous, at most 8 rows of
+// x [M, K] and a weight whose last dimension is K.
+void check_rows(const char* fn, const torch::Tensor& x, const torch::Tensor& w, int64_t w_dim) {
+  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), fn, ": CPU tensors only");
+  TORCH_CHECK(x.scalar_type() == torch::kFloat && w.scalar_type() == torch::kFloat, fn, ": float32 only, got ",
+              x.scalar_type(), " and ", w.scalar_type());
+  TORCH_CHECK(x.dim() == 2 && w.dim() == w_dim && x.size(1) == w.size(w_dim - 1), fn, ": x [M, K] and w [",
+              w_dim == 2 ? "N, K" : "K", "], got ", x.sizes(), " and ", w.sizes());
+  TORCH_CHECK(x.is_contiguous() && w.is_contiguous(), fn, ": contiguous x and w");
+  TORCH_CHECK(x.size(0) <= 8, fn, ": at most 8 rows, got ", x.size(0));
+}
+
 }  // namespace
 
 torch::Tensor few_row_linear(const torch::Tensor& x, const torch::Tensor& w) {
-  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "few_row_linear: CPU tensors only");
-  TORCH_CHECK(x.scalar_type() == torch::kFloat && w.scalar_type() == torch::kFloat,
-              "few_row_linear: float32 only, got ", x.scalar_type(), " and ", w.scalar_type());
-  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1),
-              "few_row_linear: x [M, K] and w [N, K], got ", x.sizes(), " and ", w.sizes());
-  TORCH_CHECK(x.is_contiguous() && w.is_contiguous(), "few_row_linear: contiguous x and w");
+  check_rows("few_row_linear", x, w, 2);
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  TORCH_CHECK(M <= 8, "few_row_linear: at most 8 rows, got ", M);
   auto y = torch::empty({M, N}, x.options());
   const float* xp = x.data_ptr<float>();
   const float* wp = w.data_ptr<float>();
@@ -111,17 +117,12 @@ torch::Tensor few_row_linear(const torch::Tensor& x, const torch::Tensor& w) {
 
 // RMSNorm of each row: y = w * (x * rstd), rstd = 1 / sqrt(mean(x^2) + eps), the order of
 // operations of kernels/norm.py's reference (not its bits: another summation order).
-// torch's F.rms_norm takes ~40 us a call here inside a decode step (several internal ops);
-// this takes a few. One thread: a row is a few hundred to a few thousand floats.
+// A decode step runs 61 of them for SmolLM2; torch's F.rms_norm is several internal ops
+// each (adding this kernel took a CPU step's non-matmul time from ~17 to ~12 ms,
+// BENCHMARKS.md, CPU). One thread: a row is a few hundred to a few thousand floats.
 torch::Tensor rms_norm_rows(const torch::Tensor& x, const torch::Tensor& w, double eps) {
-  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "rms_norm_rows: CPU tensors only");
-  TORCH_CHECK(x.scalar_type() == torch::kFloat && w.scalar_type() == torch::kFloat,
-              "rms_norm_rows: float32 only, got ", x.scalar_type(), " and ", w.scalar_type());
-  TORCH_CHECK(x.dim() == 2 && w.dim() == 1 && x.size(1) == w.size(0),
-              "rms_norm_rows: x [M, N] and w [N], got ", x.sizes(), " and ", w.sizes());
-  TORCH_CHECK(x.is_contiguous() && w.is_contiguous(), "rms_norm_rows: contiguous x and w");
+  check_rows("rms_norm_rows", x, w, 1);
   const int64_t M = x.size(0), N = x.size(1);
-  TORCH_CHECK(M <= 8, "rms_norm_rows: at most 8 rows, got ", M);
   auto y = torch::empty({M, N}, x.options());
   const float* xp = x.data_ptr<float>();
   const float* wp = w.data_ptr<float>();
