@@ -1,0 +1,171 @@
+"""Where a training step of the SmolLM2 heads goes (no GGUF needed: random target weights).
+
+A random bf16 target in SmolLM2-135M's shape (saved by transformers into a temporary
+directory) and random token data shaped like the regenerated answers (a prompt of
+40-200 tokens, then up to 256 assistant tokens) go through eagle_zoo.train's Trainer
+with the settings of scripts/train_smollm2_heads.sh (EAGLE-3: token budget 16384, 4
+training-time-test steps, draft vocabulary 12000; EAGLE-1: 32768, 3 steps). Prints:
+  step      wall time of a whole optimisation step (median, synchronised), tokens/s
+  phases    GPU time of the target's forward, the head's forward + loss, backward and
+            AdamW inside one step (CUDA events)
+  kernels   torch.profiler over a few steps: GPU time by kernel name, and the GPU's
+            busy fraction (kernel time / wall time)
+Usage: python3 scripts/device/train_profile.py [--method eagle3|eagle|both] [--steps 12]
+       [--shape smollm2|tiny] (tiny: a 2-layer model, for a check on the CPU)
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from eagle_zoo.train.data import TokenData
+from eagle_zoo.train.trainer import Trainer, TrainSettings
+
+SMOLLM2 = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+               num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, rope_theta=100000.0,
+               tie_word_embeddings=True, rms_norm_eps=1e-5)
+TINY = dict(SMOLLM2, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=2048)
+# (token budget, TTT steps, draft vocabulary) as scripts/train_smollm2_heads.sh trains them
+RECIPES = {"eagle3": (16384, 4, 12000), "eagle": (32768, 3, None)}
+
+
+def write_target(root: Path, shape: dict) -> Path:
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**shape, initializer_range=0.05)).to(torch.bfloat16)
+    model.save_pretrained(root / "target", safe_serialization=True)
+    return root / "target"
+
+
+def write_data(root: Path, vocab: int, sequences: int) -> Path:
+    rng = random.Random(0)
+    seqs = []
+    for _ in range(sequences):
+        prompt, answer = rng.randrange(40, 200), rng.randrange(64, 257)
+        ids = [rng.randrange(3, vocab) for _ in range(prompt + answer)]
+        seqs.append((ids, [0] * prompt + [1] * answer))
+    TokenData.from_sequences(seqs, {"vocab_size": vocab}).save(root / "data")
+    return root / "data"
+
+
+def sync_time(fn) -> float:
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t
+
+
+def phases(trainer: Trainer) -> dict:
+    """GPU time (ms) of each part of one step, by CUDA events around the pieces the
+    trainer calls (the target's forward is timed through a wrapper around it)."""
+    events = {}
+    target = trainer.target.model
+    forward = target.forward
+
+    def timed_forward(*a, **k):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = forward(*a, **k)
+        end.record()
+        events["target forward"] = (start, end)
+        return out
+
+    target.forward = timed_forward
+    batch = trainer.next_batch()
+    marks = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+    try:
+        marks[0].record()
+        loss, _, _ = trainer._loss(batch)
+        marks[1].record()
+        loss.backward()
+        marks[2].record()
+        trainer.optimizer.step()
+        trainer.optimizer.zero_grad(set_to_none=True)
+        marks[3].record()
+    finally:
+        del target.forward
+    torch.cuda.synchronize()
+    fwd = events["target forward"][0].elapsed_time(events["target forward"][1])
+    return {"target forward": fwd, "head forward + loss": marks[0].elapsed_time(marks[1]) - fwd,
+            "backward": marks[1].elapsed_time(marks[2]), "AdamW": marks[2].elapsed_time(marks[3])}
+
+
+def profile(trainer: Trainer, steps: int, top: int) -> None:
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            trainer.train_step(trainer.next_batch())
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - t
+    rows = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy = sum(e.self_device_time_total for e in rows) / 1e6
+    print(f"  profiled {steps} steps: wall {wall * 1e3:.0f} ms, kernels {busy * 1e3:.0f} ms "
+          f"(GPU busy {busy / wall:.0%}), {sum(e.count for e in rows) / steps:.0f} kernels a step")
+    for e in sorted(rows, key=lambda e: -e.self_device_time_total)[:top]:
+        print(f"  {e.self_device_time_total / 1e3 / steps:8.2f} ms/step {e.count // steps:5d}x  {e.key[:110]}")
+
+
+def run(method: str, target: Path, data: Path, args) -> None:
+    budget, ttt, draft_vocab = RECIPES[method]
+    if args.shape == "tiny":
+        budget, draft_vocab = budget // 8, draft_vocab and 512
+    s = TrainSettings(method=method, target=str(target), data=[str(data)], epochs=1000, token_budget=budget,
+                      max_len=1280, lr=5e-4, warmup_steps=5, ttt_steps=ttt, draft_vocab_size=draft_vocab,
+                      device=args.device, log_every=10**9, save_every=0, progress=False)
+    trainer = Trainer(s, log=lambda *a: None)
+    for _ in range(3):  # warm-up: allocator, autotuning
+        trainer.train_step(trainer.next_batch())
+    times, tokens = [], []
+    for _ in range(args.steps):
+        batch = trainer.next_batch()
+        tokens.append(int(batch.input_ids.numel()))
+        times.append(sync_time(lambda: trainer.train_step(batch)) if args.device == "cuda"
+                     else _cpu_time(lambda: trainer.train_step(batch)))
+    step = statistics.median(times)
+    print(f"{method}: step {step * 1e3:.1f} ms median of {args.steps} ({min(times) * 1e3:.1f}-{max(times) * 1e3:.1f}), "
+          f"{statistics.mean(tokens):.0f} padded tokens a step, {sum(tokens) / sum(times):,.0f} tokens/s")
+    if args.device != "cuda":
+        return
+    split = [phases(trainer) for _ in range(3)]
+    print("  phases (GPU ms): " + ", ".join(f"{k} {statistics.median(p[k] for p in split):.1f}" for k in split[0]))
+    if not args.no_profiler:
+        profile(trainer, 3, args.top)
+
+
+def _cpu_time(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--method", choices=("eagle3", "eagle", "both"), default="both")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--shape", choices=("smollm2", "tiny"), default="smollm2")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--sequences", type=int, default=2000)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--no-profiler", action="store_true")
+    args = ap.parse_args()
+    shape = SMOLLM2 if args.shape == "smollm2" else TINY
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        target, data = write_target(root, shape), write_data(root, shape["vocab_size"], args.sequences)
+        for method in (("eagle3", "eagle") if args.method == "both" else (args.method,)):
+            run(method, target, data, args)
+
+
+if __name__ == "__main__":
+    main()
