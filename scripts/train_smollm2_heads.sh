@@ -23,6 +23,10 @@
 # EAGLE_TOKENS EAGLE3_TOKENS MAX_LEN MAX_NEW_TOKENS MAX_PROMPTS DRAFT_VOCAB TTT_STEPS
 # SYNTH_PROMPTS SYNTH_SECONDS SYNTH_SEED LR (SYNTH_SEED: another seed, other self-instruct prompts)
 # EAGLE1_TTT_STEPS (EAGLE-1 training-time test: 1 = the published EAGLE-1 recipe, the default).
+# HEADS: the heads step 2 trains, "eagle eagle3" (default: side by side) or one of them:
+# each alone trains 1.8-1.9x the steps a second it gets side by side (BENCHMARKS.md, eighth
+# session), so a head can have the GPU to itself, e.g. HEADS=eagle3 first, then
+# RESUME=1 HEADS=eagle on the same WORK.
 # Warm start (continue training shipped or earlier heads on new data): INIT_EAGLE=HEAD
 # and/or INIT_EAGLE3=HEAD (a head directory or catalog id, e.g.
 # eagle-zoo/EAGLE3-SmolLM2-135M-Instruct) pass --init-from HEAD to that job;
@@ -72,6 +76,11 @@ rc() { cat "$WORK/logs/$1.rc" 2>/dev/null || echo 99; }
 ez() { "$PY" -m eagle_zoo.cli "$@"; }
 
 say "target $TARGET, prompts $PROMPTS, out $OUT, work $WORK, device $DEVICE"
+HEADS=${HEADS:-eagle eagle3}
+trains() { [[ " $HEADS " == *" $1 "* ]]; }
+for h in $HEADS; do  # checked before the data is made; an earlier call's exit codes are dropped
+  case $h in eagle|eagle3) rm -f "$WORK/logs/$h.rc" ;; *) say "HEADS: unknown head '$h' (use eagle and/or eagle3)"; exit 2 ;; esac
+done
 
 if [ "$RESUME" = 1 ]; then
   DATA=()
@@ -119,19 +128,20 @@ train_head() {
   fi
   return $code
 }
-job eagle train_head eagle "$WORK/heads/eagle" "$EAGLE_TOKENS" "$WORK/heads/eagle/config.json" \
+trains eagle && job eagle train_head eagle "$WORK/heads/eagle" "$EAGLE_TOKENS" "$WORK/heads/eagle/config.json" \
   --ttt-steps "$EAGLE1_TTT_STEPS" ${INIT_EAGLE:+--init-from "$INIT_EAGLE"}
-job eagle3 train_head eagle3 "$WORK/heads/eagle3" "$EAGLE3_TOKENS" "$WORK/heads/eagle3/yuhuili-eagle3/config.json" \
+trains eagle3 && job eagle3 train_head eagle3 "$WORK/heads/eagle3" "$EAGLE3_TOKENS" "$WORK/heads/eagle3/yuhuili-eagle3/config.json" \
   --draft-vocab-size "$DRAFT_VOCAB" --ttt-steps "$TTT_STEPS" --format yuhuili-eagle3,speculators-eagle3 \
   --target-name HuggingFaceTB/SmolLM2-135M-Instruct ${INIT_EAGLE3:+--init-from "$INIT_EAGLE3"}
 wait
-say "training finished: eagle exit $(rc eagle), eagle3 exit $(rc eagle3)"
+say "training finished: $(for h in $HEADS; do printf '%s exit %s ' "$h" "$(rc "$h")"; done)"
 
 # -- 3. what comes back ----------------------------------------------------------------------
 copy_head() {  # copy_head SRC DEST: config.json + weights only
   [ -f "$1/config.json" ] || { say "no head in $1"; return 1; }
   mkdir -p "$2" && cp "$1"/config.json "$1"/model*.safetensors* "$2"/ && say "$2: $(ls "$2" | tr '\n' ' ')"
 }
+# both heads, also one an earlier call on this WORK trained (HEADS=eagle3, then HEADS=eagle)
 copy_head "$WORK/heads/eagle" "$OUT/eagle"
 copy_head "$WORK/heads/eagle3/yuhuili-eagle3" "$OUT/eagle3"
 mkdir -p "$WORK/report"
@@ -143,4 +153,4 @@ cp "$WORK/heads/eagle3/speculators-eagle3/config.json" "$WORK/report/eagle3-spec
 tar -czf "$OUT/report.tar.gz" -C "$WORK" report
 say "done in $((SECONDS - START)) s; files in $OUT:"
 find "$OUT" -type f -printf '  %p %s bytes\n'
-[ "$(rc eagle)" = 0 ] && [ "$(rc eagle3)" = 0 ]
+for h in $HEADS; do [ "$(rc "$h")" = 0 ] || exit 1; done
