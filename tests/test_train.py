@@ -215,6 +215,100 @@ def test_eagle1_training_time_test_step0_is_the_one_step_loss(tiny):
     assert float(later) > 0
 
 
+def test_loss_rows_puts_the_valid_entries_first_in_order():
+    from eagle_zoo.train.eagle3 import loss_rows, shifted_rows
+
+    valid = torch.tensor([[False, True, False, True], [True, False, False, False]])
+    rows, weights = loss_rows(valid, 5)
+    assert rows[:3].tolist() == [1, 3, 4] and weights.tolist() == [1, 1, 1, 0, 0]
+    assert len(set(rows.tolist())) == 5  # padding rows are other, distinct positions
+    rows, weights = loss_rows(torch.zeros(2, 3, dtype=torch.bool), 0)  # an empty step: one row, weight 0
+    assert rows.numel() == 1 and weights.tolist() == [0.0]
+    # chain (b, i) of [B, n=3] reads x[b, i + shift] of [B, T=4]; clamped past the end
+    assert shifted_rows(torch.tensor([0, 2, 4]), 3, 4, 1).tolist() == [1, 3, 6]
+    assert shifted_rows(torch.tensor([2, 5]), 3, 4, 2).tolist() == [3, 7]
+
+
+def _padded_batch(root, rows=4):
+    """Sequences of different lengths padded together (padding rows in every gather)."""
+    data = TokenData.load(root / "data")
+    return collate(data, list(range(rows)), 64)
+
+
+def test_gathered_losses_equal_boolean_indexing(tiny):
+    """The losses gather their positions by index (no host sync); written out here with
+    boolean indexing, as the loss is defined, they must give the same values."""
+    import torch.nn.functional as F
+
+    from eagle_zoo.train.eagle1 import P_WEIGHT, eagle1_loss
+    from eagle_zoo.train.eagle3 import DECAY, chain_shift, eagle3_loss
+
+    batch = _padded_batch(tiny)
+    assert len(set(batch.lengths.tolist())) > 1
+    B, T = batch.input_ids.shape
+    n, pos = T - 1, torch.arange(T).expand(B, T)
+    ids, mask = batch.input_ids, batch.loss_mask
+
+    trainer = Trainer(_settings(tiny, "eagle3", steps=1), log=lambda *a: None)
+    head, target, aux_ids = trainer.head, trainer.target.model, trainer.flat_config["eagle_aux_hidden_state_layer_ids"]
+    with torch.no_grad():
+        loss, metrics, n0 = eagle3_loss(head, target, batch, aux_layer_ids=aux_ids, ttt_steps=3)
+        hidden, aux = target(ids, pos, aux_ids)
+        logits = target.compute_logits(hidden)
+        top_ok = head.t2d[logits.argmax(-1)]
+        draft_logits = logits[..., torch.arange(head.draft_vocab_size) + head.d2t]
+        feats = head.combine_hidden_states(torch.cat(aux, -1))[:, :n]
+        expected = 0.0
+        for s, h in ttt_steps_forward(head, ids, feats, 3):
+            valid = chain_shift(mask, s + 2, n) & chain_shift(top_ok, s + 1, n)
+            log_q = torch.log_softmax(head.compute_draft_logits(h[valid]).float(), -1)
+            p = torch.softmax(chain_shift(draft_logits, s + 1, n)[valid].float(), -1)
+            ce = -(p * log_q).sum(-1).mean()
+            torch.testing.assert_close(metrics[f"ce{s}"], ce)
+            torch.testing.assert_close(metrics[f"acc{s}"], (log_q.argmax(-1) == p.argmax(-1)).float().mean())
+            if s == 0:
+                assert int(n0) == int(valid.sum()) > 0
+            expected = expected + DECAY ** s * ce
+        torch.testing.assert_close(loss, expected)
+
+    trainer = Trainer(_settings(tiny, "eagle", steps=1), log=lambda *a: None)
+    head, target = trainer.head, trainer.target.model
+    with torch.no_grad():
+        loss, metrics, n0 = eagle1_loss(head, target, batch, noise=0.0, ttt_steps=3)
+        f, _ = target(ids, pos)
+        expected = 0.0
+        for s, h in ttt_steps_forward(head, ids, f[:, :-1].float(), 3):
+            valid = chain_shift(mask, s + 2, n)
+            f_next = chain_shift(f, s + 1, n)[valid]
+            p = torch.softmax(target.compute_logits(f_next).float(), -1)
+            log_q = torch.log_softmax(head.compute_logits(h[valid]).float(), -1)
+            suffix = "" if s == 0 else str(s)
+            v_loss = F.smooth_l1_loss(h[valid].float(), f_next.float())
+            torch.testing.assert_close(metrics[f"v_loss{suffix}"], v_loss)
+            torch.testing.assert_close(metrics[f"p_loss{suffix}"], -(p * log_q).sum(-1).mean())
+            expected = expected + DECAY ** s * (v_loss + P_WEIGHT * -(p * log_q).sum(-1).mean())
+        torch.testing.assert_close(loss, expected)
+        assert int(n0) == int(chain_shift(mask, 2, n).sum())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_a_training_step_reads_nothing_back_from_the_gpu(tiny, method):
+    """The host sets a training step's pace (BENCHMARKS.md, eighth session): the loss,
+    its backward and the optimizer step run without a device->host sync."""
+    trainer = Trainer(_settings(tiny, method, steps=2, device="cuda", ttt_steps=3), log=lambda *a: None)
+    batch = collate(trainer.data, list(range(4)), 64).to("cuda")
+    trainer.train_step(batch)  # first use: allocations, lazy initialisation
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any host sync inside raises
+    try:
+        metrics = trainer.train_step(batch)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert float(metrics["tokens"]) > 0 and torch.isfinite(metrics["loss"])
+
+
 def test_resume_reproduces_the_uninterrupted_run(tiny, tmp_path):
     quiet = dict(log=lambda *a: None)
     straight = Trainer(_settings(tiny, "eagle", steps=6, token_budget=256, max_len=48), **quiet)

@@ -8,6 +8,7 @@ batches are shuffled. A resumed run rebuilds the same plan and skips what was do
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -19,12 +20,21 @@ class Batch:
     input_ids: torch.Tensor  # [B, T] long, padded with 0
     loss_mask: torch.Tensor  # [B, T] bool: the token is an assistant token
     lengths: torch.Tensor  # [B]
+    # [B] on the host: each row's loss tokens from index 2 on (the predictable ones), so
+    # the losses size their gathers without reading the device (collate fills it)
+    loss_counts: Optional[torch.Tensor] = None
 
     def to(self, device) -> "Batch":
-        return Batch(self.input_ids.to(device), self.loss_mask.to(device), self.lengths.to(device))
+        return Batch(self.input_ids.to(device), self.loss_mask.to(device), self.lengths.to(device), self.loss_counts)
 
     def rows(self, sl: slice) -> "Batch":
-        return Batch(self.input_ids[sl], self.loss_mask[sl], self.lengths[sl])
+        counts = None if self.loss_counts is None else self.loss_counts[sl]
+        return Batch(self.input_ids[sl], self.loss_mask[sl], self.lengths[sl], counts)
+
+    def num_loss_tokens(self) -> int:
+        """Tokens at index >= 2 with a loss (a device read only when collate did not count them)."""
+        counts = self.loss_counts if self.loss_counts is not None else self.loss_mask[:, 2:].sum(1)
+        return int(counts.sum())
 
 
 def usable(data: TokenData, max_len: int) -> torch.Tensor:
@@ -68,4 +78,4 @@ def collate(data: TokenData, indices: list[int], max_len: int) -> Batch:
         n = int(lengths[b])
         ids[b, :n] = s[:n].long()
         mask[b, :n] = m[:n].bool()
-    return Batch(ids, mask, lengths)
+    return Batch(ids, mask, lengths, mask[:, 2:].sum(1))

@@ -22,17 +22,19 @@ import torch
 import torch.nn.functional as F
 
 from .batching import Batch
-from .eagle3 import DECAY, chain_shift, ttt_steps_forward
+from .eagle3 import DECAY, chain_shift, loss_rows, shifted_rows, ttt_steps_forward, weighted_mean
 
 P_WEIGHT = 0.1  # weight of the distillation term; the feature term has weight 1
 
 
 def eagle1_loss(head, target, batch: Batch, *, noise: float = 0.2, generator=None, ttt_steps: int = 1,
                 decay: float = DECAY, cache_dtype: torch.dtype = torch.float32):
-    """-> (loss, metrics dict of detached tensors, number of step-0 loss tokens)."""
+    """-> (loss, metrics dict of detached tensors, step-0 loss tokens as a 0-d tensor).
+    Loss positions are gathered by index, without a host sync (eagle3.loss_rows)."""
     ids = batch.input_ids
     B, T = ids.shape
     n = T - 1  # chains 0..T-2 (chain i needs token x_{i+1})
+    bound = batch.num_loss_tokens()
     positions = torch.arange(T, device=ids.device).expand(B, T)
     with torch.no_grad():
         feats, _ = target(ids, positions)
@@ -44,24 +46,26 @@ def eagle1_loss(head, target, batch: Batch, *, noise: float = 0.2, generator=Non
         steps = [(0, head(ids[:, 1:], positions[:, :-1], inputs))]
     else:
         steps = ttt_steps_forward(head, ids, inputs, ttt_steps, cache_dtype)
+    flat_feats = feats.reshape(B * T, -1)
     loss = inputs.new_zeros((), dtype=torch.float32)
-    metrics, n0 = {}, 0
+    metrics, n0 = {}, None
     for s, h in steps:  # h [B, n, H]: chain i at step s predicts f_{i+s+1}
         valid = chain_shift(batch.loss_mask, s + 2, n)  # x_{i+s+2} is an assistant token
+        rows, weights = loss_rows(valid, bound)
+        count = weights.sum()
         if s == 0:
-            n0 = int(valid.sum())
-        if not bool(valid.any()):
-            continue
-        h_v = h[valid]
-        f_next = chain_shift(feats, s + 1, n)[valid]
+            n0 = count
+        h_v = h.reshape(B * n, -1)[rows]
+        f_next = flat_feats[shifted_rows(rows, n, T, s + 1)]
         with torch.no_grad():
             target_p = torch.softmax(target.compute_logits(f_next).float(), dim=-1)
         log_q = torch.log_softmax(head.compute_logits(h_v).float(), dim=-1)
-        p_loss = -(target_p * log_q).sum(-1).mean()
-        v_loss = F.smooth_l1_loss(h_v.float(), f_next.float())  # mean over tokens and features
+        p_loss = weighted_mean(-(target_p * log_q).sum(-1), weights, count)
+        per_token = F.smooth_l1_loss(h_v.float(), f_next.float(), reduction="none").mean(-1)
+        v_loss = weighted_mean(per_token, weights, count)  # mean over tokens and features
         loss = loss + decay ** s * (v_loss + P_WEIGHT * p_loss)
         with torch.no_grad():
-            acc = (log_q.argmax(-1) == target_p.argmax(-1)).float().mean()
+            acc = weighted_mean((log_q.argmax(-1) == target_p.argmax(-1)).float(), weights, count)
         suffix = "" if s == 0 else str(s)
         metrics.update({f"v_loss{suffix}": v_loss.detach(), f"p_loss{suffix}": p_loss.detach(), f"acc{suffix}": acc})
     metrics["loss"] = loss.detach()

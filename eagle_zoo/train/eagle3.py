@@ -21,6 +21,12 @@ query of chain i at step s attends to
 and nothing else. It runs through the engine's AttentionContext: each step writes
 its keys into a per-batch cache at columns s*T' + i (T' = chains per row) and
 attends with the mask above, so training and drafting share one attention path.
+
+No host syncs. The positions a step learns from are gathered by index (loss_rows) into
+a fixed number of rows, the host's count of the batch's loss tokens, the rows past the
+valid ones weighted 0: a boolean index would stop the host until the GPU told it the
+count, four times a step, and the host is what sets a step's pace (BENCHMARKS.md,
+eighth session: the GPU idled 70% of an EAGLE-3 step).
 """
 from __future__ import annotations
 
@@ -68,37 +74,59 @@ def ttt_steps_forward(head, ids: torch.Tensor, feats: torch.Tensor, steps: int, 
         yield s, feats
 
 
+def loss_rows(valid: torch.Tensor, bound: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, weights): the flat indices of ``valid``'s True entries in order, then other
+    indices up to ``bound`` entries, with weights 1.0 / 0.0, computed on the device
+    without a sync. ``bound`` (a host int) must be at least the number of True entries."""
+    flat = valid.reshape(-1)
+    bound = max(1, min(bound, flat.numel()))
+    rows = torch.argsort((~flat).to(torch.uint8), stable=True)[:bound]  # True first, in order
+    return rows, flat[rows].float()
+
+
+def shifted_rows(rows: torch.Tensor, n: int, T: int, shift: int) -> torch.Tensor:
+    """Flat indices into [B, T] of x[b, i + shift] for the flat chain indices ``rows``
+    into [B, n] (what chain_shift(x, shift, n)[b, i] reads; clamped for padding rows)."""
+    b, i = rows // n, rows % n
+    return b * T + (i + shift).clamp(max=T - 1)
+
+
+def weighted_mean(x: torch.Tensor, weights: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    return (x * weights).sum() / count.clamp(min=1)
+
+
 def eagle3_loss(head, target, batch: Batch, *, aux_layer_ids, ttt_steps: int = 7, decay: float = DECAY,
                 cache_dtype: torch.dtype = torch.float32):
-    """-> (loss, metrics dict of detached tensors, number of step-0 loss tokens)."""
+    """-> (loss, metrics dict of detached tensors, step-0 loss tokens as a 0-d tensor)."""
     ids = batch.input_ids
     B, T = ids.shape
     n = T - 1  # chains 0..T-2 (chain i needs token x_{i+1})
     dev = ids.device
+    bound = batch.num_loss_tokens()
     positions = torch.arange(T, device=dev).expand(B, T)
     draft_ids = torch.arange(head.draft_vocab_size, device=dev) + head.d2t
     with torch.no_grad():
         hidden, aux = target(ids, positions, aux_layer_ids)
         logits = target.compute_logits(hidden)
         top_ok = head.t2d[logits.argmax(-1)]  # the target's choice can be drafted
-        target_logits = logits[..., draft_ids]
+        target_logits = logits[..., draft_ids].reshape(B * T, -1)
         del logits
     feats = head.combine_hidden_states(torch.cat(aux, dim=-1))[:, :n]
     loss = feats.new_zeros((), dtype=torch.float32)
-    metrics, n0 = {}, 0
+    metrics, n0 = {}, None
     for s, h in ttt_steps_forward(head, ids, feats, ttt_steps, cache_dtype):
         valid = chain_shift(batch.loss_mask, s + 2, n) & chain_shift(top_ok, s + 1, n)
+        rows, weights = loss_rows(valid, bound)
+        count = weights.sum()
         if s == 0:
-            n0 = int(valid.sum())
-        if not bool(valid.any()):
-            continue
-        log_q = torch.log_softmax(head.compute_draft_logits(h[valid]).float(), dim=-1)
+            n0 = count
+        log_q = torch.log_softmax(head.compute_draft_logits(h.reshape(B * n, -1)[rows]).float(), dim=-1)
         with torch.no_grad():
-            p = torch.softmax(chain_shift(target_logits, s + 1, n)[valid].float(), dim=-1)
-        ce = -(p * log_q).sum(-1).mean()
+            p = torch.softmax(target_logits[shifted_rows(rows, n, T, s + 1)].float(), dim=-1)
+        ce = weighted_mean(-(p * log_q).sum(-1), weights, count)
         loss = loss + decay ** s * ce
         with torch.no_grad():
-            metrics[f"acc{s}"] = (log_q.argmax(-1) == p.argmax(-1)).float().mean()
+            metrics[f"acc{s}"] = weighted_mean((log_q.argmax(-1) == p.argmax(-1)).float(), weights, count)
             metrics[f"ce{s}"] = ce.detach()
     metrics["loss"] = loss.detach()
     return loss, metrics, n0

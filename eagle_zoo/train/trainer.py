@@ -208,16 +208,16 @@ class Trainer:
     def _accumulate(self, batch) -> dict:
         B = batch.input_ids.shape[0]
         parts = [batch.rows(slice(i, i + -(-B // self.micro))) for i in range(0, B, -(-B // self.micro))]
-        total = max(1, int(batch.loss_mask[:, 2:].sum()))
+        total = max(1, batch.num_loss_tokens())  # host counts (collate's): no device read
         out, tokens = {}, 0
         for part in parts:
             loss, metrics, n = self._loss(part)
-            weight = float(part.loss_mask[:, 2:].sum()) / total if len(parts) > 1 else 1.0
+            weight = part.num_loss_tokens() / total if len(parts) > 1 else 1.0
             (loss * weight).backward()
             for k, v in metrics.items():
                 out[k] = out.get(k, 0) + v * weight
-            tokens += n
-        out["tokens"] = torch.tensor(float(tokens))
+            tokens = tokens + n
+        out["tokens"] = torch.as_tensor(tokens).float()  # read back with the log window, not here
         return out
 
     # -- the loop ------------------------------------------------------------------------

@@ -11,7 +11,8 @@ training-time-test steps, draft vocabulary 12000; EAGLE-1: 32768, 3 steps). Prin
   kernels   torch.profiler over a few steps: GPU time by kernel name, and the GPU's
             busy fraction (kernel time / wall time)
 Usage: python3 scripts/device/train_profile.py [--method eagle3|eagle|both] [--steps 12]
-       [--shape smollm2|tiny] (tiny: a 2-layer model, for a check on the CPU)
+       [--budgets 16384,65536] (token budgets to run instead of the recipe's, each in turn)
+       [--shape smollm2|tiny] (tiny: a 4-layer model, for a check on the CPU)
 """
 from __future__ import annotations
 
@@ -116,10 +117,11 @@ def profile(trainer: Trainer, steps: int, top: int) -> None:
         print(f"  {e.self_device_time_total / 1e3 / steps:8.2f} ms/step {e.count // steps:5d}x  {e.key[:110]}")
 
 
-def run(method: str, target: Path, data: Path, args) -> None:
-    budget, ttt, draft_vocab = RECIPES[method]
+def run(method: str, target: Path, data: Path, args, budget: int = 0) -> None:
+    recipe_budget, ttt, draft_vocab = RECIPES[method]
     if args.shape == "tiny":
-        budget, draft_vocab = budget // 8, draft_vocab and 512
+        recipe_budget, draft_vocab = recipe_budget // 8, draft_vocab and 512
+    budget = budget or recipe_budget
     s = TrainSettings(method=method, target=str(target), data=[str(data)], epochs=1000, token_budget=budget,
                       max_len=1280, lr=5e-4, warmup_steps=5, ttt_steps=ttt, draft_vocab_size=draft_vocab,
                       device=args.device, log_every=10**9, save_every=0, progress=False)
@@ -133,7 +135,7 @@ def run(method: str, target: Path, data: Path, args) -> None:
         times.append(sync_time(lambda: trainer.train_step(batch)) if args.device == "cuda"
                      else _cpu_time(lambda: trainer.train_step(batch)))
     step = statistics.median(times)
-    print(f"{method}: step {step * 1e3:.1f} ms median of {args.steps} ({min(times) * 1e3:.1f}-{max(times) * 1e3:.1f}), "
+    print(f"{method} (token budget {budget}): step {step * 1e3:.1f} ms median of {args.steps} ({min(times) * 1e3:.1f}-{max(times) * 1e3:.1f}), "
           f"{statistics.mean(tokens):.0f} padded tokens a step, {sum(tokens) / sum(times):,.0f} tokens/s")
     if args.device != "cuda":
         return
@@ -157,14 +159,17 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--sequences", type=int, default=2000)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--budgets", default="", help="comma-separated token budgets (default: the recipe's)")
     ap.add_argument("--no-profiler", action="store_true")
     args = ap.parse_args()
     shape = SMOLLM2 if args.shape == "smollm2" else TINY
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         target, data = write_target(root, shape), write_data(root, shape["vocab_size"], args.sequences)
+        budgets = [int(b) for b in args.budgets.split(",") if b] or [0]
         for method in (("eagle3", "eagle") if args.method == "both" else (args.method,)):
-            run(method, target, data, args)
+            for budget in budgets:
+                run(method, target, data, args, budget)
 
 
 if __name__ == "__main__":
