@@ -22,6 +22,8 @@
 # Knobs (environment): DATA_SECONDS TRAIN_SECONDS DEVICE PYTHON WORK GEN_BATCH
 # EAGLE_TOKENS EAGLE3_TOKENS MAX_LEN MAX_NEW_TOKENS MAX_PROMPTS DRAFT_VOCAB TTT_STEPS
 # SYNTH_PROMPTS SYNTH_SECONDS SYNTH_SEED LR (SYNTH_SEED: another seed, other self-instruct prompts)
+# SYNTH_OPENERS: comma-separated first words of the self-instruct user turns, one per row in
+# turn (`train prompts --openers`), e.g. "Explain,Write a,Describe,Compare,Summarize,Imagine".
 # EAGLE1_TTT_STEPS (EAGLE-1 training-time test: 1 = the published EAGLE-1 recipe, the default).
 # HEADS: the heads step 2 trains, "eagle eagle3" (default: side by side) or one of them:
 # each alone trains 1.8-1.9x the steps a second it gets side by side (BENCHMARKS.md, eighth
@@ -91,7 +93,8 @@ else
 # -- 0. self-instruct prompts ------------------------------------------------------------------
 if [ "$SYNTH_PROMPTS" -gt 0 ]; then
   ez train prompts --target "$TARGET" --num "$SYNTH_PROMPTS" --mix "$PROMPTS" --out "$WORK/prompts.jsonl" \
-    --device "$DEVICE" --max-seconds "$SYNTH_SECONDS" --max-new-tokens 128 --seed "${SYNTH_SEED:-0}" 2>&1 | tee "$WORK/logs/prompts.log"
+    --device "$DEVICE" --max-seconds "$SYNTH_SECONDS" --max-new-tokens 128 --seed "${SYNTH_SEED:-0}" \
+    ${SYNTH_OPENERS:+--openers "$SYNTH_OPENERS"} 2>&1 | tee "$WORK/logs/prompts.log"
   [ -s "$WORK/prompts.jsonl" ] && PROMPTS="$WORK/prompts.jsonl" || say "self-instruct prompts failed: using $PROMPTS alone"
 fi
 

@@ -164,6 +164,28 @@ def test_filters_drop_unfinished_short_and_duplicate_messages(chat_target, monke
     assert EOS in set(kw["eos_token_ids"])
 
 
+def test_openers_start_each_row_in_turn(chat_target, monkeypatch):
+    """--openers: row r of the run starts its user message with opener r mod len (token
+    ids after the user-turn prefix), and the kept prompt is the opener plus its continuation."""
+    rows = [ids_of("w20 w21") + [EOS], ids_of("w22 w23") + [EOS], ids_of("w24") + [EOS], ids_of("w25 w26") + [EOS]]
+    calls = _scripted_generate(monkeypatch, [rows[:3], rows[3:] + [[EOS]]])
+    s = SynthesizeSettings(num=3, max_new_tokens=7, batch_size=3, min_words=3, openers=("w6", "w7 w8"))
+    records, stats = synthesize_prompts(str(chat_target), s, CPU, torch.float32, log=lambda *a: None)
+    user_prefix = [1, len(SPECIALS) + WORDS.index("user")]
+    assert calls[0][0] == [user_prefix + ids_of("w6"), user_prefix + ids_of("w7 w8"), user_prefix + ids_of("w6")]
+    # the turn goes on across batches (1 missing -> 2 rows asked for; the first one is kept)
+    assert calls[1][0] == [user_prefix + ids_of("w7 w8"), user_prefix + ids_of("w6")]
+    # "w6 w24" has 2 words: too short, the opener counting as words of the message
+    assert [r["prompt"] for r in records] == ["w6 w20 w21", "w7 w8 w22 w23", "w7 w8 w25 w26"]
+    assert stats["too_short"] == 1 and stats["generated"] == 4
+
+
+def test_an_opener_without_tokens_is_refused(chat_target):
+    s = SynthesizeSettings(num=1, openers=("w6", ""))
+    with pytest.raises(ValueError, match="--openers.*encodes to no tokens"):
+        synthesize_prompts(str(chat_target), s, CPU, torch.float32, log=lambda *a: None)
+
+
 def test_duplicates_ignore_case_and_spacing(chat_target, monkeypatch):
     # The word tokenizer cannot make case/spacing variants, so the decode is scripted too.
     from eagle_zoo.engine import model_loader

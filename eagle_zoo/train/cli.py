@@ -49,6 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--min-words", type=int, default=3, help="drop shorter messages")
     g.add_argument("--batch-size", type=int, help="rows generated together (default 1024 on CUDA, 16 on CPU)")
     g.add_argument("--max-seconds", type=float, help="start no new batch after this many seconds")
+    g.add_argument("--openers", help="comma-separated words each user message starts with, one per row in turn "
+                                     "(e.g. \"Explain,Write a,Compare\"; steers the kind of request)")
     _common(g)
 
     for method, help_text in (("eagle", "train an EAGLE-1 head"), ("eagle3", "train an EAGLE-3 head (TTT)")):
@@ -158,7 +160,8 @@ def _run_prompts(args) -> int:
     settings = SynthesizeSettings(
         num=args.num, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
         batch_size=args.batch_size or (1024 if device.type == "cuda" else 16), min_words=args.min_words,
-        seed=args.seed, max_seconds=args.max_seconds)
+        seed=args.seed, max_seconds=args.max_seconds,
+        openers=tuple(o.strip() for o in args.openers.split(",") if o.strip()) if args.openers else ())
     records, stats = synthesize_prompts(args.target, settings, device, resolve_dtype(args.dtype, device))
     write_prompts(interleave(records, mix) if mix else records, args.out)
     print(f"wrote {len(records)} self-instruct prompts" + (f" interleaved with {len(mix)} from {args.mix}" if mix else "")

@@ -13,6 +13,12 @@ ask, without using any benchmark question.
 Output: JSON lines {"id", "source": "self-instruct", "prompt"} that `eagle-zoo train
 data --prompts` reads. Kept: messages that ended with an EOS (not cut by the length
 limit), have at least ``min_words`` words, and are new (case- and space-insensitive).
+
+Openers (``--openers "Explain,Write a,Compare"``) start the user message with words of
+your choosing, a different one for each row in turn: the model completes the request
+(the opener stays in the prompt). Without them the target writes what it was tuned on
+most, mostly advice and planning requests for SmolLM2; openers such as "Explain" or
+"Write" steer it towards explanations and writing tasks.
 """
 from __future__ import annotations
 
@@ -51,6 +57,7 @@ class SynthesizeSettings:
     min_words: int = 3
     seed: int = 0
     max_seconds: Optional[float] = None
+    openers: tuple = ()  # words each user message starts with, one per row in turn
 
 
 def clean_message(text: str, min_words: int) -> Optional[str]:
@@ -71,6 +78,9 @@ def synthesize_prompts(target: str, s: SynthesizeSettings, device: torch.device,
     loaded = load_model(target, dtype, device, tokenizer_required=True)
     tokenizer = loaded.tokenizer
     prefix = user_turn_prefix(tokenizer)
+    openers = [tokenizer.encode(o, add_special_tokens=False) for o in s.openers]
+    if any(not ids for ids in openers):
+        raise ValueError(f"--openers {','.join(s.openers)!r}: an opener encodes to no tokens; drop empty ones")
     eos = _eos_token_ids(loaded.path, loaded.config, tokenizer)
     generator = torch.Generator(device=device).manual_seed(s.seed)
     records, seen = [], set()
@@ -81,16 +91,17 @@ def synthesize_prompts(target: str, s: SynthesizeSettings, device: torch.device,
             stats["stopped_by_time_budget"] = True
             break
         rows = min(s.batch_size, max(1, s.num - len(records)) * 2)  # some are dropped below
-        answers = generate_batch(loaded.model, [prefix] * rows, max_new_tokens=s.max_new_tokens,
+        firsts = [openers[(stats["generated"] + r) % len(openers)] for r in range(rows)] if openers else [[]] * rows
+        answers = generate_batch(loaded.model, [prefix + first for first in firsts], max_new_tokens=s.max_new_tokens,
                                  eos_token_ids=eos, temperature=s.temperature, top_p=s.top_p,
                                  generator=generator, device=device, dtype=dtype)
         before = len(records)
-        for ids in answers:
+        for first, ids in zip(firsts, answers):
             stats["generated"] += 1
             if not ids or ids[-1] not in eos:
                 stats["unfinished"] += 1
                 continue
-            message = clean_message(tokenizer.decode(ids[:-1], skip_special_tokens=True), s.min_words)
+            message = clean_message(tokenizer.decode(first + ids[:-1], skip_special_tokens=True), s.min_words)
             if message is None:
                 stats["too_short"] += 1
                 continue
