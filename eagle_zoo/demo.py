@@ -16,11 +16,19 @@ from .bench import DEFAULT_TARGET, load_prompts
 
 NUM_PROMPTS = 3
 MAX_TOKENS = 96
+# Drafts a step. On the GPU a step is bound by reading the weights, so verifying 3 drafts
+# costs little more than 1 token; on a 2-core CPU each verified token adds ~3 ms to a ~21 ms
+# step (scripts/cpu_step_profile.py --tokens 1,2,3,4), and with the acceptance of these
+# writing questions K = 3 was no faster than plain decoding while K = 2 was (BENCHMARKS.md,
+# CPU, eighth session).
+CUDA_K, CPU_K = 3, 2
 
 
 def add_arguments(p):
     p.add_argument("--num-prompts", type=int, default=NUM_PROMPTS)
     p.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
+    p.add_argument("--num-speculative-tokens", "-k", type=int,
+                   help=f"drafts a step (default: {CUDA_K} on a GPU, {CPU_K} on the CPU)")
 
 
 def best_head_for(target: str):
@@ -55,10 +63,13 @@ def run(args) -> int:
     info_id = entry.id if entry is not None else "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
     print(f"\n== eagle-zoo info {info_id}")
     catalog_cli.run_info(argparse.Namespace(id=info_id))
+    import torch
+
+    k = args.num_speculative_tokens or (CUDA_K if torch.cuda.is_available() else CPU_K)
     if entry is not None:
-        spec = {"model": entry.id, "method": entry.method, "num_speculative_tokens": 3}
+        spec = {"model": entry.id, "method": entry.method, "num_speculative_tokens": k}
     else:
-        spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+        spec = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
     prompts = load_prompts(None, args.num_prompts)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
 
@@ -79,7 +90,7 @@ def run(args) -> int:
         print(f"\n> {p}\n{o.outputs[0].text.strip()}")
     same = sum(a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(spec_outs, plain_outs))
     print("\n== results")
-    print(f"mean acceptance length: {metrics.mean_acceptance_length:.3f} (k=3)")
+    print(f"mean acceptance length: {metrics.mean_acceptance_length:.3f} (k={k})")
     print("acceptance rate per position: " + ", ".join(f"{r:.3f}" for r in metrics.acceptance_rate_per_pos))
     print(f"tokens/s speculative: {spec_tps:.1f}   plain: {plain_tps:.1f}   speed-up: {spec_tps / plain_tps:.2f}x")
     print(f"outputs identical to plain greedy decoding: {same}/{len(prompts)}")

@@ -2,10 +2,11 @@
 fp32, one sequence with CACHED tokens in its cache, the engine's ModelRunner.
 
     .venv/bin/python scripts/cpu_step_profile.py [--threads 1] [--cached 150] [--repeats 30] [--profile]
+                                                 [--tokens 1,4]
 
 Prints the weight bytes a token reads (layers + lm_head), the read bandwidth of a
 large sum, the floor they give, and the median / min time of a step verifying T = 1
-and T = 4 tokens (target forward + logits for those tokens). --profile also times 10 T = 1
+and T = 4 tokens (--tokens: other counts) (target forward + logits for those tokens). --profile also times 10 T = 1
 steps by part: kernels/cpu_decode.py's one-call decoder layers and its matmuls outside
 them, or with EAGLE_ZOO_CPU_KERNELS=0 aten::mm (torch.profiler). Run on an idle machine.
 """
@@ -24,6 +25,7 @@ def main() -> None:
     p.add_argument("--cached", type=int, default=150)
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--profile", action="store_true", help="matmul time of a T=1 step (torch.profiler)")
+    p.add_argument("--tokens", default="1,4", help="comma-separated token counts T of the timed steps")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -58,7 +60,7 @@ def main() -> None:
         print(f"column-major copies for one-row matmuls: {one_row_copy_bytes() / 1e6:.0f} MB")
         print(f"read bandwidth (sum of 256 MiB): {bandwidth / 1e9:.1f} GB/s -> floor "
               f"{total / bandwidth * 1e3:.1f} ms a token")
-        for T in (1, 4):
+        for T in [int(t) for t in args.tokens.split(",")]:
             ids = torch.randint(0, model.config.vocab_size, (1, T))
             pos = (args.cached + torch.arange(T)).unsqueeze(0)
             times = []
