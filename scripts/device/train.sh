@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU call 2 (carry .device/b): join + check the GGUF, convert it once, then start the
 # SmolLM2 heads' training run (scripts/train_smollm2_heads.sh): self-instruct prompts,
-# data, and the first STOP_AFTER seconds of training. The run's state stays in
+# data, and the first STOP_AFTER seconds of training (default 200; STOP_AFTER= set empty:
+# no pause, TRAIN_SECONDS in all). The run's state stays in
 # /root/m/work; call 3 (train_more.sh) continues it. Heads so far come back via $OUT.
 set -u
 cd "$(dirname "$0")/../.."
@@ -11,7 +12,7 @@ echo "target dir: $dir"
 [ "${SMOKE:-0}" = 1 ] && { timeout 100 python3 scripts/device/smoke.py || echo "smoke test failed (above)"; }
 export WORK=/root/m/work
 SYNTH_PROMPTS=${SYNTH_PROMPTS:-16000} SYNTH_SECONDS=${SYNTH_SECONDS:-50} DATA_SECONDS=${DATA_SECONDS:-140} \
-TRAIN_SECONDS=${TRAIN_SECONDS:-540} STOP_AFTER=${STOP_AFTER:-200} TTT_STEPS=${TTT_STEPS:-4} \
+TRAIN_SECONDS=${TRAIN_SECONDS:-540} STOP_AFTER=${STOP_AFTER-200} TTT_STEPS=${TTT_STEPS:-4} \
   bash scripts/train_smollm2_heads.sh "$dir" /root/m/train_prompts.jsonl /root/m/heads
 cp -r /root/m/heads/. "$OUT"/
 ls -la "$OUT" "$OUT"/*
