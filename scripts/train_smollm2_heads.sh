@@ -25,6 +25,8 @@
 # SYNTH_OPENERS: comma-separated first words of the self-instruct user turns, one per row in
 # turn (`train prompts --openers`), e.g. "Explain,Write a,Describe,Compare,Summarize,Imagine".
 # EAGLE1_TTT_STEPS (EAGLE-1 training-time test: 1 = the published EAGLE-1 recipe, the default).
+# CACHE_FEATURES=1: --cache-features (the target's features computed once, kept on the GPU;
+# 59 GB for EAGLE-3 on 12.8M tokens, so with HEADS=eagle3 or eagle alone).
 # HEADS: the heads step 2 trains, "eagle eagle3" (default: side by side) or one of them:
 # each alone trains 1.8-1.9x the steps a second it gets side by side (BENCHMARKS.md, eighth
 # session), so a head can have the GPU to itself, e.g. HEADS=eagle3 first, then
@@ -116,6 +118,7 @@ fi
 # -- 2. training (both heads at once; each is time-boxed) ------------------------------------
 common_train=(--target "$TARGET" --data "${DATA[@]}" --device "$DEVICE" --epochs 1000 --max-len "${MAX_LEN:-1280}"
               --lr "$LR" --warmup-steps 50 --log-every 25 --save-every 200 --no-progress)
+[ "${CACHE_FEATURES:-0}" = 1 ] && common_train+=(--cache-features)
 [ "$RESUME" = 1 ] && common_train+=(--resume)
 [ -n "$STOP_AFTER" ] && common_train+=(--stop-after-seconds "$STOP_AFTER")
 # train_head METHOD OUT TOKENS HEAD_CONFIG ARGS...: a run that dies before saving anything

@@ -291,14 +291,56 @@ def test_gathered_losses_equal_boolean_indexing(tiny):
         assert int(n0) == int(chain_shift(mask, 2, n).sum())
 
 
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_cached_features_train_like_the_forward_every_step(tiny, method):
+    """--cache-features: the target's features computed once give the run the target's
+    forward gives every step (same losses, same weights, up to float rounding: the cache
+    was filled in other batches), and the cache holds the target's own states."""
+    kw = dict(steps=5, token_budget=256, max_len=48, ttt_steps=2, log_every=1)
+    plain = Trainer(_settings(tiny, method, **kw), log=lambda *a: None)
+    cached = Trainer(_settings(tiny, method, cache_features=True, **kw), log=lambda *a: None)
+    assert len(plain.epoch_batches) > 1 and cached.features is not None
+    batch = cached.next_batch()
+    B, T = batch.input_ids.shape
+    aux_ids = cached.flat_config.get("eagle_aux_hidden_state_layer_ids") or []
+    with torch.no_grad():
+        hidden, aux = cached.target.model(batch.input_ids, torch.arange(T).expand(B, T), aux_ids)
+    real = torch.arange(T) < batch.lengths.unsqueeze(1)
+    torch.testing.assert_close(batch.hidden[real], hidden[real], rtol=1e-4, atol=1e-4)
+    if method == "eagle3":
+        torch.testing.assert_close(batch.aux[real], torch.cat(aux, -1)[real], rtol=1e-4, atol=1e-4)
+    else:
+        assert batch.aux is None
+    a, b = plain.run().history, cached.run().history
+    for x, y in zip(a, b):
+        assert x["loss"] == pytest.approx(y["loss"], rel=1e-4), (x, y)
+    for name, p in plain.params.items():
+        torch.testing.assert_close(cached.params[name], p, rtol=1e-4, atol=1e-5)
+
+
+def test_cached_features_refuse_what_does_not_fit(tiny, monkeypatch):
+    from eagle_zoo.train import feature_cache
+
+    data = TokenData.load(tiny / "data")
+    target = _target(tiny)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1000, 10**9))
+    with pytest.raises(ValueError, match="--cache-features needs .* GiB .* drop --cache-features"):
+        feature_cache.FeatureCache(target.model, data, torch.arange(len(data)), 64, [], torch.device("cuda"),
+                                   torch.bfloat16, 4096, log=lambda *a: None)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("cache", [False, True], ids=["forward", "cached"])
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])
-def test_a_training_step_reads_nothing_back_from_the_gpu(tiny, method):
+def test_a_training_step_reads_nothing_back_from_the_gpu(tiny, method, cache):
     """The host sets a training step's pace (BENCHMARKS.md, eighth session): the loss,
-    its backward and the optimizer step run without a device->host sync."""
-    trainer = Trainer(_settings(tiny, method, steps=2, device="cuda", ttt_steps=3), log=lambda *a: None)
-    batch = collate(trainer.data, list(range(4)), 64).to("cuda")
+    its backward and the optimizer step run without a device->host sync, with the
+    target's forward or with --cache-features."""
+    trainer = Trainer(_settings(tiny, method, steps=2, device="cuda", ttt_steps=3, cache_features=cache),
+                      log=lambda *a: None)
+    batch = trainer.next_batch()
+    assert (batch.hidden is not None) == cache
     trainer.train_step(batch)  # first use: allocations, lazy initialisation
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")  # any host sync inside raises

@@ -23,13 +23,20 @@ class Batch:
     # [B] on the host: each row's loss tokens from index 2 on (the predictable ones), so
     # the losses size their gathers without reading the device (collate fills it)
     loss_counts: Optional[torch.Tensor] = None
+    # the target's features of these tokens from a FeatureCache (else the losses run the
+    # target): final hidden states [B, T, H] and, for EAGLE-3, aux states [B, T, 3H]
+    hidden: Optional[torch.Tensor] = None
+    aux: Optional[torch.Tensor] = None
 
     def to(self, device) -> "Batch":
-        return Batch(self.input_ids.to(device), self.loss_mask.to(device), self.lengths.to(device), self.loss_counts)
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return Batch(self.input_ids.to(device), self.loss_mask.to(device), self.lengths.to(device), self.loss_counts,
+                     move(self.hidden), move(self.aux))
 
     def rows(self, sl: slice) -> "Batch":
-        counts = None if self.loss_counts is None else self.loss_counts[sl]
-        return Batch(self.input_ids[sl], self.loss_mask[sl], self.lengths[sl], counts)
+        cut = lambda t: None if t is None else t[sl]  # noqa: E731
+        return Batch(self.input_ids[sl], self.loss_mask[sl], self.lengths[sl], cut(self.loss_counts), cut(self.hidden),
+                     cut(self.aux))
 
     def num_loss_tokens(self) -> int:
         """Tokens at index >= 2 with a loss (a device read only when collate did not count them)."""

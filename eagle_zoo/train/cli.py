@@ -74,6 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="pause this process after N seconds: the state and the head are saved, --resume continues "
                             "(to split one run over several time-limited jobs)")
         p.add_argument("--token-budget", type=int, default=16384, help="padded tokens per batch")
+        p.add_argument("--cache-features", action="store_true",
+                       help="run the target over the data once and keep its features on the device instead of "
+                            "running it every step (memory: tokens x hidden size x 2 bytes, x4 for eagle3)")
         p.add_argument("--max-len", type=int, default=2048, help="truncate sequences to this many tokens")
         p.add_argument("--lr", type=float, default=3e-4)
         p.add_argument("--warmup-steps", type=int)
@@ -186,7 +189,8 @@ def settings_from_args(args):
         ttt_decay=args.ttt_decay, draft_vocab_size=getattr(args, "draft_vocab_size", None),
         aux_layers=aux, init_from=getattr(args, "init_from", None), seed=args.seed, device=args.device, dtype=args.dtype,
         state_dir=args.state_dir or f"{str(args.out).rstrip('/')}.state", resume=args.resume,
-        save_every=args.save_every, log_every=args.log_every, progress=not args.no_progress)
+        save_every=args.save_every, log_every=args.log_every, progress=not args.no_progress,
+        cache_features=getattr(args, "cache_features", False))
 
 
 def output_dirs(method: str, formats: str | None, out) -> dict[str, Path]:

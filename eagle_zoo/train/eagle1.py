@@ -36,8 +36,11 @@ def eagle1_loss(head, target, batch: Batch, *, noise: float = 0.2, generator=Non
     n = T - 1  # chains 0..T-2 (chain i needs token x_{i+1})
     bound = batch.num_loss_tokens()
     positions = torch.arange(T, device=ids.device).expand(B, T)
-    with torch.no_grad():
-        feats, _ = target(ids, positions)
+    if batch.hidden is not None:  # cached (FeatureCache)
+        feats = batch.hidden
+    else:
+        with torch.no_grad():
+            feats, _ = target(ids, positions)
     inputs = feats[:, :-1].float()
     if noise:
         u = torch.rand(inputs.shape, generator=generator, device=inputs.device)

@@ -106,12 +106,16 @@ def eagle3_loss(head, target, batch: Batch, *, aux_layer_ids, ttt_steps: int = 7
     positions = torch.arange(T, device=dev).expand(B, T)
     draft_ids = torch.arange(head.draft_vocab_size, device=dev) + head.d2t
     with torch.no_grad():
-        hidden, aux = target(ids, positions, aux_layer_ids)
+        if batch.hidden is not None:  # cached (FeatureCache)
+            hidden, aux_states = batch.hidden, batch.aux
+        else:
+            hidden, aux = target(ids, positions, aux_layer_ids)
+            aux_states = torch.cat(aux, dim=-1)
         logits = target.compute_logits(hidden)
         top_ok = head.t2d[logits.argmax(-1)]  # the target's choice can be drafted
         target_logits = logits[..., draft_ids].reshape(B * T, -1)
         del logits
-    feats = head.combine_hidden_states(torch.cat(aux, dim=-1))[:, :n]
+    feats = head.combine_hidden_states(aux_states)[:, :n]
     loss = feats.new_zeros((), dtype=torch.float32)
     metrics, n0 = {}, None
     for s, h in ttt_steps_forward(head, ids, feats, ttt_steps, cache_dtype):

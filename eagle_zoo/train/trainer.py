@@ -59,6 +59,7 @@ class TrainSettings:
     save_every: int = 500
     log_every: int = 20
     progress: bool = True
+    cache_features: bool = False  # the target's features computed once (feature_cache.py), not every step
 
     def __post_init__(self):
         if self.ttt_steps is None:  # resolved here, so the run's record holds the value used
@@ -167,6 +168,13 @@ class Trainer:
         self.history: list[dict] = []
         self.micro = 1  # row chunks per batch; doubled after a CUDA out-of-memory error
         self.state_path = Path(s.state_dir) / STATE_FILE if s.state_dir else None
+        self.features = None
+        if s.cache_features:
+            from .feature_cache import FeatureCache
+
+            aux_ids = self.flat_config.get("eagle_aux_hidden_state_layer_ids") if s.method == "eagle3" else []
+            self.features = FeatureCache(self.target.model, self.data, self.index, s.max_len, aux_ids, self.device,
+                                         self.dtype, max(s.token_budget, 32768), self._autocast, log)
         if s.resume:
             self._load_state()
 
@@ -175,12 +183,15 @@ class Trainer:
         s = self.s
         unrolled = dict(ttt_steps=s.ttt_steps, decay=s.ttt_decay,
                         cache_dtype=self.dtype if self.autocast else torch.float32)
-        with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.autocast):
+        with self._autocast():
             if s.method == "eagle":
                 return eagle1_loss(self.head, self.target.model, batch, noise=s.noise, generator=self.noise_gen,
                                    **unrolled)
             return eagle3_loss(self.head, self.target.model, batch,
                                aux_layer_ids=self.flat_config["eagle_aux_hidden_state_layer_ids"], **unrolled)
+
+    def _autocast(self):
+        return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.autocast)
 
     def train_step(self, batch) -> dict:
         for group in self.optimizer.param_groups:
@@ -227,8 +238,11 @@ class Trainer:
         if self.batch_in_epoch >= len(self.epoch_batches):
             self.epoch, self.batch_in_epoch = self.epoch + 1, 0
             self.epoch_batches = plan_epoch(self.lengths, self.s.token_budget, self.s.seed, self.epoch)
-        rows = self.index[self.epoch_batches[self.batch_in_epoch]].tolist()
-        return collate(self.data, rows, self.s.max_len).to(self.device)
+        positions = self.epoch_batches[self.batch_in_epoch]
+        batch = collate(self.data, self.index[positions].tolist(), self.s.max_len).to(self.device)
+        if self.features is not None:
+            batch.hidden, batch.aux = self.features.gather(positions, batch.input_ids.shape[1])
+        return batch
 
     def run(self) -> TrainResult:
         from tqdm import tqdm
