@@ -53,6 +53,8 @@ def timed_chat(llm, prompts, params):
 
 
 def run(args) -> int:
+    import torch
+
     from . import catalog_cli
     from .engine.llm import LLM
     from .engine.sampling_params import SamplingParams
@@ -63,8 +65,6 @@ def run(args) -> int:
     info_id = entry.id if entry is not None else "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
     print(f"\n== eagle-zoo info {info_id}")
     catalog_cli.run_info(argparse.Namespace(id=info_id))
-    import torch
-
     k = args.num_speculative_tokens or (CUDA_K if torch.cuda.is_available() else CPU_K)
     if entry is not None:
         spec = {"model": entry.id, "method": entry.method, "num_speculative_tokens": k}

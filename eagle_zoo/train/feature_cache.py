@@ -28,6 +28,9 @@ from .data import TokenData
 
 # Share of the free GPU memory the cache may take: the head's training needs the rest.
 MAX_FREE_SHARE = 0.6
+# Padded tokens per forward while filling the cache (no gradients: larger batches than
+# training's fit, and fewer of them run faster).
+FILL_TOKENS = 32768
 
 
 class FeatureCache:
@@ -50,7 +53,7 @@ class FeatureCache:
         self.hidden = torch.empty(total, H, dtype=dtype, device=device)
         self.aux = torch.empty(total, width - H, dtype=dtype, device=device) if self.aux_layer_ids else None
         with torch.no_grad(), autocast():
-            for positions in plan_epoch(self.lengths, token_budget, 0, 0):
+            for positions in plan_epoch(self.lengths, max(token_budget, FILL_TOKENS), 0, 0):
                 batch = collate(data, index[positions].tolist(), max_len).to(device)
                 B, T = batch.input_ids.shape
                 hidden, aux = target(batch.input_ids, torch.arange(T, device=device).expand(B, T), self.aux_layer_ids)

@@ -174,7 +174,7 @@ class Trainer:
 
             aux_ids = self.flat_config.get("eagle_aux_hidden_state_layer_ids") if s.method == "eagle3" else []
             self.features = FeatureCache(self.target.model, self.data, self.index, s.max_len, aux_ids, self.device,
-                                         self.dtype, max(s.token_budget, 32768), self._autocast, log)
+                                         self.dtype, s.token_budget, self._autocast, log)
         if s.resume:
             self._load_state()
 
