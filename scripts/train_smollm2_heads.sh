@@ -24,6 +24,7 @@
 # SYNTH_PROMPTS SYNTH_SECONDS SYNTH_SEED LR (SYNTH_SEED: another seed, other self-instruct prompts)
 # SYNTH_OPENERS: comma-separated first words of the self-instruct user turns, one per row in
 # turn (`train prompts --openers`), e.g. "Explain,Write a,Describe,Compare,Summarize,Imagine".
+# SYNTH_EVERY: self-instruct prompts per prompt of PROMPTS in the mix (`--mix-every`, default 1).
 # EAGLE1_TTT_STEPS (EAGLE-1 training-time test: 1 = the published EAGLE-1 recipe, the default).
 # CACHE_FEATURES=1: --cache-features (the target's features computed once, kept on the GPU;
 # 59 GB for EAGLE-3 on 12.8M tokens, so with HEADS=eagle3 or eagle alone).
@@ -96,7 +97,7 @@ else
 if [ "$SYNTH_PROMPTS" -gt 0 ]; then
   ez train prompts --target "$TARGET" --num "$SYNTH_PROMPTS" --mix "$PROMPTS" --out "$WORK/prompts.jsonl" \
     --device "$DEVICE" --max-seconds "$SYNTH_SECONDS" --max-new-tokens 128 --seed "${SYNTH_SEED:-0}" \
-    ${SYNTH_OPENERS:+--openers "$SYNTH_OPENERS"} 2>&1 | tee "$WORK/logs/prompts.log"
+    ${SYNTH_OPENERS:+--openers "$SYNTH_OPENERS"} --mix-every "${SYNTH_EVERY:-1}" 2>&1 | tee "$WORK/logs/prompts.log"
   [ -s "$WORK/prompts.jsonl" ] && PROMPTS="$WORK/prompts.jsonl" || say "self-instruct prompts failed: using $PROMPTS alone"
 fi
 

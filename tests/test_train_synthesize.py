@@ -108,6 +108,14 @@ def test_interleave_round_robin():
     assert interleave(recs, [{"prompt": "m"}]) == [recs[0], {"prompt": "m"}, recs[1]]
 
 
+def test_interleave_takes_several_from_a_source():
+    assert interleave([1, 2, 3, 4, 5], ["a", "b"], take=[2, 1]) == [1, 2, "a", 3, 4, "b", 5]
+    assert interleave([1], ["a", "b", "c"], take=[2, 1]) == [1, "a", "b", "c"]
+    assert interleave([1, 2], ["a"], take=[1, 1]) == interleave([1, 2], ["a"])
+    with pytest.raises(ValueError, match="one count >= 1 per source"):
+        interleave([1], ["a"], take=[0, 1])
+
+
 def test_interleave_keeps_falsy_items():
     # Records are dicts (never None), but an empty dict or 0 must not end a source early.
     assert interleave([{}, {"a": 1}], [0, 1]) == [{}, 0, {"a": 1}, 1]
@@ -258,6 +266,17 @@ def test_cli_writes_prompts_mixed_with_another_file(chat_target, tmp_path, monke
     assert back == [synth[0], mixed[0], synth[1], mixed[1], synth[2], synth[3]]
     assert "wrote 4 self-instruct prompts interleaved with 2" in capsys.readouterr().out
     assert len(calls[0][0]) == 5 and calls[0][1]["max_new_tokens"] == 9 and calls[0][1]["top_p"] == 0.95
+    # --mix-every 2 and --openers: two new prompts per mixed one, each starting with its opener
+    calls.clear()
+    rc = main(["train", "prompts", "--target", str(chat_target), "--out", str(out), "--num", "4", "--mix", str(mix),
+               "--mix-every", "2", "--openers", "w6, w7", "--min-words", "3", "--batch-size", "5", "--device", "cpu",
+               "--dtype", "float32", "--no-progress"])
+    assert rc == 0
+    user_prefix = [1, len(SPECIALS) + WORDS.index("user")]
+    assert calls[0][0][:3] == [user_prefix + ids_of("w6"), user_prefix + ids_of("w7"), user_prefix + ids_of("w6")]
+    prompts = [r["prompt"] for r in read_prompts(out)]
+    assert prompts == ["w6 w10 w40 w80", "w7 w11 w41 w81", "mixed prompt 0", "w6 w12 w42 w82", "w7 w13 w43 w83",
+                       "mixed prompt 1"]
 
 
 def test_cli_without_mix_and_on_real_sampling(chat_target, tmp_path):
@@ -273,7 +292,8 @@ def test_cli_without_mix_and_on_real_sampling(chat_target, tmp_path):
 
 
 @pytest.mark.parametrize("args, option", [
-    (["--temperature", "0"], "--temperature"), (["--num", "0"], "--num"), (["--num", "-3"], "--num")])
+    (["--temperature", "0"], "--temperature"), (["--num", "0"], "--num"), (["--num", "-3"], "--num"),
+    (["--mix-every", "0"], "--mix-every")])
 def test_cli_refuses_bad_options(chat_target, tmp_path, monkeypatch, args, option):
     from eagle_zoo.cli import main
 

@@ -43,6 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--out", required=True, help="output JSON lines (what `train data --prompts` reads)")
     g.add_argument("--num", type=int, default=10000, help="distinct prompts to make")
     g.add_argument("--mix", help="a prompts file to interleave with the new prompts (a, b, a, b, ...) in --out")
+    g.add_argument("--mix-every", type=int, default=1,
+                   help="new prompts per --mix prompt in --out (2: a, a, b, a, a, b, ...)")
     g.add_argument("--max-new-tokens", type=int, default=128, help="longest user message (longer ones are dropped)")
     g.add_argument("--temperature", type=float, default=1.0)
     g.add_argument("--top-p", type=float, default=1.0)
@@ -158,6 +160,8 @@ def _run_prompts(args) -> int:
         raise SystemExit(f"--num {args.num}: give at least 1")
     if args.temperature <= 0:
         raise SystemExit(f"--temperature {args.temperature}: self-instruct prompts need sampling (> 0)")
+    if args.mix_every < 1:
+        raise SystemExit(f"--mix-every {args.mix_every}: give at least 1")
     mix = read_prompts(args.mix) if args.mix else []  # fail on a bad file before generating anything
     device = resolve_device(args.device)
     settings = SynthesizeSettings(
@@ -166,7 +170,7 @@ def _run_prompts(args) -> int:
         seed=args.seed, max_seconds=args.max_seconds,
         openers=tuple(o.strip() for o in args.openers.split(",") if o.strip()) if args.openers else ())
     records, stats = synthesize_prompts(args.target, settings, device, resolve_dtype(args.dtype, device))
-    write_prompts(interleave(records, mix) if mix else records, args.out)
+    write_prompts(interleave(records, mix, take=[args.mix_every, 1]) if mix else records, args.out)
     print(f"wrote {len(records)} self-instruct prompts" + (f" interleaved with {len(mix)} from {args.mix}" if mix else "")
           + f" to {args.out} in {stats['seconds']} s ({json.dumps(stats)})")
     return 0 if records else 1

@@ -131,16 +131,20 @@ def write_prompts(records: list[dict], out) -> Path:
     return out
 
 
-def interleave(*sources: list[dict]) -> list[dict]:
-    """Round-robin merge (a, b, a, b, ...), so a time-boxed pass over the result
-    sees every source in the same proportion."""
-    out, iters = [], [iter(s) for s in sources]
+def interleave(*sources: list[dict], take: Optional[list[int]] = None) -> list[dict]:
+    """Round-robin merge (a, b, a, b, ...; with ``take`` = [2, 1]: a, a, b, a, a, b, ...),
+    so a time-boxed pass over the result sees every source in the same proportion. A
+    source that runs out drops out; the others go on."""
+    take = list(take) if take is not None else [1] * len(sources)
+    if len(take) != len(sources) or any(t < 1 for t in take):
+        raise ValueError(f"take {take}: one count >= 1 per source ({len(sources)})")
+    out, iters = [], [(iter(s), t) for s, t in zip(sources, take)]
     while iters:
         alive = []
-        for it in iters:
-            item = next(it, None)
-            if item is not None:
-                out.append(item)
-                alive.append(it)
+        for it, t in iters:
+            items = [item for item in (next(it, None) for _ in range(t)) if item is not None]
+            out.extend(items)
+            if len(items) == t:
+                alive.append((it, t))
         iters = alive
     return out
