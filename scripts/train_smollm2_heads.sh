@@ -9,7 +9,7 @@
 # 1. data   the target regenerates answers (chat template, 256 new tokens): greedy
 #           over all prompts and sampled (T=0.7, top-p 0.9) over the same prompts with
 #           another seed, two processes side by side on the GPU, each time-boxed.
-# 2. train  EAGLE-1 and EAGLE-3 (TTT, 7 steps, draft vocab 12000) side by side, each
+# 2. train  EAGLE-1 and EAGLE-3 (TTT, 7 steps, draft vocab 12000) side by side (HEADS), each
 #           time-boxed; a failure in one leaves the other alone.
 # 3. save   $OUT/eagle  yuhuili EAGLE-1 (config.json, model.safetensors)
 #           $OUT/eagle3 yuhuili EAGLE-3 (config.json, 2 shards + index)
@@ -116,7 +116,7 @@ done
 say "data ready: ${DATA[*]}"
 fi
 
-# -- 2. training (both heads at once; each is time-boxed) ------------------------------------
+# -- 2. training (the HEADS side by side; each is time-boxed) ---------------------------------
 common_train=(--target "$TARGET" --data "${DATA[@]}" --device "$DEVICE" --epochs 1000 --max-len "${MAX_LEN:-1280}"
               --lr "$LR" --warmup-steps 50 --log-every 25 --save-every 200 --no-progress)
 [ "${CACHE_FEATURES:-0}" = 1 ] && common_train+=(--cache-features)
