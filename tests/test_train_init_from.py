@@ -68,7 +68,7 @@ def test_mismatched_heads_are_refused(heads, tmp_path):
     with pytest.raises(ValueError, match=rf"--init-from {eagle3} is an EAGLE-3 head"):
         Trainer(_settings(heads, "eagle", init_from=eagle3), **QUIET)
     with pytest.raises(ValueError, match=r"--draft-vocab-size 48 conflicts with --init-from .* has 32 tokens.*"
-                                         r"drop --draft-vocab-size or pass 32"):
+                                         r"drop --draft-vocab-size, pass 32, or add --reselect-draft-vocab"):
         Trainer(_settings(heads, "eagle3", init_from=eagle3, draft_vocab_size=48), **QUIET)
     aux = json.loads((heads / "eagle3" / "yuhuili-eagle3" / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"]
     with pytest.raises(ValueError, match=rf"--aux-layers 0,1,3 conflicts with --init-from .* target layers "
@@ -112,6 +112,46 @@ def test_every_tensor_must_match(heads):
     with pytest.raises(ValueError, match=r"--init-from HEAD does not fit .*missing tensors: fc.weight; "
                                          r"extra tensors: mask_hidden\. pass a head"):
         init_from_head(trainer.head, init, "eagle", "HEAD")
+
+
+@pytest.mark.parametrize("size", [48, 16])
+def test_reselected_draft_vocabulary_keeps_the_trained_rows(heads, tmp_path, size):
+    """--reselect-draft-vocab: the draft vocabulary is chosen from this run's data (here
+    the init head's data: its 32 tokens are the top 32, so a larger choice holds them all
+    and a smaller one is inside them); tokens both heads draft keep the init's trained
+    lm_head rows, new ones start from the target's rows, every other weight is the init's."""
+    from eagle_zoo.loading import load
+    from eagle_zoo.train.vocab import select_draft_vocab, token_counts, vocab_maps
+
+    init_dir = heads / "eagle3" / "yuhuili-eagle3"
+    trainer = Trainer(_settings(heads, "eagle3", init_from=str(init_dir), draft_vocab_size=size,
+                                reselect_draft_vocab=True), **QUIET)
+    target = trainer.target.model
+    init = load(str(init_dir), target=target, dtype=torch.float32, device="cpu").head
+    counts = token_counts(trainer.data.input_ids, trainer.data.loss_mask, target.config.vocab_size)
+    ids = select_draft_vocab(counts, size)
+    d2t, t2d = vocab_maps(ids, target.config.vocab_size)
+    head = trainer.head
+    assert torch.equal(head.d2t.cpu(), d2t) and torch.equal(head.t2d.cpu(), t2d)
+    assert trainer.flat_config["draft_vocab_size"] == size
+    init_ids = (torch.arange(init.draft_vocab_size) + init.d2t).tolist()
+    kept = 0
+    for row, token in enumerate(ids.tolist()):
+        if token in init_ids:
+            kept += 1
+            assert torch.equal(head.lm_head.weight[row], init.lm_head.weight[init_ids.index(token)]), token
+        else:
+            assert torch.equal(head.lm_head.weight[row], target.lm_head.weight[token].float()), token
+    assert kept == min(size, 32) and (size < 32 or kept < size)  # both kinds of row were checked
+    theirs = init.state_dict()
+    for name, value in head.state_dict().items():
+        if name not in ("d2t", "t2d", "lm_head.weight") and not name.startswith("embed_tokens"):
+            assert torch.equal(value, theirs[name]), name
+    # through the CLI: saved with the new size
+    out = tmp_path / "reselected"
+    _train(heads, "eagle3", out, "--init-from", str(init_dir), "--steps", "1", "--reselect-draft-vocab",
+           "--draft-vocab-size", str(size))
+    assert json.loads((out / "config.json").read_text())["draft_vocab_size"] == size
 
 
 # -- (d): the weights are used ----------------------------------------------------------------------

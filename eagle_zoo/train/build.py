@@ -148,13 +148,20 @@ def load_init_head(init_from: str, method: str, target: nn.Module):
 
 
 @torch.no_grad()
-def init_from_head(head: nn.Module, init, method: str, init_from: str, log=print) -> None:
+def init_from_head(head: nn.Module, init, method: str, init_from: str, log=print,
+                   keep_draft_vocab: bool = False) -> None:
     """Copy the weights (and d2t / t2d) of ``init`` (load_init_head's result) into the
     freshly built training ``head``, exactly, in the head's dtype (fp32). Every tensor
     must match by name and shape; the modules shared with the target (frozen, the
-    target's) are not copied."""
+    target's) are not copied. ``keep_draft_vocab`` (EAGLE-3, --reselect-draft-vocab):
+    ``head`` keeps its own draft vocabulary (d2t / t2d); its lm_head rows of tokens the
+    init head also drafts take the init's trained rows, the others keep theirs (the
+    target's, from build_head)."""
     fix = "pass a head trained for this target and these settings, or drop --init-from"
+    vocab_keys = ("d2t", "t2d", "lm_head.weight") if keep_draft_vocab else ()
     for key in _SAME_CONFIG:
+        if keep_draft_vocab and key == "draft_vocab_size":
+            continue
         want, have = getattr(head.config, key, None), getattr(init.config, key, None)
         if key.startswith(("norm_", "fc_norm")):
             want, have = bool(want), bool(have)
@@ -162,8 +169,8 @@ def init_from_head(head: nn.Module, init, method: str, init_from: str, log=print
             raise ValueError(f"--init-from {init_from}: its config has {key} = {have!r}, the head trained here "
                              f"has {want!r}: {fix}")
     shared = shared_modules(method)
-    mine = {k: v for k, v in head.state_dict().items() if not k.startswith(shared)}
-    theirs = {k: v for k, v in init.head.state_dict().items() if not k.startswith(shared)}
+    mine = {k: v for k, v in head.state_dict().items() if not k.startswith(shared) and k not in vocab_keys}
+    theirs = {k: v for k, v in init.head.state_dict().items() if not k.startswith(shared) and k not in vocab_keys}
     missing, extra = sorted(mine.keys() - theirs.keys()), sorted(theirs.keys() - mine.keys())
     shapes = [f"{k} {tuple(theirs[k].shape)} (here {tuple(mine[k].shape)})"
               for k in sorted(mine.keys() & theirs.keys()) if theirs[k].shape != mine[k].shape]
@@ -175,6 +182,19 @@ def init_from_head(head: nn.Module, init, method: str, init_from: str, log=print
                          + f". {fix}")
     for k, t in mine.items():
         t.copy_(theirs[k])
+    if keep_draft_vocab:
+        _copy_shared_draft_rows(head, init.head, init_from, log)
     own = [m for m in shared if m not in init.shared]  # the checkpoint stores its own copy
     if own:
         log(f"--init-from {init_from}: its own {' and '.join(own)} not used: training shares the target's (frozen)")
+
+
+def _copy_shared_draft_rows(head: nn.Module, init_head: nn.Module, init_from: str, log=print) -> None:
+    """lm_head rows of the tokens both draft vocabularies hold: the init head's."""
+    ids = torch.arange(head.draft_vocab_size) + head.d2t.cpu()  # target ids, ascending
+    init_ids = torch.arange(init_head.draft_vocab_size) + init_head.d2t.cpu()
+    both = init_head.t2d.cpu()[ids]  # [draft V here]: this token was drafted by the init head too
+    rows = torch.searchsorted(init_ids, ids[both])  # its row there (ids ascending in both)
+    head.lm_head.weight[both.to(head.lm_head.weight.device)] = init_head.lm_head.weight[rows].to(head.lm_head.weight)
+    log(f"--init-from {init_from}: {int(both.sum())} of {ids.numel()} draft tokens keep its trained lm_head rows, "
+        f"{int((~both).sum())} new ones start from the target's")

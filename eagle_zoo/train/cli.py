@@ -96,6 +96,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         else:
             p.add_argument("--draft-vocab-size", type=int, help="draft vocabulary (default min(32000, vocab))")
             p.add_argument("--aux-layers", help="three target layer ids, e.g. 2,15,27 (default 2,N//2,N-3)")
+            p.add_argument("--reselect-draft-vocab", action="store_true",
+                           help="with --init-from: choose the draft vocabulary from this data (size: "
+                                "--draft-vocab-size or the init head's); shared tokens keep their trained rows")
         p.add_argument("--num-speculative-tokens", type=int, default=3, help="default K written to speculators configs")
         p.add_argument("--target-name", help="the target as speculators configs name it (default: --target), "
                                              "e.g. a hub id when --target is a local directory")
@@ -194,7 +197,8 @@ def settings_from_args(args):
         aux_layers=aux, init_from=getattr(args, "init_from", None), seed=args.seed, device=args.device, dtype=args.dtype,
         state_dir=args.state_dir or f"{str(args.out).rstrip('/')}.state", resume=args.resume,
         save_every=args.save_every, log_every=args.log_every, progress=not args.no_progress,
-        cache_features=getattr(args, "cache_features", False))
+        cache_features=getattr(args, "cache_features", False),
+        reselect_draft_vocab=getattr(args, "reselect_draft_vocab", False))
 
 
 def output_dirs(method: str, formats: str | None, out) -> dict[str, Path]:

@@ -60,6 +60,7 @@ class TrainSettings:
     log_every: int = 20
     progress: bool = True
     cache_features: bool = False  # the target's features computed once (feature_cache.py), not every step
+    reselect_draft_vocab: bool = False  # EAGLE-3 --init-from: draft vocabulary chosen from this run's data
 
     def __post_init__(self):
         if self.ttt_steps is None:  # resolved here, so the run's record holds the value used
@@ -144,19 +145,25 @@ class Trainer:
             if init is None:
                 draft_ids = select_draft_vocab(counts, s.draft_vocab_size or min(32000, vocab))
             else:
-                draft_ids = torch.arange(init.head.draft_vocab_size) + init.head.d2t
                 aux_layers = _init_eagle3_settings(s, init, self.target.config.num_hidden_layers)
+                draft_ids = torch.arange(init.head.draft_vocab_size) + init.head.d2t
+                if s.reselect_draft_vocab:
+                    log(f"--init-from's draft vocabulary covers {coverage(counts, draft_ids):.2%} of the training "
+                        f"targets; choosing another from this data (--reselect-draft-vocab)")
+                    draft_ids = select_draft_vocab(counts, s.draft_vocab_size or draft_ids.numel())
             self.info["draft_vocab_coverage"] = round(coverage(counts, draft_ids), 4)
-            log(f"draft vocabulary{' (from --init-from)' if init is not None else ''}: {draft_ids.numel()} of {vocab} "
+            where = " (from --init-from)" if init is not None and not s.reselect_draft_vocab else ""
+            log(f"draft vocabulary{where}: {draft_ids.numel()} of {vocab} "
                 f"tokens cover {self.info['draft_vocab_coverage']:.2%} of the training targets")
         self.flat_config = head_config(self.target.path, s.method, draft_vocab_size=draft_ids.numel() if draft_ids is not None else None,
                                        aux_layer_ids=aux_layers)
         family = get_registry().family_for_config(self.target.config)
         self.mapping = family.weight_mapping
+        reselect = init is not None and s.method == "eagle3" and s.reselect_draft_vocab
         self.head = build_head(family, self.flat_config, s.method, self.target.model, s.seed,
-                               draft_ids if init is None else None)
-        if init is not None:  # replaces the random init (d2t / t2d and lm_head included)
-            init_from_head(self.head, init, s.method, s.init_from, log)
+                               draft_ids if init is None or reselect else None)
+        if init is not None:  # replaces the random init (d2t / t2d and lm_head included, unless reselected)
+            init_from_head(self.head, init, s.method, s.init_from, log, keep_draft_vocab=reselect)
             del init
         self.params = trainable_parameters(self.head, s.method)
         self.optimizer = torch.optim.AdamW(list(self.params.values()), lr=s.lr, betas=tuple(s.betas),
@@ -361,10 +368,10 @@ def _init_eagle3_settings(s: TrainSettings, init, num_target_layers: int) -> lis
     """An EAGLE-3 warm start keeps the init head's draft vocabulary and aux layers:
     refuses --draft-vocab-size / --aux-layers that say otherwise. Returns the aux layers."""
     n = init.head.draft_vocab_size
-    if s.draft_vocab_size and s.draft_vocab_size != n:
+    if s.draft_vocab_size and s.draft_vocab_size != n and not s.reselect_draft_vocab:
         raise ValueError(f"--draft-vocab-size {s.draft_vocab_size} conflicts with --init-from {s.init_from}, whose "
                          f"draft vocabulary has {n} tokens (a warm start keeps its d2t / t2d): drop "
-                         f"--draft-vocab-size or pass {n}")
+                         f"--draft-vocab-size, pass {n}, or add --reselect-draft-vocab")
     ids = getattr(init.config, "eagle_aux_hidden_state_layer_ids", None)
     aux = list(ids) if ids else default_aux_layers(num_target_layers)  # absent: the engine's default
     if s.aux_layers and list(s.aux_layers) != aux:
