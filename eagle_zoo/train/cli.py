@@ -97,8 +97,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             p.add_argument("--draft-vocab-size", type=int, help="draft vocabulary (default min(32000, vocab))")
             p.add_argument("--aux-layers", help="three target layer ids, e.g. 2,15,27 (default 2,N//2,N-3)")
             p.add_argument("--reselect-draft-vocab", action="store_true",
-                           help="with --init-from: choose the draft vocabulary from this data (size: "
-                                "--draft-vocab-size or the init head's); shared tokens keep their trained rows")
+                           help="with --init-from: choose the draft vocabulary from this data, as a fresh head "
+                                "does (size: --draft-vocab-size or the init head's); shared tokens keep their "
+                                "trained rows")
         p.add_argument("--num-speculative-tokens", type=int, default=3, help="default K written to speculators configs")
         p.add_argument("--target-name", help="the target as speculators configs name it (default: --target), "
                                              "e.g. a hub id when --target is a local directory")
