@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 HEAD=${1:-eagle-zoo/EAGLE3-SmolLM2-135M-Instruct}
 DEVICE=${2:-cpu}
 PY=${PYTHON:-.venv/bin/python}
+source scripts/lib/accept_row.sh
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 "$PY" - "$dir" <<'PY'
@@ -21,8 +22,5 @@ for row in rows:
         f.write(json.dumps(row) + "\n")
 PY
 for c in writing roleplay reasoning math coding extraction stem humanities; do
-  line=$("$PY" -m eagle_zoo.cli bench --draft "$HEAD" --dataset "$dir/$c.jsonl" --num-prompts 10 --max-tokens 256 \
-    --max-num-seqs 10 --num-spec-tokens 3 --device "$DEVICE" --dtype float32 2>&1 | tr '\r' '\n' \
-    | grep -E "mean acceptance length|acceptance rate per position" | sed 's/.*: //' | paste -sd ' ')
-  echo "$c: $line"
+  echo "$c: $(accept_row "$HEAD" "$dir/$c.jsonl" "$DEVICE")"
 done

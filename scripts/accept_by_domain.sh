@@ -17,6 +17,7 @@ PROMPTS=${1:?usage: $0 TRAIN_PROMPTS.jsonl [HEAD] [DEVICE]   (e.g. ../shared/dat
 HEAD=${2:-eagle-zoo/EAGLE3-SmolLM2-135M-Instruct}
 DEVICE=${3:-cpu}
 PY=${PYTHON:-.venv/bin/python}
+source scripts/lib/accept_row.sh
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 "$PY" - "$PROMPTS" "$dir" <<'PY'
@@ -44,8 +45,5 @@ synth self-instruct --num 24 --batch-size 32
 synth openers --num 16 --batch-size 16 --openers "Explain,Write a,Describe,Compare,Summarize,Imagine,Discuss,How does"
 for c in gsm8k-train gpteacher-codegen gpteacher-roleplay self-instruct openers mt-bench; do
   [ -f "$dir/$c.jsonl" ] || continue
-  line=$("$PY" -m eagle_zoo.cli bench --draft "$HEAD" --dataset "$dir/$c.jsonl" --num-prompts 10 --max-tokens 256 \
-    --max-num-seqs 10 --num-spec-tokens 3 --device "$DEVICE" --dtype float32 2>&1 | tr '\r' '\n' \
-    | grep -E "mean acceptance length|acceptance rate per position" | sed 's/.*: //' | paste -sd ' ')
-  echo "$c: $line"
+  echo "$c: $(accept_row "$HEAD" "$dir/$c.jsonl" "$DEVICE")"
 done

@@ -29,7 +29,7 @@
 # CACHE_FEATURES=1: --cache-features (the target's features computed once, kept on the GPU;
 # 59 GB for EAGLE-3 on 12.8M tokens, so with HEADS=eagle3 or eagle alone).
 # HEADS: the heads step 2 trains, "eagle eagle3" (default: side by side) or one of them:
-# each alone trains 1.8-1.9x the steps a second it gets side by side (BENCHMARKS.md, eighth
+# each alone trains 1.76-1.94x the steps a second it gets side by side (BENCHMARKS.md, eighth
 # session), so a head can have the GPU to itself, e.g. HEADS=eagle3 first, then
 # RESUME=1 HEADS=eagle on the same WORK.
 # Warm start (continue training shipped or earlier heads on new data): INIT_EAGLE=HEAD

@@ -40,9 +40,9 @@ class FeatureCache:
         start = time.monotonic()
         self.lengths = data.lengths[index].clamp(max=max_len)  # [n] host, by position in ``index``
         self.starts = torch.cat([torch.zeros(1, dtype=torch.long), self.lengths.cumsum(0)[:-1]])
-        self.aux_layer_ids = list(aux_layer_ids)
+        aux_layer_ids = list(aux_layer_ids)
         total, H = int(self.lengths.sum()), target.config.hidden_size
-        width = H * (1 + len(self.aux_layer_ids))
+        width = H * (1 + len(aux_layer_ids))
         need = total * width * torch.finfo(dtype).bits // 8
         if device.type == "cuda":
             free = torch.cuda.mem_get_info(device)[0]
@@ -51,12 +51,12 @@ class FeatureCache:
                                  f"{MAX_FREE_SHARE:.0%} of the {free / 2**30:.1f} GiB free on {device}: drop "
                                  f"--cache-features, or train on less data (fewer --data directories, lower --max-len)")
         self.hidden = torch.empty(total, H, dtype=dtype, device=device)
-        self.aux = torch.empty(total, width - H, dtype=dtype, device=device) if self.aux_layer_ids else None
+        self.aux = torch.empty(total, width - H, dtype=dtype, device=device) if aux_layer_ids else None
         with torch.no_grad(), autocast():
             for positions in plan_epoch(self.lengths, max(token_budget, FILL_TOKENS), 0, 0):
                 batch = collate(data, index[positions].tolist(), max_len).to(device)
                 B, T = batch.input_ids.shape
-                hidden, aux = target(batch.input_ids, torch.arange(T, device=device).expand(B, T), self.aux_layer_ids)
+                hidden, aux = target(batch.input_ids, torch.arange(T, device=device).expand(B, T), aux_layer_ids)
                 real = torch.arange(T, device=device) < batch.lengths.unsqueeze(1)  # [B, T]: not padding
                 rows = self._rows(positions, T)[real.cpu()].to(device)
                 self.hidden[rows] = hidden[real].to(dtype)

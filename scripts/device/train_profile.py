@@ -29,10 +29,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from eagle_zoo.train.data import TokenData
 from eagle_zoo.train.trainer import Trainer, TrainSettings
+from step_profile import SMOLLM2  # this directory's decode-step profile: the same random target shape
 
-SMOLLM2 = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-               num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, rope_theta=100000.0,
-               tie_word_embeddings=True, rms_norm_eps=1e-5)
 TINY = dict(SMOLLM2, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=2048)
 # (token budget, TTT steps, draft vocabulary) as scripts/train_smollm2_heads.sh trains them
@@ -57,11 +55,14 @@ def write_data(root: Path, vocab: int, sequences: int) -> Path:
     return root / "data"
 
 
-def sync_time(fn) -> float:
-    torch.cuda.synchronize()
+def wall_time(fn, cuda: bool) -> float:
+    """Seconds fn takes, the GPU's queued work included when ``cuda``."""
+    if cuda:
+        torch.cuda.synchronize()
     t = time.perf_counter()
     fn()
-    torch.cuda.synchronize()
+    if cuda:
+        torch.cuda.synchronize()
     return time.perf_counter() - t
 
 
@@ -103,13 +104,8 @@ def phases(trainer: Trainer) -> dict:
 def profile(trainer: Trainer, steps: int, top: int) -> None:
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
-    torch.cuda.synchronize()
-    t = time.perf_counter()
     with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            trainer.train_step(trainer.next_batch())
-        torch.cuda.synchronize()
-    wall = time.perf_counter() - t
+        wall = wall_time(lambda: [trainer.train_step(trainer.next_batch()) for _ in range(steps)], cuda=True)
     rows = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
     busy = sum(e.self_device_time_total for e in rows) / 1e6
     print(f"  profiled {steps} steps: wall {wall * 1e3:.0f} ms, kernels {busy * 1e3:.0f} ms "
@@ -136,8 +132,7 @@ def run(method: str, target: Path, data: Path, args, budget: int = 0, cache: boo
     for _ in range(args.steps):
         batch = trainer.next_batch()
         tokens.append(int(batch.input_ids.numel()))
-        times.append(sync_time(lambda: trainer.train_step(batch)) if args.device == "cuda"
-                     else _cpu_time(lambda: trainer.train_step(batch)))
+        times.append(wall_time(lambda: trainer.train_step(batch), args.device == "cuda"))
     step = statistics.median(times)
     print(f"{method} (token budget {budget}{', cached features' if cache else ''}): step {step * 1e3:.1f} ms median of {args.steps} ({min(times) * 1e3:.1f}-{max(times) * 1e3:.1f}), "
           f"{statistics.mean(tokens):.0f} padded tokens a step, {sum(tokens) / sum(times):,.0f} tokens/s")
@@ -147,12 +142,6 @@ def run(method: str, target: Path, data: Path, args, budget: int = 0, cache: boo
     print("  phases (GPU ms): " + ", ".join(f"{k} {statistics.median(p[k] for p in split):.1f}" for k in split[0]))
     if not args.no_profiler:
         profile(trainer, 3, args.top)
-
-
-def _cpu_time(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
 
 
 def main() -> None:
