@@ -25,8 +25,8 @@ attends with the mask above, so training and drafting share one attention path.
 No host syncs. The positions a step learns from are gathered by index (loss_rows) into
 a fixed number of rows, the host's count of the batch's loss tokens, the rows past the
 valid ones weighted 0: a boolean index would stop the host until the GPU told it the
-count, four times a step, and the host is what sets a step's pace (BENCHMARKS.md,
-eighth session: the GPU idled 70% of an EAGLE-3 step).
+count, three or four times per unrolled step, and the host sets a training step's pace
+(BENCHMARKS.md, eighth session: the GPU idled 70% of an EAGLE-3 step).
 """
 from __future__ import annotations
 
