@@ -96,7 +96,9 @@ def phases(trainer: Trainer) -> dict:
     finally:
         del target.forward
     torch.cuda.synchronize()
-    fwd = events["target forward"][0].elapsed_time(events["target forward"][1])
+    # with --cache-features the target does not run in a step: its share is 0 (the cache's
+    # gather of the batch's features falls under "head forward + loss")
+    fwd = events["target forward"][0].elapsed_time(events["target forward"][1]) if events else 0.0
     return {"target forward": fwd, "head forward + loss": marks[0].elapsed_time(marks[1]) - fwd,
             "backward": marks[1].elapsed_time(marks[2]), "AdamW": marks[2].elapsed_time(marks[3])}
 
