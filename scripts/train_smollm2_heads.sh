@@ -23,7 +23,8 @@
 # EAGLE_TOKENS EAGLE3_TOKENS MAX_LEN MAX_NEW_TOKENS MAX_PROMPTS DRAFT_VOCAB TTT_STEPS
 # SYNTH_PROMPTS SYNTH_SECONDS SYNTH_SEED LR (SYNTH_SEED: another seed, other self-instruct prompts)
 # SYNTH_OPENERS: comma-separated first words of the self-instruct user turns, one per row in
-# turn (`train prompts --openers`), e.g. "Explain,Write a,Describe,Compare,Summarize,Imagine".
+# turn (`train prompts --openers`), e.g. "Explain,Write a,Describe,Compare,Summarize,Imagine";
+# an opener of * is a free row (no opener): "*,Explain,*,Write a" steers half the rows.
 # SYNTH_EVERY: self-instruct prompts per prompt of PROMPTS in the mix (`--mix-every`, default 1).
 # EAGLE1_TTT_STEPS (EAGLE-1 training-time test: 1 = the published EAGLE-1 recipe, the default).
 # CACHE_FEATURES=1: --cache-features (the target's features computed once, kept on the GPU;

@@ -188,6 +188,18 @@ def test_openers_start_each_row_in_turn(chat_target, monkeypatch):
     assert stats["too_short"] == 1 and stats["generated"] == 4
 
 
+def test_a_star_opener_is_a_free_row(chat_target, monkeypatch):
+    """--openers "*,w6": every other row is the bare user-turn prefix (the target writes the
+    whole message), the others start with w6."""
+    rows = [ids_of("w20 w21 w22") + [EOS], ids_of("w23 w24") + [EOS]]
+    calls = _scripted_generate(monkeypatch, [rows])
+    s = SynthesizeSettings(num=2, max_new_tokens=7, batch_size=2, min_words=3, openers=("*", "w6"))
+    records, _ = synthesize_prompts(str(chat_target), s, CPU, torch.float32, log=lambda *a: None)
+    user_prefix = [1, len(SPECIALS) + WORDS.index("user")]
+    assert calls[0][0] == [user_prefix, user_prefix + ids_of("w6")]
+    assert [r["prompt"] for r in records] == ["w20 w21 w22", "w6 w23 w24"]
+
+
 def test_an_opener_without_tokens_is_refused(chat_target):
     s = SynthesizeSettings(num=1, openers=("w6", ""))
     with pytest.raises(ValueError, match="--openers.*encodes to no tokens"):

@@ -52,7 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--batch-size", type=int, help="rows generated together (default 1024 on CUDA, 16 on CPU)")
     g.add_argument("--max-seconds", type=float, help="start no new batch after this many seconds")
     g.add_argument("--openers", help="comma-separated words each user message starts with, one per row in turn "
-                                     "(e.g. \"Explain,Write a,Compare\"; steers the kind of request)")
+                                     "(e.g. \"Explain,Write a,Compare\"; steers the kind of request; * is a free "
+                                     "row, the target's own first word: \"*,Explain,*,Write a\")")
     _common(g)
 
     for method, help_text in (("eagle", "train an EAGLE-1 head"), ("eagle3", "train an EAGLE-3 head (TTT)")):

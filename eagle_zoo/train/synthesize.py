@@ -18,7 +18,10 @@ Openers (``--openers "Explain,Write a,Compare"``) start the user message with wo
 your choosing, a different one for each row in turn: the model completes the request
 (the opener stays in the prompt). Without them the target writes what it was tuned on
 most, mostly advice and planning requests for SmolLM2; openers such as "Explain" or
-"Write" steer it towards explanations and writing tasks.
+"Write" steer it towards explanations and writing tasks. An opener of ``*`` is a free
+row (no opener: the target's own first word), so ``"*,Explain,*,Write a"`` keeps half the
+rows of the kind the target writes unsteered: a head trained on steered rows alone loses
+acceptance on those (BENCHMARKS.md, ninth session).
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from typing import Optional
 import torch
 
 _SENTINEL = "\u2063EAGLE_ZOO_USER_TURN\u2063"  # text no real message contains
+FREE_ROW = "*"  # an opener that adds nothing: the row starts with the target's own first word
 
 
 def user_turn_prefix(tokenizer) -> list[int]:
@@ -78,9 +82,10 @@ def synthesize_prompts(target: str, s: SynthesizeSettings, device: torch.device,
     loaded = load_model(target, dtype, device, tokenizer_required=True)
     tokenizer = loaded.tokenizer
     prefix = user_turn_prefix(tokenizer)
-    openers = [tokenizer.encode(o, add_special_tokens=False) for o in s.openers]
-    if any(not ids for ids in openers):
-        raise ValueError(f"--openers {','.join(s.openers)!r}: an opener encodes to no tokens; drop empty ones")
+    openers = [[] if o == FREE_ROW else tokenizer.encode(o, add_special_tokens=False) for o in s.openers]
+    if any(not ids for o, ids in zip(s.openers, openers) if o != FREE_ROW):
+        raise ValueError(f"--openers {','.join(s.openers)!r}: an opener encodes to no tokens; drop empty ones "
+                         f"(an unsteered row is {FREE_ROW!r})")
     eos = _eos_token_ids(loaded.path, loaded.config, tokenizer)
     generator = torch.Generator(device=device).manual_seed(s.seed)
     records, seen = [], set()
