@@ -19,7 +19,7 @@
 # Only 8 files come back from the GPU machine: that is why the layout above is lean.
 # Everything else (data, full outputs, resumable states) stays in $WORK.
 #
-# Knobs (environment): DATA_SECONDS TRAIN_SECONDS DEVICE PYTHON WORK GEN_BATCH
+# Knobs (environment): DATA_SECONDS TRAIN_SECONDS DEVICE PYTHON WORK GEN_BATCH SYNTH_BATCH
 # EAGLE_TOKENS EAGLE3_TOKENS MAX_LEN MAX_NEW_TOKENS MAX_PROMPTS DRAFT_VOCAB TTT_STEPS
 # SYNTH_PROMPTS SYNTH_SECONDS SYNTH_SEED LR (SYNTH_SEED: another seed, other self-instruct prompts)
 # SYNTH_OPENERS: comma-separated first words of the self-instruct user turns, one per row in
@@ -53,7 +53,8 @@ PY=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}
 DATA_SECONDS=${DATA_SECONDS:-150}
 TRAIN_SECONDS=${TRAIN_SECONDS:-240}
-GEN_BATCH=${GEN_BATCH:-1024}
+GEN_BATCH=${GEN_BATCH:-1024}    # rows decoded together by `train data` (each of the two processes)
+SYNTH_BATCH=${SYNTH_BATCH:-}      # rows decoded together by `train prompts` (default: its own, 1024 on CUDA)
 MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-256}
 MAX_PROMPTS=${MAX_PROMPTS:-100000}
 EAGLE_TOKENS=${EAGLE_TOKENS:-32768}
@@ -98,7 +99,7 @@ else
 # -- 0. self-instruct prompts ------------------------------------------------------------------
 if [ "$SYNTH_PROMPTS" -gt 0 ]; then
   ez train prompts --target "$TARGET" --num "$SYNTH_PROMPTS" --mix "$PROMPTS" --out "$WORK/prompts.jsonl" \
-    --device "$DEVICE" --max-seconds "$SYNTH_SECONDS" --max-new-tokens 128 --seed "${SYNTH_SEED:-0}" \
+    --device "$DEVICE" --max-seconds "$SYNTH_SECONDS" --max-new-tokens 128 --seed "${SYNTH_SEED:-0}" ${SYNTH_BATCH:+--batch-size "$SYNTH_BATCH"} \
     ${SYNTH_OPENERS:+--openers "$SYNTH_OPENERS"} --mix-every "${SYNTH_EVERY:-1}" 2>&1 | tee "$WORK/logs/prompts.log"
   [ -s "$WORK/prompts.jsonl" ] && PROMPTS="$WORK/prompts.jsonl" || say "self-instruct prompts failed: using $PROMPTS alone"
 fi

@@ -8,7 +8,7 @@ SmolLM2-shaped target, no GGUF needed: each batch size in turn, greedy and sampl
 (T 0.7, top-p 0.9, as scripts/train_smollm2_heads.sh), every row decoding all
 --new-tokens (no EOS), then torch.profiler over a short run: the GPU's busy share says
 whether a larger batch (host-bound) or faster kernels (GPU-bound) would help.
-Usage: python3 scripts/device/data_profile.py [--batches 1024,2048] [--new-tokens 256]
+Usage: python3 scripts/device/data_profile.py [--batches 1024,2048,4096] [--new-tokens 256]
        [--shape smollm2|tiny] (tiny: a 4-layer model, for a check on the CPU)
 """
 from __future__ import annotations
@@ -68,7 +68,7 @@ def profile(model, prompts, new_tokens: int, temperature: float, top: int) -> No
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--batches", default="1024,2048", help="comma-separated batch sizes (rows generated together)")
+    ap.add_argument("--batches", default="1024,2048,4096", help="comma-separated batch sizes (rows generated together)")
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--shape", choices=("smollm2", "tiny"), default="smollm2")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
