@@ -28,7 +28,8 @@
 # SYNTH_EVERY: self-instruct prompts per prompt of PROMPTS in the mix (`--mix-every`, default 1).
 # EAGLE1_TTT_STEPS (EAGLE-1 training-time test: 1 = the published EAGLE-1 recipe, the default).
 # CACHE_FEATURES=1: --cache-features (the target's features computed once, kept on the GPU;
-# 59 GB for EAGLE-3 on 12.8M tokens, so with HEADS=eagle3 or eagle alone).
+# 54 GiB for EAGLE-3 on 12.6M tokens, so with HEADS=eagle3 or eagle alone; beyond 60% of the
+# free GPU memory the rest spills to host memory).
 # HEADS: the heads step 2 trains, "eagle eagle3" (default: side by side) or one of them:
 # each alone trains 1.76-1.94x the steps a second it gets side by side (BENCHMARKS.md, eighth
 # session), so a head can have the GPU to itself, e.g. HEADS=eagle3 first, then

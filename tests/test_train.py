@@ -291,15 +291,22 @@ def test_gathered_losses_equal_boolean_indexing(tiny):
         assert int(n0) == int(chain_shift(mask, 2, n).sum())
 
 
+@pytest.mark.parametrize("spill", [False, True], ids=["on-device", "spilled"])
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])
-def test_cached_features_train_like_the_forward_every_step(tiny, method):
+def test_cached_features_train_like_the_forward_every_step(tiny, method, spill, monkeypatch):
     """--cache-features: the target's features computed once give the run the target's
     forward gives every step (same losses, same weights, up to float rounding: the cache
-    was filled in other batches), and the cache holds the target's own states."""
+    was filled in other batches), and the cache holds the target's own states; also
+    with a third of the rows left on the device and the rest in host memory."""
+    from eagle_zoo.train import feature_cache
+
+    if spill:
+        monkeypatch.setattr(feature_cache, "rows_on_device", lambda total, row_bytes, device: total // 3)
     kw = dict(steps=5, token_budget=256, max_len=48, ttt_steps=2, log_every=1)
     plain = Trainer(_settings(tiny, method, **kw), log=lambda *a: None)
     cached = Trainer(_settings(tiny, method, cache_features=True, **kw), log=lambda *a: None)
     assert len(plain.epoch_batches) > 1 and cached.features is not None
+    assert (cached.features.hidden.host_rows is not None) == spill
     batch = cached.next_batch()
     B, T = batch.input_ids.shape
     aux_ids = cached.flat_config.get("eagle_aux_hidden_state_layer_ids") or []
@@ -323,24 +330,31 @@ def test_cached_features_refuse_what_does_not_fit(tiny, monkeypatch):
 
     data = TokenData.load(tiny / "data")
     target = _target(tiny)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1000, 10**9))
-    with pytest.raises(ValueError, match="--cache-features needs .* GiB .* drop --cache-features"):
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1000, 10**9))  # no row fits the GPU
+    monkeypatch.setattr(feature_cache, "host_free_bytes", lambda: 1000)  # nor the host
+    with pytest.raises(ValueError, match="--cache-features needs .* GiB .* host's .* drop --cache-features"):
         feature_cache.FeatureCache(target.model, data, torch.arange(len(data)), 64, [], torch.device("cuda"),
                                    torch.bfloat16, 4096, log=lambda *a: None)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("cache", [False, True], ids=["forward", "cached"])
+@pytest.mark.parametrize("cache", ["forward", "cached", "spilled"])
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])
-def test_a_training_step_reads_nothing_back_from_the_gpu(tiny, method, cache):
+def test_a_training_step_reads_nothing_back_from_the_gpu(tiny, method, cache, monkeypatch):
     """The host sets a training step's pace (BENCHMARKS.md, eighth session): the loss,
     its backward and the optimizer step run without a device->host sync, with the
-    target's forward or with --cache-features."""
-    trainer = Trainer(_settings(tiny, method, steps=2, device="cuda", ttt_steps=3, cache_features=cache),
+    target's forward or with --cache-features (all rows on the GPU, or half of them
+    spilled to host memory). The batch itself (next_batch: host->device copies) is made
+    before the check, as a step's input."""
+    from eagle_zoo.train import feature_cache
+
+    if cache == "spilled":
+        monkeypatch.setattr(feature_cache, "rows_on_device", lambda total, row_bytes, device: total // 2)
+    trainer = Trainer(_settings(tiny, method, steps=2, device="cuda", ttt_steps=3, cache_features=cache != "forward"),
                       log=lambda *a: None)
     batch = trainer.next_batch()
-    assert (batch.hidden is not None) == cache
+    assert (batch.hidden is not None) == (cache != "forward")
     trainer.train_step(batch)  # first use: allocations, lazy initialisation
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")  # any host sync inside raises

@@ -79,7 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--token-budget", type=int, default=16384, help="padded tokens per batch")
         p.add_argument("--cache-features", action="store_true",
                        help="run the target over the data once and keep its features on the device instead of "
-                            "running it every step (memory: tokens x hidden size x 2 bytes, x4 for eagle3)")
+                            "running it every step (memory: tokens x hidden size x 2 bytes, x4 for eagle3; "
+                            "what does not fit in 60%% of the free GPU memory spills to host memory)")
         p.add_argument("--max-len", type=int, default=2048, help="truncate sequences to this many tokens")
         p.add_argument("--lr", type=float, default=3e-4)
         p.add_argument("--warmup-steps", type=int)

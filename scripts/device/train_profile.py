@@ -13,6 +13,8 @@ training-time-test steps, draft vocabulary 12000; EAGLE-1: 32768, 3 steps). Prin
 Usage: python3 scripts/device/train_profile.py [--method eagle3|eagle|both] [--steps 12]
        [--budgets 16384,65536] (token budgets to run instead of the recipe's, each in turn)
        [--cache-features] (each also with the target's features cached, --cache-features)
+       [--spill 0.5] (each also with that share of the cached features in host memory)
+  (the step time includes making the batch: with a cache, gathering its features)
        [--shape smollm2|tiny] (tiny: a 4-layer model, for a check on the CPU)
 """
 from __future__ import annotations
@@ -116,27 +118,42 @@ def profile(trainer: Trainer, steps: int, top: int) -> None:
         print(f"  {e.self_device_time_total / 1e3 / steps:8.2f} ms/step {e.count // steps:5d}x  {e.key[:110]}")
 
 
-def run(method: str, target: Path, data: Path, args, budget: int = 0, cache: bool = False) -> None:
+def run(method: str, target: Path, data: Path, args, budget: int = 0, cache: str = "") -> None:
+    """One trainer's steps; cache: "" (the target's forward every step), "cached" (all
+    features on the device) or "spilled" (--spill of the rows in host memory)."""
+    from eagle_zoo.train import feature_cache
+
+    on_device = feature_cache.rows_on_device
+    if cache == "spilled":
+        feature_cache.rows_on_device = lambda total, row_bytes, device: int(total * (1 - args.spill))
     recipe_budget, ttt, draft_vocab = RECIPES[method]
     if args.shape == "tiny":
         recipe_budget, draft_vocab = recipe_budget // 8, draft_vocab and 512
     budget = budget or recipe_budget
     s = TrainSettings(method=method, target=str(target), data=[str(data)], epochs=1000, token_budget=budget,
                       max_len=1280, lr=5e-4, warmup_steps=5, ttt_steps=ttt, draft_vocab_size=draft_vocab,
-                      device=args.device, log_every=10**9, save_every=0, progress=False, cache_features=cache)
+                      device=args.device, log_every=10**9, save_every=0, progress=False, cache_features=bool(cache))
     built = time.perf_counter()
-    trainer = Trainer(s, log=print if cache else (lambda *a: None))
+    try:
+        trainer = Trainer(s, log=print if cache else (lambda *a: None))
+    finally:
+        feature_cache.rows_on_device = on_device
     if cache:
         print(f"  trainer with the feature cache ready in {time.perf_counter() - built:.1f} s")
     for _ in range(3):  # warm-up: allocator, autotuning
         trainer.train_step(trainer.next_batch())
     times, tokens = [], []
-    for _ in range(args.steps):
+
+    def one_step():  # the batch too: with a cache, next_batch gathers its features
         batch = trainer.next_batch()
         tokens.append(int(batch.input_ids.numel()))
-        times.append(wall_time(lambda: trainer.train_step(batch), args.device == "cuda"))
+        trainer.train_step(batch)
+
+    for _ in range(args.steps):
+        times.append(wall_time(one_step, args.device == "cuda"))
     step = statistics.median(times)
-    print(f"{method} (token budget {budget}{', cached features' if cache else ''}): step {step * 1e3:.1f} ms median of {args.steps} ({min(times) * 1e3:.1f}-{max(times) * 1e3:.1f}), "
+    label = {"": "", "cached": ", cached features", "spilled": f", cached features, {args.spill:.0%} in host memory"}
+    print(f"{method} (token budget {budget}{label[cache]}): step {step * 1e3:.1f} ms median of {args.steps} ({min(times) * 1e3:.1f}-{max(times) * 1e3:.1f}), "
           f"{statistics.mean(tokens):.0f} padded tokens a step, {sum(tokens) / sum(times):,.0f} tokens/s")
     if args.device != "cuda":
         return
@@ -156,6 +173,8 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--budgets", default="", help="comma-separated token budgets (default: the recipe's)")
     ap.add_argument("--cache-features", action="store_true", help="also run each with --cache-features")
+    ap.add_argument("--spill", type=float, default=0.0,
+                    help="with --cache-features, also a run with this share of the cached rows in host memory")
     ap.add_argument("--no-profiler", action="store_true")
     args = ap.parse_args()
     shape = SMOLLM2 if args.shape == "smollm2" else TINY
@@ -165,7 +184,8 @@ def main() -> None:
         budgets = [int(b) for b in args.budgets.split(",") if b] or [0]
         for method in (("eagle3", "eagle") if args.method == "both" else (args.method,)):
             for budget in budgets:
-                for cache in (False, True) if args.cache_features else (False,):
+                caches = [""] + (["cached"] if args.cache_features else []) + (["spilled"] if args.spill else [])
+                for cache in caches:
                     run(method, target, data, args, budget, cache)
 
 
