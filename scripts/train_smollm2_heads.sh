@@ -123,17 +123,18 @@ fi
 # -- 2. training (the HEADS side by side; each is time-boxed) ---------------------------------
 common_train=(--target "$TARGET" --data "${DATA[@]}" --device "$DEVICE" --epochs 1000 --max-len "${MAX_LEN:-1280}"
               --lr "$LR" --warmup-steps 50 --log-every 25 --save-every 200 --no-progress)
-[ "${CACHE_FEATURES:-0}" = 1 ] && common_train+=(--cache-features)
+cache=(); [ "${CACHE_FEATURES:-0}" = 1 ] && cache=(--cache-features)
 [ "$RESUME" = 1 ] && common_train+=(--resume)
 [ -n "$STOP_AFTER" ] && common_train+=(--stop-after-seconds "$STOP_AFTER")
 # train_head METHOD OUT TOKENS HEAD_CONFIG ARGS...: a run that dies before saving anything
-# is retried once with half the token budget for the time that is left.
+# is retried once with half the token budget and no feature cache (the two memory-hungry
+# settings: a cache larger than GPU + host memory is refused) for the time that is left.
 train_head() {
   local method=$1 out=$2 tokens=$3 saved=$4 t0=$SECONDS; shift 4
-  ez train "$method" "${common_train[@]}" --out "$out" --token-budget "$tokens" --max-seconds "$TRAIN_SECONDS" "$@"
+  ez train "$method" "${common_train[@]}" ${cache[@]+"${cache[@]}"} --out "$out" --token-budget "$tokens" --max-seconds "$TRAIN_SECONDS" "$@"
   local code=$? left=$((TRAIN_SECONDS - (SECONDS - t0)))
   if [ $code -ne 0 ] && [ ! -f "$saved" ] && [ $left -ge 60 ]; then
-    echo "failed with exit $code and saved nothing: retrying with --token-budget $((tokens / 2)) for $left s"
+    echo "failed with exit $code and saved nothing: retrying with --token-budget $((tokens / 2)), no feature cache, for $left s"
     ez train "$method" "${common_train[@]}" --out "$out" --token-budget $((tokens / 2)) --max-seconds $left "$@"
     code=$?
   fi
