@@ -122,8 +122,9 @@ class SplitRows:
             self.host_rows[rows[~here] - self.on_device] = values[(~here).to(values.device)].cpu()
 
     def read(self, rows: torch.Tensor) -> torch.Tensor:
-        """[..., width] on the device for table rows [...] (host, long). No device->host
-        sync: the indices are the host's, and spilled rows travel host->device."""
+        """[..., width] on the device for table rows [...] (host, long). Nothing is read
+        back from the device: the indices are the host's, and spilled rows are gathered
+        on the host and copied host->device without waiting."""
         if self.host_rows is None:
             return self.device_rows[rows.to(self.device)]
         flat = rows.reshape(-1)

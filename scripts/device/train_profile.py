@@ -14,8 +14,8 @@ Usage: python3 scripts/device/train_profile.py [--method eagle3|eagle|both] [--s
        [--budgets 16384,65536] (token budgets to run instead of the recipe's, each in turn)
        [--cache-features] (each also with the target's features cached, --cache-features)
        [--spill 0.5] (each also with that share of the cached features in host memory)
-  (the step time includes making the batch: with a cache, gathering its features)
        [--shape smollm2|tiny] (tiny: a 4-layer model, for a check on the CPU)
+A step's time includes making its batch (with a cache, gathering the batch's features).
 """
 from __future__ import annotations
 
@@ -174,7 +174,7 @@ def main() -> None:
     ap.add_argument("--budgets", default="", help="comma-separated token budgets (default: the recipe's)")
     ap.add_argument("--cache-features", action="store_true", help="also run each with --cache-features")
     ap.add_argument("--spill", type=float, default=0.0,
-                    help="with --cache-features, also a run with this share of the cached rows in host memory")
+                    help="also a run with the features cached and this share of them in host memory")
     ap.add_argument("--no-profiler", action="store_true")
     args = ap.parse_args()
     shape = SMOLLM2 if args.shape == "smollm2" else TINY
