@@ -23,7 +23,7 @@ import torch
 
 from eagle_zoo.engine.model_loader import load_model
 from eagle_zoo.train.generate import generate_batch
-from train_profile import TINY, write_target  # the same random target shapes
+from train_profile import TINY, profile, write_target  # the same random target shapes, the same kernel table
 from step_profile import SMOLLM2
 
 NO_EOS = [-1]  # no token id matches: every row decodes all new tokens
@@ -48,24 +48,6 @@ def run(model, prompts, new_tokens: int, temperature: float, device: torch.devic
     return sum(len(a) for a in answers) / (time.perf_counter() - start)
 
 
-def profile(model, prompts, new_tokens: int, temperature: float, top: int) -> None:
-    from torch.profiler import ProfilerActivity, profile as torch_profile
-
-    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        generate_batch(model, prompts, max_new_tokens=new_tokens, eos_token_ids=NO_EOS, temperature=temperature,
-                       top_p=0.9 if temperature else 1.0, device=torch.device("cuda"), dtype=torch.bfloat16)
-        torch.cuda.synchronize()
-        wall = time.perf_counter() - start
-    rows = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
-    busy = sum(e.self_device_time_total for e in rows) / 1e6
-    print(f"  profiled {len(prompts)} rows x {new_tokens} tokens: wall {wall * 1e3:.0f} ms, kernels {busy * 1e3:.0f} ms "
-          f"(GPU busy {busy / wall:.0%}), {sum(e.count for e in rows) / new_tokens:.0f} kernels a step")
-    for e in sorted(rows, key=lambda e: -e.self_device_time_total)[:top]:
-        print(f"  {e.self_device_time_total / 1e3 / new_tokens:8.2f} ms/step {e.count // new_tokens:5d}x  {e.key[:100]}")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", default="1024,2048,4096", help="comma-separated batch sizes (rows generated together)")
@@ -83,8 +65,8 @@ def main() -> None:
             for temperature in (0.0, 0.7):
                 rate = run(model, prompts, args.new_tokens, temperature, device)
                 print(f"batch {batch}, {'greedy' if temperature == 0 else 'sampled'}: {rate:,.0f} generated tokens/s")
-            if device.type == "cuda":
-                profile(model, prompts, 32, 0.7, args.top)
+            if device.type == "cuda":  # a prefill and 31 sampled decode steps
+                profile(lambda: run(model, prompts, 32, 0.7, device), 32, args.top, f"steps (prefill, then decode) of {batch} rows")
 
 
 if __name__ == "__main__":

@@ -105,14 +105,16 @@ def phases(trainer: Trainer) -> dict:
             "backward": marks[1].elapsed_time(marks[2]), "AdamW": marks[2].elapsed_time(marks[3])}
 
 
-def profile(trainer: Trainer, steps: int, top: int) -> None:
+def profile(fn, steps: int, top: int, what: str = "steps") -> None:
+    """torch.profiler over fn(), which runs ``steps`` steps: wall time, GPU kernel time and
+    busy share, then the ``top`` kernels by GPU time a step."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
     with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        wall = wall_time(lambda: [trainer.train_step(trainer.next_batch()) for _ in range(steps)], cuda=True)
+        wall = wall_time(fn, cuda=True)
     rows = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
     busy = sum(e.self_device_time_total for e in rows) / 1e6
-    print(f"  profiled {steps} steps: wall {wall * 1e3:.0f} ms, kernels {busy * 1e3:.0f} ms "
+    print(f"  profiled {steps} {what}: wall {wall * 1e3:.0f} ms, kernels {busy * 1e3:.0f} ms "
           f"(GPU busy {busy / wall:.0%}), {sum(e.count for e in rows) / steps:.0f} kernels a step")
     for e in sorted(rows, key=lambda e: -e.self_device_time_total)[:top]:
         print(f"  {e.self_device_time_total / 1e3 / steps:8.2f} ms/step {e.count // steps:5d}x  {e.key[:110]}")
@@ -160,7 +162,7 @@ def run(method: str, target: Path, data: Path, args, budget: int = 0, cache: str
     split = [phases(trainer) for _ in range(3)]
     print("  phases (GPU ms): " + ", ".join(f"{k} {statistics.median(p[k] for p in split):.1f}" for k in split[0]))
     if not args.no_profiler:
-        profile(trainer, 3, args.top)
+        profile(lambda: [trainer.train_step(trainer.next_batch()) for _ in range(3)], 3, args.top)
 
 
 def main() -> None:
