@@ -22,6 +22,7 @@
 # Knobs (environment): DATA_SECONDS TRAIN_SECONDS DEVICE PYTHON WORK GEN_BATCH SYNTH_BATCH
 # EAGLE_TOKENS EAGLE3_TOKENS MAX_LEN MAX_NEW_TOKENS MAX_PROMPTS DRAFT_VOCAB TTT_STEPS
 # SYNTH_PROMPTS SYNTH_SECONDS SYNTH_SEED LR (SYNTH_SEED: another seed, other self-instruct prompts)
+# VAL_SHARE VAL_EVERY: --val-share (default 0.01 of the prompts held out), --val-every (1000 steps)
 # SYNTH_OPENERS: comma-separated first words of the self-instruct user turns, one per row in
 # turn (`train prompts --openers`), e.g. "Explain,Write a,Describe,Compare,Summarize,Imagine";
 # an opener of * is a free row (no opener): "*,Explain,*,Write a" steers half the rows.
@@ -66,6 +67,7 @@ EAGLE1_TTT_STEPS=${EAGLE1_TTT_STEPS:-1}
 SYNTH_PROMPTS=${SYNTH_PROMPTS:-0}
 SYNTH_SECONDS=${SYNTH_SECONDS:-60}
 LR=${LR:-1e-3}
+VAL_SHARE=${VAL_SHARE:-0.01}  # prompts held out of training, measured every VAL_EVERY steps ("held out" lines)
 RESUME=${RESUME:-0}
 STOP_AFTER=${STOP_AFTER:-}
 INIT_DIR=${INIT_DIR:-}
@@ -122,7 +124,8 @@ fi
 
 # -- 2. training (the HEADS side by side; each is time-boxed) ---------------------------------
 common_train=(--target "$TARGET" --data "${DATA[@]}" --device "$DEVICE" --epochs 1000 --max-len "${MAX_LEN:-1280}"
-              --lr "$LR" --warmup-steps 50 --log-every 25 --save-every 200 --no-progress)
+              --lr "$LR" --warmup-steps 50 --log-every 25 --save-every 200 --no-progress
+              --val-share "$VAL_SHARE" --val-every "${VAL_EVERY:-1000}")
 cache=(); [ "${CACHE_FEATURES:-0}" = 1 ] && cache=(--cache-features)
 [ "$RESUME" = 1 ] && common_train+=(--resume)
 [ -n "$STOP_AFTER" ] && common_train+=(--stop-after-seconds "$STOP_AFTER")

@@ -470,6 +470,44 @@ def test_shard_limit_is_checked_before_training(tiny):
         check_shard_limit({"lm_head.weight": tensors["lm_head.weight"]}, 100)
 
 
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_held_out_prompts_are_measured_and_never_trained_on(tiny, method, tmp_path):
+    """--val-share: the held-out sequences are out of every training batch (and of the
+    feature cache), measured every --val-every steps and at the end without touching
+    the weights, and the measurement is the losses' own on those sequences."""
+    from eagle_zoo.train.validation import prompt_key
+
+    state = str(tmp_path / "state")
+    trainer = Trainer(_settings(tiny, method, steps=5, token_budget=256, max_len=48, val_share=0.3, val_every=2,
+                                cache_features=True, state_dir=state), log=lambda *a: None)
+    held = trainer.val_index
+    assert held.numel() and trainer.index.numel()
+    prompts = lambda idx: {prompt_key(*trainer.data.sequence(int(i))) for i in idx}  # noqa: E731
+    assert prompts(held).isdisjoint(prompts(trainer.index))
+    assert int(trainer.features.hidden.device_rows.shape[0]) == int(trainer.lengths.sum())  # the train rows only
+    planned = {int(trainer.index[p]) for batch in trainer.epoch_batches for p in batch}
+    assert planned.isdisjoint(held.tolist())
+
+    before = {k: v.clone() for k, v in trainer.params.items()}
+    first = trainer.evaluate()
+    assert trainer.evaluate() == first  # deterministic: no input noise
+    for k, v in trainer.params.items():
+        assert torch.equal(v, before[k])  # the weights are not touched
+    batches = [collate(trainer.data, held[b].tolist(), 48) for b in trainer.val_batches]
+    n = [b.num_loss_tokens() for b in batches]
+    with torch.no_grad():
+        losses = [float(trainer._loss(b, noise=0.0)[0]) for b in batches]
+    assert first["loss"] == pytest.approx(sum(x * w for x, w in zip(losses, n)) / sum(n), rel=1e-6)
+
+    result = trainer.run()
+    assert [r["step"] for r in trainer.val_history] == [2, 4, 5]
+    assert result.info["held_out_sequences"] == held.numel() and result.info["held_out"][-1]["step"] == 5
+    assert "loss" in trainer.val_history[-1] and any(k.startswith("acc") for k in trainer.val_history[-1])
+    resumed = Trainer(_settings(tiny, method, steps=5, token_budget=256, max_len=48, val_share=0.3, val_every=2,
+                                state_dir=state, resume=True), log=lambda *a: None)
+    assert resumed.val_history == trainer.val_history  # kept in the state
+
+
 def test_cli_trains_and_saves_both_eagle3_layouts(tiny, tmp_path):
     from eagle_zoo import load
     from eagle_zoo.cli import main
@@ -478,9 +516,11 @@ def test_cli_trains_and_saves_both_eagle3_layouts(tiny, tmp_path):
     rc = main(["train", "eagle3", "--target", str(tiny / "target"), "--data", str(tiny / "data"), "--out", str(out),
                "--format", "yuhuili-eagle3,speculators-eagle3", "--steps", "2", "--ttt-steps", "2",
                "--draft-vocab-size", "32", "--max-len", "48", "--token-budget", "512", "--device", "cpu",
-               "--no-progress"])
+               "--val-share", "0.25", "--val-every", "1", "--no-progress"])
     assert rc == 0
     assert (tmp_path / "head.state" / "state.pt").is_file()
+    record = json.loads((out / "yuhuili-eagle3" / "eagle_zoo_training.json").read_text())
+    assert record["settings"]["val_share"] == 0.25 and [r["step"] for r in record["held_out"]] == [1, 2]
     spec = json.loads((out / "speculators-eagle3" / "config.json").read_text())
     assert spec["speculators_model_type"] == "eagle3" and spec["norm_before_residual"] is False
     assert spec["speculators_config"]["verifier"]["architectures"] == ["LlamaForCausalLM"]

@@ -82,6 +82,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "running it every step (memory: tokens x hidden size x 2 bytes, x4 for eagle3; "
                             "what does not fit in 60%% of the free GPU memory spills to host memory)")
         p.add_argument("--max-len", type=int, default=2048, help="truncate sequences to this many tokens")
+        p.add_argument("--val-share", type=float, default=0.0,
+                       help="hold out this share of the prompts (e.g. 0.01; both answers of a prompt) and log the "
+                            "losses and accuracies on them every --val-every steps and at the end")
+        p.add_argument("--val-every", type=int, default=500, help="steps between held-out measurements")
         p.add_argument("--lr", type=float, default=3e-4)
         p.add_argument("--warmup-steps", type=int)
         p.add_argument("--min-lr-ratio", type=float, default=0.1)
@@ -201,7 +205,8 @@ def settings_from_args(args):
         state_dir=args.state_dir or f"{str(args.out).rstrip('/')}.state", resume=args.resume,
         save_every=args.save_every, log_every=args.log_every, progress=not args.no_progress,
         cache_features=getattr(args, "cache_features", False),
-        reselect_draft_vocab=getattr(args, "reselect_draft_vocab", False))
+        reselect_draft_vocab=getattr(args, "reselect_draft_vocab", False),
+        val_share=getattr(args, "val_share", 0.0), val_every=getattr(args, "val_every", 500))
 
 
 def output_dirs(method: str, formats: str | None, out) -> dict[str, Path]:

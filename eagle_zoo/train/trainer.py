@@ -23,6 +23,7 @@ from .build import build_head, default_aux_layers, head_config, init_from_head, 
 from .data import load_data
 from .eagle1 import eagle1_loss
 from .eagle3 import eagle3_loss
+from .validation import split_by_prompt
 from .vocab import coverage, select_draft_vocab, token_counts
 
 STATE_FILE = "state.pt"
@@ -61,6 +62,8 @@ class TrainSettings:
     progress: bool = True
     cache_features: bool = False  # the target's features computed once (feature_cache.py), not every step
     reselect_draft_vocab: bool = False  # EAGLE-3 --init-from: draft vocabulary chosen from this run's data
+    val_share: float = 0.0  # share of the prompts held out of training and measured (validation.py)
+    val_every: int = 500  # steps between measurements of the held-out prompts (and one at the end)
 
     def __post_init__(self):
         if self.ttt_steps is None:  # resolved here, so the run's record holds the value used
@@ -133,6 +136,16 @@ class Trainer:
         self.index = usable(self.data, s.max_len)
         if not self.index.numel():
             raise ValueError(f"{s.data}: no sequence has assistant tokens within --max-len {s.max_len}")
+        self.val_index = self.index[:0]
+        if s.val_share:
+            self.index, self.val_index = split_by_prompt(self.data, self.index, s.val_share, s.seed)
+            if not self.index.numel() or not self.val_index.numel():
+                raise ValueError(f"--val-share {s.val_share} leaves {self.index.numel()} sequences to train on and "
+                                 f"{self.val_index.numel()} held out: give a share that keeps both")
+            log(f"{self.val_index.numel()} of {self.index.numel() + self.val_index.numel()} sequences held out "
+                f"(--val-share {s.val_share}: their prompts are never trained on)")
+        self.val_batches = plan_epoch(self.data.lengths[self.val_index].clamp(max=s.max_len), s.token_budget, s.seed, 0)
+        self.val_history: list[dict] = []
         self.lengths = self.data.lengths[self.index].clamp(max=s.max_len)
 
         draft_ids, self.info, aux_layers, init = None, {}, s.aux_layers, None
@@ -186,14 +199,14 @@ class Trainer:
             self._load_state()
 
     # -- one optimisation step ------------------------------------------------------
-    def _loss(self, batch):
+    def _loss(self, batch, noise: Optional[float] = None):
         s = self.s
         unrolled = dict(ttt_steps=s.ttt_steps, decay=s.ttt_decay,
                         cache_dtype=self.dtype if self.autocast else torch.float32)
         with self._autocast():
             if s.method == "eagle":
-                return eagle1_loss(self.head, self.target.model, batch, noise=s.noise, generator=self.noise_gen,
-                                   **unrolled)
+                return eagle1_loss(self.head, self.target.model, batch, noise=s.noise if noise is None else noise,
+                                   generator=self.noise_gen, **unrolled)
             return eagle3_loss(self.head, self.target.model, batch,
                                aux_layer_ids=self.flat_config["eagle_aux_hidden_state_layer_ids"], **unrolled)
 
@@ -237,6 +250,28 @@ class Trainer:
             tokens = tokens + n
         out["tokens"] = torch.as_tensor(tokens).float()  # read back with the log window, not here
         return out
+
+    def evaluate(self) -> dict:
+        """The losses and accuracies on the held-out prompts (no input noise), per loss
+        token; the weights are not touched."""
+        sums, tokens = {}, 0
+        with torch.no_grad():
+            for positions in self.val_batches:
+                batch = collate(self.data, self.val_index[positions].tolist(), self.s.max_len).to(self.device)
+                n = batch.num_loss_tokens()
+                _, metrics, _ = self._loss(batch, noise=0.0)
+                for k, v in metrics.items():
+                    sums[k] = sums.get(k, 0.0) + float(v) * n
+                tokens += n
+        return {k: v / max(1, tokens) for k, v in sums.items()}
+
+    def _validate(self) -> None:
+        metrics = self.evaluate()
+        record = {"step": self.step, "seconds": round(self.elapsed, 1), **{k: round(v, 5) for k, v in metrics.items()}}
+        self.val_history.append(record)
+        accs = " ".join(f"{k} {v:.3f}" for k, v in sorted(metrics.items()) if k.startswith("acc"))
+        self.log(f"held out | step {self.step} | loss {metrics['loss']:.4f} | {accs} | "
+                 f"{self.val_index.numel()} sequences")
 
     # -- the loop ------------------------------------------------------------------------
     def next_batch(self):
@@ -282,8 +317,14 @@ class Trainer:
                 if self.step % s.log_every == 0 or self.step == self.total:
                     self._log_window(window, bar)
                     window = []
+                if self.val_batches and s.val_every and self.step % s.val_every == 0:
+                    measured = time.monotonic()
+                    self._validate()
+                    start += time.monotonic() - measured  # the measurement is not training time
                 if self.state_path and s.save_every and self.step % s.save_every == 0:
                     self.save_state()
+            if self.val_batches and (not self.val_history or self.val_history[-1]["step"] != self.step):
+                self._validate()  # where the run ends (before the state is saved, so it keeps this too)
         except BaseException as exc:
             self.noise_gen.set_state(noise_state)  # the state saved is that after the last whole step
             self.log(f"training stopped at step {self.step} by {type(exc).__name__}: {exc}")
@@ -315,6 +356,8 @@ class Trainer:
         info = dict(self.info, method=self.s.method, target=str(self.s.target), steps=self.step,
                     sequences=int(self.index.numel()), settings=_jsonable(asdict(self.s)),
                     history=self.history[-20:])
+        if self.val_history:
+            info.update(held_out_sequences=int(self.val_index.numel()), held_out=self.val_history[-20:])
         return TrainResult(self.head, self.flat_config, self.target, self.step, self.history, info)
 
     # -- resumable state -------------------------------------------------------------------
@@ -333,6 +376,7 @@ class Trainer:
                      if k in self.params or k in ("d2t", "t2d")},
             "optimizer": self.optimizer.state_dict(), "noise_rng": self.noise_gen.get_state(),
             "history": json.dumps(self.history), "init_from": json.dumps(self.info.get("init_from")),
+            "val_history": json.dumps(self.val_history),
         }
         tmp = self.state_path.with_suffix(f".tmp-{os.getpid()}")
         torch.save(state, tmp)
@@ -355,6 +399,7 @@ class Trainer:
         self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
         self.elapsed, self.micro = state["elapsed"], state["micro"]
         self.history = json.loads(state["history"])
+        self.val_history = json.loads(state.get("val_history", "[]"))
         # The state wins over --init-from: the run it continues records its own start.
         self.info.pop("init_from", None)
         if json.loads(state.get("init_from", "null")):
