@@ -470,6 +470,31 @@ def test_shard_limit_is_checked_before_training(tiny):
         check_shard_limit({"lm_head.weight": tensors["lm_head.weight"]}, 100)
 
 
+def test_a_batch_out_of_gpu_memory_is_generated_in_halves(tiny, monkeypatch, capsys):
+    """train data --backend static: a batch whose generation runs out of CUDA memory is
+    split in two (recursively) and the answers come back in prompt order, the same as
+    the whole batch gives (greedy)."""
+    from eagle_zoo.train import generate
+
+    real, sizes = generate.generate_batch, []
+
+    def small_gpu(model, prompts, **kw):
+        sizes.append(len(prompts))
+        if len(prompts) > 3:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (test)")
+        return real(model, prompts, **kw)
+
+    monkeypatch.setattr(generate, "generate_batch", small_gpu)
+    settings = GenerateSettings(max_new_tokens=24, batch_size=8, backend="static")
+    data = generate_data(str(tiny / "target"), read_prompts(tiny / "prompts.jsonl"), settings, CPU, torch.float32,
+                         progress=False)
+    assert sizes[:5] == [8, 4, 2, 2, 4] and max(sizes) == 8
+    assert "CUDA out of memory generating 8 rows: 4 and 4 in turn" in capsys.readouterr().out
+    whole = TokenData.load(tiny / "data")  # the fixture's: batches of 8 in one go
+    assert [data.sequence(i)[0].tolist() for i in range(len(data))] == \
+        [whole.sequence(i)[0].tolist() for i in range(len(whole))]
+
+
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])
 def test_held_out_prompts_are_measured_and_never_trained_on(tiny, method, tmp_path):
     """--val-share: the held-out sequences are out of every training batch (and of the

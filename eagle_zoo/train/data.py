@@ -220,10 +220,25 @@ def generate_data(target: str, records: list[dict], s: GenerateSettings, device:
 
 
 def _static(model, prompts, s: GenerateSettings, eos, generator, device, dtype):
+    """Answers for a batch; a batch whose KV cache does not fit the GPU is generated in two
+    halves (recursively), so a large --batch-size costs a retry, not the run: the cache
+    grows with the batch's longest prompt, which a time-boxed run cannot foresee."""
     from .generate import generate_batch
 
-    return generate_batch(model, prompts, max_new_tokens=s.max_new_tokens, eos_token_ids=eos,
-                          temperature=s.temperature, top_p=s.top_p, generator=generator, device=device, dtype=dtype)
+    try:
+        return generate_batch(model, prompts, max_new_tokens=s.max_new_tokens, eos_token_ids=eos,
+                              temperature=s.temperature, top_p=s.top_p, generator=generator, device=device,
+                              dtype=dtype)
+    except torch.cuda.OutOfMemoryError:
+        if len(prompts) == 1:
+            raise
+    # Out of the except block, so the failed attempt's tensors are freed first.
+    torch.cuda.empty_cache()
+    half = len(prompts) // 2
+    print(f"CUDA out of memory generating {len(prompts)} rows: {half} and {len(prompts) - half} in turn "
+          f"(a lower --batch-size avoids the retry)", flush=True)
+    return (_static(model, prompts[:half], s, eos, generator, device, dtype)
+            + _static(model, prompts[half:], s, eos, generator, device, dtype))
 
 
 def _engine(llm, prompts, indices, s: GenerateSettings):
