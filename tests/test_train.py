@@ -8,6 +8,7 @@ d2t / t2d definition from FACTS.md.
 from __future__ import annotations
 
 import json
+import os
 import random
 
 import pytest
@@ -335,6 +336,22 @@ def test_cached_features_refuse_what_does_not_fit(tiny, monkeypatch):
     with pytest.raises(ValueError, match="--cache-features needs .* GiB .* host's .* drop --cache-features"):
         feature_cache.FeatureCache(target.model, data, torch.arange(len(data)), 64, [], torch.device("cuda"),
                                    torch.bfloat16, 4096, log=lambda *a: None)
+
+
+def test_host_memory_for_spilled_features_is_capped_by_the_memory_cgroup(tmp_path, monkeypatch):
+    """A container sees the machine's free memory in sysconf but is killed at its cgroup's
+    limit: the spill budget takes the smaller."""
+    from eagle_zoo.train import feature_cache
+
+    (tmp_path / "max").write_text("3000000\n")
+    (tmp_path / "current").write_text("1000000\n")
+    (tmp_path / "unlimited").write_text("max\n")
+    missing = (str(tmp_path / "none"), str(tmp_path / "none"))
+    whole_host = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    monkeypatch.setattr(feature_cache, "CGROUP_MEMORY_FILES", (missing, (str(tmp_path / "max"), str(tmp_path / "current"))))
+    assert feature_cache.host_free_bytes() == min(whole_host, 2_000_000)
+    monkeypatch.setattr(feature_cache, "CGROUP_MEMORY_FILES", ((str(tmp_path / "unlimited"), str(tmp_path / "current")),))
+    assert abs(feature_cache.host_free_bytes() - whole_host) < 2**30  # no limit: the host's (it moves a little)
 
 
 @pytest.mark.gpu

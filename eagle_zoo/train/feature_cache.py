@@ -100,9 +100,28 @@ def rows_on_device(total: int, row_bytes: int, device: torch.device) -> int:
     return min(total, int(MAX_FREE_SHARE * torch.cuda.mem_get_info(device)[0]) // row_bytes)
 
 
+# (limit, usage) files of this process's memory cgroup, v2 then v1: a container sees the
+# whole machine's free memory in sysconf, but is killed at its own limit.
+CGROUP_MEMORY_FILES = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                       ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
+
+
 def host_free_bytes() -> int:
-    """Free physical memory of this host (not counting what the kernel could reclaim)."""
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    """Free physical memory of this host (not counting what the kernel could reclaim),
+    and no more than the memory cgroup's limit leaves."""
+    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    for limit_file, usage_file in CGROUP_MEMORY_FILES:
+        try:
+            with open(limit_file) as f:
+                limit = f.read().strip()
+            with open(usage_file) as f:
+                usage = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit():  # "max": no limit
+            free = min(free, int(limit) - usage)
+        break
+    return max(0, free)
 
 
 class SplitRows:
