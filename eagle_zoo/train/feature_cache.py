@@ -58,11 +58,12 @@ class FeatureCache:
         row_bytes = width * torch.finfo(dtype).bits // 8
         on_device = rows_on_device(total, row_bytes, device)
         spilled = (total - on_device) * row_bytes
-        if spilled > MAX_HOST_SHARE * host_free_bytes():
+        host_free = host_free_bytes() if spilled else 0
+        if spilled > MAX_HOST_SHARE * host_free:
             raise ValueError(f"--cache-features needs {total * row_bytes / 2**30:.1f} GiB for {total:,} tokens: "
                              f"{on_device * row_bytes / 2**30:.1f} GiB fit on {device} and the other "
                              f"{spilled / 2**30:.1f} GiB are more than {MAX_HOST_SHARE:.0%} of the host's "
-                             f"{host_free_bytes() / 2**30:.1f} GiB free: drop --cache-features, or train on less "
+                             f"{host_free / 2**30:.1f} GiB free: drop --cache-features, or train on less "
                              f"data (fewer --data directories, lower --max-len)")
         self.hidden = SplitRows(total, H, on_device, dtype, device)
         self.aux = SplitRows(total, width - H, on_device, dtype, device) if aux_layer_ids else None
