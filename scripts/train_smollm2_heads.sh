@@ -55,8 +55,11 @@ PY=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}
 DATA_SECONDS=${DATA_SECONDS:-150}
 TRAIN_SECONDS=${TRAIN_SECONDS:-240}
-GEN_BATCH=${GEN_BATCH:-1024}    # rows decoded together by `train data` (each of the two processes)
-SYNTH_BATCH=${SYNTH_BATCH:-}      # rows decoded together by `train prompts` (default: its own, 1024 on CUDA)
+# Rows decoded together by `train data` (each of the two processes) and by `train prompts`
+# (one process): the static loop is host-bound at 1024 rows (data_profile.py on the H200:
+# 2048 rows 2.5x the tokens a second, 4096 greedy 3.9x), BENCHMARKS.md, tenth session.
+GEN_BATCH=${GEN_BATCH:-2048}
+SYNTH_BATCH=${SYNTH_BATCH:-$([ "$DEVICE" = cuda ] && echo 4096)}  # empty: the command's own default
 MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-256}
 MAX_PROMPTS=${MAX_PROMPTS:-100000}
 EAGLE_TOKENS=${EAGLE_TOKENS:-32768}
