@@ -75,10 +75,10 @@ def test_bench_test_passes_on_a_few_prompts(method, tmp_path):
 @pytest.mark.parametrize("method", sorted(IDS))
 def test_bench_test_reproduces_the_catalog_on_all_80_questions(method, tmp_path):
     """The catalog's own setting (80 MT-bench first turns, k = 3, 256 tokens, fp32,
-    80 decoded together) on the CPU, with bench --test's default 2% tolerance: the CPU
+    80 decoded together) on the CPU, with bench --test's default 2% tolerance. The CPU
     reproduced the H200's 2.303 and 2.603 to the third decimal (BENCHMARKS.md, ninth
-    session; the tenth session's 2.668 was measured on the CPU), so a change in the engine or the loaders that moves acceptance fails here.
-    About 3 minutes a head on 2 cores."""
+    session); the tenth session's 2.668 was measured on the CPU. A change in the engine
+    or the loaders that moves acceptance fails here. About 3 minutes a head on 2 cores."""
     out = tmp_path / "bench.json"
     cmd = [sys.executable, "-m", "eagle_zoo.cli", "bench", "--draft", IDS[method], "--num-prompts", "80",
            "--max-tokens", "256", "--max-num-seqs", "80", "--device", "cpu", "--dtype", "float32",
