@@ -41,6 +41,8 @@
 # INIT_DIR=DIR (an earlier OUT) is the default for both: DIR/eagle and DIR/eagle3.
 # DRAFT_VOCAB must then equal the EAGLE-3 head's draft vocabulary (12000 for ours), unless
 # RESELECT_VOCAB=1 (--reselect-draft-vocab: the draft vocabulary chosen from this data).
+# EAGLE3_LAYERS=N: --head-layers N for the EAGLE-3 head (default 1); with INIT_EAGLE3 a
+# one-layer head grows, its new layers starting as identities.
 # One run split over several time-limited jobs (same WORK each time):
 #   STOP_AFTER=300 ...   steps 0-2, training paused after 300 s of this job (state kept)
 #   RESUME=1 ...         training only, continued from the saved state, then step 3
@@ -151,7 +153,8 @@ trains eagle && job eagle train_head eagle "$WORK/heads/eagle" "$EAGLE_TOKENS" "
 trains eagle3 && job eagle3 train_head eagle3 "$WORK/heads/eagle3" "$EAGLE3_TOKENS" "$WORK/heads/eagle3/yuhuili-eagle3/config.json" \
   --draft-vocab-size "$DRAFT_VOCAB" --ttt-steps "$TTT_STEPS" --format yuhuili-eagle3,speculators-eagle3 \
   --target-name HuggingFaceTB/SmolLM2-135M-Instruct ${INIT_EAGLE3:+--init-from "$INIT_EAGLE3"} \
-  $([ "${RESELECT_VOCAB:-0}" = 1 ] && [ -n "$INIT_EAGLE3" ] && echo --reselect-draft-vocab)
+  $([ "${RESELECT_VOCAB:-0}" = 1 ] && [ -n "$INIT_EAGLE3" ] && echo --reselect-draft-vocab) \
+  --head-layers "${EAGLE3_LAYERS:-1}"
 wait
 say "training finished: $(for h in $HEADS; do printf '%s exit %s ' "$h" "$(rc "$h")"; done)"
 

@@ -49,10 +49,10 @@ def target(tmp_path_factory):
     return load_model(str(root / "target"), torch.float32, CPU)
 
 
-def _head(target, method):
+def _head(target, method, layers=1):
     family = get_registry().family_for_config(target.config)
     kw = dict(draft_vocab_size=DRAFT_IDS.numel(), aux_layer_ids=[1, 3, 4]) if method == "eagle3" else {}
-    cfg = head_config(target.path, method, **kw)
+    cfg = head_config(target.path, method, num_layers=layers, **kw)
     head = build_head(family, cfg, method, target.model, seed=0,
                       draft_ids=DRAFT_IDS if method == "eagle3" else None)
     with torch.no_grad():  # away from the init: peaked, input-dependent drafts
@@ -105,10 +105,13 @@ def _trainer_drafts(head, target_model, x: list[int], c: int, drafts: list[int])
     return [int(_to_target_ids(head, "eagle3", h[0, c])) for h in steps], [h[0, c] for h in steps]
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+# Two layers: heads grown past the published one (`train --head-layers`): the engine's
+# per-layer caches, the trainer's and the reference's must agree for every layer.
+@pytest.mark.parametrize("method,layers", [("eagle", 1), ("eagle3", 1), ("eagle3", 2)])
 @torch.inference_mode()
-def test_engine_drafts_equal_reference_and_trainer(target, method):
-    head, model = _head(target, method), target.model
+def test_engine_drafts_equal_reference_and_trainer(target, method, layers):
+    head, model = _head(target, method, layers), target.model
+    assert len(head.layers) == layers
     n_tokens = PROMPT + len(SCHEDULE) * (K + 1) + K + 2
     x = torch.randint(3, 128, (n_tokens,), generator=torch.Generator().manual_seed(11)).tolist()
     prop = EagleProposer(head, method, K, num_slots=2, max_len=128, dtype=torch.float32, device=CPU,

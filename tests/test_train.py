@@ -424,13 +424,15 @@ def _logits(head, method, ids, feats):
     return head.compute_logits(head(ids, pos, x))
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle3"])
-def test_saved_heads_reload_with_the_same_logits(tiny, tmp_path, method):
+# layers 2: `--head-layers 2`, an EAGLE-3 head deeper than the published ones; its layers
+# past the first are the family's plain decoder layers, stored as layers.1.* in both layouts.
+@pytest.mark.parametrize("method,layers", [("eagle", 1), ("eagle3", 1), ("eagle3", 2)])
+def test_saved_heads_reload_with_the_same_logits(tiny, tmp_path, method, layers):
     from eagle_zoo import load
     from eagle_zoo.checkpoints.formats import detect_format, validate_vocab_map
     from eagle_zoo.checkpoints.tensors import load_state_dict
 
-    trainer = Trainer(_settings(tiny, method, steps=3), log=lambda *a: None)
+    trainer = Trainer(_settings(tiny, method, steps=3, head_layers=layers), log=lambda *a: None)
     result = trainer.run()
     head, target = result.head, trainer.target.model
     skip = ("embed_tokens", "lm_head") if method == "eagle" else ("embed_tokens",)
@@ -460,8 +462,12 @@ def test_saved_heads_reload_with_the_same_logits(tiny, tmp_path, method):
             assert bool((torch.arange(48) + d2t).diff().gt(0).all())  # ascending draft vocab
         else:
             assert "layers.0.self_attn.q_proj.weight" in names and "layers.0.input_layernorm.weight" not in names
+        deeper = {f"layers.1.{n}.weight" for n in ("input_layernorm", "self_attn.q_proj", "mlp.down_proj")}
+        assert (deeper <= names) == (layers == 2) and not any(n.startswith("layers.2.") for n in names)
+        config = json.loads((out / "config.json").read_text())
+        assert config.get("transformer_layer_config", config)["num_hidden_layers"] == layers  # speculators nest it
         loaded = load(str(out), target=target, dtype=torch.float32)
-        assert loaded.format == fmt and loaded.method == method
+        assert loaded.format == fmt and loaded.method == method and len(loaded.head.layers) == layers
         with torch.no_grad():
             torch.testing.assert_close(_logits(loaded.head, method, ids, feats), expected, rtol=0, atol=0)
 

@@ -175,3 +175,51 @@ def test_resume_state_wins_over_init_from(heads, tmp_path):
     assert resumed.step == 2 and "init_from" not in resumed.result().info
     for name, p in first.params.items():
         assert torch.equal(p, resumed.params[name]), name
+
+
+# -- (e): a deeper head grown from a one-layer head (--head-layers) ---------------------------------
+def test_grown_head_starts_as_the_init_head_then_trains_its_new_layers(heads, tmp_path):
+    """--head-layers 3 --init-from a one-layer EAGLE-3 head: the init's tensors are copied,
+    layers 1 and 2 start as identities (o_proj and down_proj zero, the rest initialised),
+    so the first loss is the init head's own; training then moves the new layers."""
+    init = str(heads / "eagle3" / "yuhuili-eagle3")
+    kw = dict(steps=1, lr=0.0, log_every=1, token_budget=8192, max_len=64, draft_vocab_size=None, ttt_steps=2)
+    same = Trainer(_settings(heads, "eagle3", init_from=init, **kw), **QUIET).run().history[0]["loss"]
+    grown = Trainer(_settings(heads, "eagle3", init_from=init, head_layers=3, **kw), **QUIET)
+    layers = grown.head.layers
+    assert len(layers) == 3 and grown.flat_config["num_hidden_layers"] == 3
+    for layer in layers[1:]:
+        assert not layer.self_attn.o_proj.weight.any() and not layer.mlp.down_proj.weight.any()
+        assert layer.self_attn.qkv_proj.weight.any() and layer.mlp.gate_up_proj.weight.any()
+    assert grown.run().history[0]["loss"] == pytest.approx(same, rel=1e-6)
+
+    trainer = Trainer(_settings(heads, "eagle3", init_from=init, head_layers=3, **dict(kw, steps=6, lr=1e-2)), **QUIET)
+    history = trainer.run().history
+    assert history[-1]["loss"] < history[0]["loss"], history
+    assert all(layer.self_attn.o_proj.weight.any() and layer.mlp.down_proj.weight.any()
+               for layer in trainer.head.layers[1:])
+
+    # Through the CLI, saved and grown no further: a three-layer head as --init-from of a
+    # three-layer run copies every tensor; a one-layer run cannot take it.
+    out = tmp_path / "grown"
+    _train(heads, "eagle3", out, "--init-from", init, "--head-layers", "3", "--steps", "1", "--lr", "0")
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 3
+    again = tmp_path / "again"
+    _train(heads, "eagle3", again, "--init-from", str(out), "--head-layers", "3", "--steps", "1", "--lr", "0")
+    _same_tensors(out, again)
+    with pytest.raises(ValueError, match=rf"--init-from {out} has 3 decoder layers, the head trained here 1: "
+                                         r"pass --head-layers 3 or more"):
+        Trainer(_settings(heads, "eagle3", init_from=str(out), draft_vocab_size=None), **QUIET)
+
+
+def test_head_layers_are_refused_where_they_cannot_be_served(heads):
+    with pytest.raises(ValueError, match=r"--head-layers 2: an EAGLE-1 head has one decoder layer .*train eagle3"):
+        Trainer(_settings(heads, "eagle", head_layers=2), **QUIET)
+    with pytest.raises(ValueError, match=r"--head-layers 0: a head has at least one decoder layer"):
+        Trainer(_settings(heads, "eagle3", head_layers=0), **QUIET)
+    from eagle_zoo.train.build import start_as_identity
+
+    with pytest.raises(ValueError, match=r"--head-layers 2: growing a head needs decoder layers whose residual "
+                                         r"branches end in self_attn.o_proj and mlp.down_proj; Sequential has no "
+                                         r"self_attn.o_proj, mlp.down_proj"):
+        start_as_identity(torch.nn.Sequential(torch.nn.Linear(2, 2)), "--head-layers 2")

@@ -25,8 +25,11 @@ def default_aux_layers(num_layers: int) -> list[int]:
 
 
 def head_config(target_dir: Path, method: str, *, draft_vocab_size: Optional[int] = None,
-                aux_layer_ids: Optional[Sequence[int]] = None) -> dict:
-    """The head's flat config.json: the target's, with one layer and the head's keys."""
+                aux_layer_ids: Optional[Sequence[int]] = None, num_layers: int = 1) -> dict:
+    """The head's flat config.json: the target's, with ``num_layers`` decoder layers (one,
+    as published heads have) and the head's keys."""
+    if int(num_layers) < 1:
+        raise ValueError(f"--head-layers {num_layers}: a head has at least one decoder layer")
     path = Path(target_dir) / "config.json"
     cfg = {k: v for k, v in json.loads(path.read_text()).items() if k not in _DROP}
     archs = cfg.get("architectures") or []
@@ -36,12 +39,16 @@ def head_config(target_dir: Path, method: str, *, draft_vocab_size: Optional[int
     if "rope_theta" not in cfg and "rope_theta" in rope:
         cfg["rope_theta"] = rope["rope_theta"]  # readers on transformers 4 look here
     n_target = cfg["num_hidden_layers"]
-    cfg["num_hidden_layers"] = 1
+    cfg["num_hidden_layers"] = int(num_layers)
     # transformers 5 writes one layer_types entry per target layer (qwen2, qwen3, ...) and
     # refuses a config whose list length differs from num_hidden_layers: let the config
-    # class derive the one-layer list again.
+    # class derive the head's list again.
     cfg.pop("layer_types", None)
     if method == "eagle":
+        if num_layers != 1:  # its config is a plain target config: one layer is what marks it a head
+            raise ValueError(f"--head-layers {num_layers}: an EAGLE-1 head has one decoder layer (loaders tell "
+                             f"its plain {archs[0]} config from a model by num_hidden_layers = 1); train eagle3 "
+                             f"for a deeper head")
         cfg["architectures"] = [archs[0]]  # yuhuili EAGLE-1: the plain target architecture
         return cfg
     if method != "eagle3":
@@ -156,11 +163,14 @@ def init_from_head(head: nn.Module, init, method: str, init_from: str, log=print
     target's) are not copied. ``keep_draft_vocab`` (EAGLE-3, --reselect-draft-vocab):
     ``head`` keeps its own draft vocabulary (d2t / t2d); its lm_head rows of tokens the
     init head also drafts take the init's trained rows, the others keep theirs (the
-    target's, from build_head)."""
+    target's, from build_head). A head with more decoder layers than ``init`` grows
+    (grown_layers): the init's layers come first, the new ones start as identities."""
     fix = "pass a head trained for this target and these settings, or drop --init-from"
     vocab_keys = ("d2t", "t2d", "lm_head.weight") if keep_draft_vocab else ()
+    have_layers = len(init.head.layers)
+    new_layers = grown_layers(head, have_layers, init_from)
     for key in _SAME_CONFIG:
-        if keep_draft_vocab and key == "draft_vocab_size":
+        if (keep_draft_vocab and key == "draft_vocab_size") or (key == "num_hidden_layers" and new_layers):
             continue
         want, have = getattr(head.config, key, None), getattr(init.config, key, None)
         if key.startswith(("norm_", "fc_norm")):
@@ -171,7 +181,9 @@ def init_from_head(head: nn.Module, init, method: str, init_from: str, log=print
     shared = shared_modules(method)
     mine = {k: v for k, v in head.state_dict().items() if not k.startswith(shared) and k not in vocab_keys}
     theirs = {k: v for k, v in init.head.state_dict().items() if not k.startswith(shared) and k not in vocab_keys}
-    missing, extra = sorted(mine.keys() - theirs.keys()), sorted(theirs.keys() - mine.keys())
+    grown = tuple(f"layers.{i}." for i in new_layers)  # not in the init head: start as identities below
+    missing = sorted(k for k in mine.keys() - theirs.keys() if not k.startswith(grown))
+    extra = sorted(theirs.keys() - mine.keys())
     shapes = [f"{k} {tuple(theirs[k].shape)} (here {tuple(mine[k].shape)})"
               for k in sorted(mine.keys() & theirs.keys()) if theirs[k].shape != mine[k].shape]
     if missing or extra or shapes:
@@ -181,12 +193,47 @@ def init_from_head(head: nn.Module, init, method: str, init_from: str, log=print
                                       ("other shapes", shapes)) if names)
                          + f". {fix}")
     for k, t in mine.items():
-        t.copy_(theirs[k])
+        if not k.startswith(grown):
+            t.copy_(theirs[k])
+    if new_layers:
+        for i in new_layers:
+            start_as_identity(head.layers[i], f"--head-layers {len(head.layers)}")
+        log(f"--init-from {init_from}: {have_layers} decoder layer(s); layers {', '.join(map(str, new_layers))} are "
+            f"new and start as identities (zero output projections), so the head starts computing what it computed")
     if keep_draft_vocab:
         _copy_shared_draft_rows(head, init.head, init_from, log)
     own = [m for m in shared if m not in init.shared]  # the checkpoint stores its own copy
     if own:
         log(f"--init-from {init_from}: its own {' and '.join(own)} not used: training shares the target's (frozen)")
+
+
+def grown_layers(head: nn.Module, init_layers: int, init_from: str) -> list[int]:
+    """Indices of ``head``'s decoder layers past the init head's ``init_layers``; a head
+    cannot shrink (which layers would go is not ours to guess)."""
+    n = len(head.layers)
+    if n < init_layers:
+        raise ValueError(f"--init-from {init_from} has {init_layers} decoder layers, the head trained here "
+                         f"{n}: pass --head-layers {init_layers} or more")
+    return list(range(init_layers, n))
+
+
+# A pre-norm decoder layer adds these projections' outputs to its residual stream: with
+# them zero it passes its input through unchanged, and gradients still reach them (their
+# inputs are not zero), so the layer learns from there (the zero-init residual trick).
+_RESIDUAL_OUTPUTS = ("self_attn.o_proj", "mlp.down_proj")
+
+
+@torch.no_grad()
+def start_as_identity(layer: nn.Module, option: str) -> None:
+    modules = dict(layer.named_modules())
+    absent = [name for name in _RESIDUAL_OUTPUTS if name not in modules]
+    if absent:
+        raise ValueError(f"{option}: growing a head needs decoder layers whose residual branches end in "
+                         f"{' and '.join(_RESIDUAL_OUTPUTS)}; {type(layer).__name__} has no {', '.join(absent)}: "
+                         f"train this family's head with as many layers as --init-from has")
+    for name in _RESIDUAL_OUTPUTS:
+        for p in modules[name].parameters(recurse=False):
+            p.zero_()
 
 
 def _copy_shared_draft_rows(head: nn.Module, init_head: nn.Module, init_from: str, log=print) -> None:

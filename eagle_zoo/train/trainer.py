@@ -52,6 +52,7 @@ class TrainSettings:
     draft_vocab_size: Optional[int] = None  # EAGLE-3; default min(32000, vocab)
     aux_layers: Optional[list] = None
     init_from: Optional[str] = None  # a head to start from (its weights; EAGLE-3: its draft vocab, aux layers)
+    head_layers: int = 1  # decoder layers of the head (published heads: 1); more than init_from's grows it
     seed: int = 0
     device: str = "auto"
     dtype: str = "auto"
@@ -169,7 +170,7 @@ class Trainer:
             log(f"draft vocabulary{where}: {draft_ids.numel()} of {vocab} "
                 f"tokens cover {self.info['draft_vocab_coverage']:.2%} of the training targets")
         self.flat_config = head_config(self.target.path, s.method, draft_vocab_size=draft_ids.numel() if draft_ids is not None else None,
-                                       aux_layer_ids=aux_layers)
+                                       aux_layer_ids=aux_layers, num_layers=s.head_layers)
         family = get_registry().family_for_config(self.target.config)
         self.mapping = family.weight_mapping
         reselect = init is not None and s.method == "eagle3" and s.reselect_draft_vocab
@@ -363,9 +364,11 @@ class Trainer:
     # -- resumable state -------------------------------------------------------------------
     def _fingerprint(self) -> dict:
         s = self.s
+        layers = self.flat_config["num_hidden_layers"]  # named only past 1: earlier states still match
         return {"method": s.method, "seed": s.seed, "token_budget": s.token_budget, "max_len": s.max_len,
                 "sequences": int(self.index.numel()), "tokens": int(self.lengths.sum()),
-                "draft_vocab_size": self.flat_config.get("draft_vocab_size")}
+                "draft_vocab_size": self.flat_config.get("draft_vocab_size"),
+                **({"head_layers": layers} if layers != 1 else {})}
 
     def save_state(self) -> None:
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
