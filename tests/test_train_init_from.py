@@ -119,7 +119,10 @@ def test_reselected_draft_vocabulary_keeps_the_trained_rows(heads, tmp_path, siz
     """--reselect-draft-vocab: the draft vocabulary is chosen from this run's data (here
     the init head's data: its 32 tokens are the top 32, so a larger choice holds them all
     and a smaller one is inside them); tokens both heads draft keep the init's trained
-    lm_head rows, new ones start from the target's rows, every other weight is the init's."""
+    lm_head rows, new ones start from the target's rows carried into the init's space by the
+    least-squares linear map of shared target rows onto trained rows; every other weight is
+    the init's."""
+    import numpy as np
     from eagle_zoo.loading import load
     from eagle_zoo.train.vocab import select_draft_vocab, token_counts, vocab_maps
 
@@ -135,13 +138,19 @@ def test_reselected_draft_vocabulary_keeps_the_trained_rows(heads, tmp_path, siz
     assert torch.equal(head.d2t.cpu(), d2t) and torch.equal(head.t2d.cpu(), t2d)
     assert trainer.flat_config["draft_vocab_size"] == size
     init_ids = (torch.arange(init.draft_vocab_size) + init.d2t).tolist()
+    shared = [t for t in ids.tolist() if t in init_ids]
+    # the map, fitted here with numpy (minimum-norm least squares, as lstsq's gelsd)
+    fit = np.linalg.lstsq(target.lm_head.weight[shared].detach().double().numpy(),
+                          init.lm_head.weight[[init_ids.index(t) for t in shared]].detach().double().numpy(), rcond=None)[0]
     kept = 0
     for row, token in enumerate(ids.tolist()):
         if token in init_ids:
             kept += 1
             assert torch.equal(head.lm_head.weight[row], init.lm_head.weight[init_ids.index(token)]), token
         else:
-            assert torch.equal(head.lm_head.weight[row], target.lm_head.weight[token].float()), token
+            mapped = torch.from_numpy(target.lm_head.weight[token].detach().double().numpy() @ fit).float()
+            assert torch.allclose(head.lm_head.weight[row], mapped, atol=1e-5), token
+            assert not torch.allclose(head.lm_head.weight[row], target.lm_head.weight[token].float()), token
     assert kept == min(size, 32) and (size < 32 or kept < size)  # both kinds of row were checked
     theirs = init.state_dict()
     for name, value in head.state_dict().items():
@@ -152,6 +161,36 @@ def test_reselected_draft_vocabulary_keeps_the_trained_rows(heads, tmp_path, siz
     _train(heads, "eagle3", out, "--init-from", str(init_dir), "--steps", "1", "--reselect-draft-vocab",
            "--draft-vocab-size", str(size))
     assert json.loads((out / "config.json").read_text())["draft_vocab_size"] == size
+
+
+def test_new_draft_rows_follow_the_map_the_shared_rows_make():
+    """Where the trained rows are exactly a linear map of the target's rows (a rotation
+    and a scale here), the new tokens' rows are that map of theirs: the warm start drafts
+    over them as the init head would have, had it drafted them."""
+    from types import SimpleNamespace
+
+    from eagle_zoo.train.build import _copy_shared_draft_rows
+
+    torch.manual_seed(0)
+    vocab, hidden = 40, 8
+    target_rows = torch.randn(vocab, hidden)
+    rotation = torch.linalg.qr(torch.randn(hidden, hidden))[0] * 0.5
+
+    def fake_head(token_ids, rows):
+        ids = torch.tensor(token_ids)
+        t2d = torch.zeros(vocab, dtype=torch.bool)
+        t2d[ids] = True
+        return SimpleNamespace(draft_vocab_size=len(ids), d2t=ids - torch.arange(len(ids)), t2d=t2d,
+                               lm_head=torch.nn.Linear(hidden, len(ids), bias=False).requires_grad_(False)
+                               if rows is None else SimpleNamespace(weight=rows))
+
+    init = fake_head(list(range(0, 30)), target_rows[:30] @ rotation)  # trained: mapped rows
+    head = fake_head(list(range(10, 40)), None)
+    head.lm_head.weight.copy_(target_rows[10:40])  # build_head's start: the target's rows
+    with torch.no_grad():
+        _copy_shared_draft_rows(head, init, "init", log=lambda *a: None)
+    assert torch.equal(head.lm_head.weight[:20], init.lm_head.weight[10:30])  # shared: kept as trained
+    assert torch.allclose(head.lm_head.weight[20:], target_rows[30:40] @ rotation, atol=1e-5)  # new: mapped
 
 
 # -- (d): the weights are used ----------------------------------------------------------------------

@@ -400,6 +400,18 @@ def test_stop_after_seconds_pauses_and_resume_reproduces_the_run(train_root, tmp
         assert torch.equal(p, t.params[name]), name
 
 
+def test_stop_file_ends_the_run_like_its_time_budget(train_root, tmp_path):
+    stop = tmp_path / "stop"
+    absent = Trainer(_settings(train_root, stop_file=str(stop)), log=lambda *a: None)
+    assert absent.run().info["stop_reason"] == "steps" and absent.step == 4  # no file: the whole run
+
+    stop.touch()
+    stopped = Trainer(_settings(train_root, stop_file=str(stop)), log=lambda *a: None)
+    result = stopped.run()
+    assert stopped.step == 0 and result.info["stop_reason"] == f"--stop-file {stop}"
+    assert not result.info["paused"]  # an end, not a pause: the head is final
+
+
 def test_paused_time_counts_towards_max_seconds(train_root, tmp_path):
     state = str(tmp_path / "state")
     paused = Trainer(_settings(train_root, state_dir=state, max_seconds=1e6, stop_after_seconds=1e-9),

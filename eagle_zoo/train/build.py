@@ -237,11 +237,24 @@ def start_as_identity(layer: nn.Module, option: str) -> None:
 
 
 def _copy_shared_draft_rows(head: nn.Module, init_head: nn.Module, init_from: str, log=print) -> None:
-    """lm_head rows of the tokens both draft vocabularies hold: the init head's."""
+    """lm_head rows of the tokens both draft vocabularies hold: the init head's. The new
+    tokens' rows, the target's so far (build_head), are carried into the init head's
+    output space by the linear map that best takes the target's rows of the shared tokens
+    to their trained rows (least squares). A trained head's rows drift from the target's
+    (ours: cosine 0.52 on average), so the target's rows as they are give logits on
+    another scale, and new rare tokens then win the argmax: a warm start from the shipped
+    head fell from 0.83 to 0.04 first-step accuracy before one step was taken."""
+    weight = head.lm_head.weight
     ids = torch.arange(head.draft_vocab_size) + head.d2t.cpu()  # target ids, ascending
     init_ids = torch.arange(init_head.draft_vocab_size) + init_head.d2t.cpu()
     both = init_head.t2d.cpu()[ids]  # [draft V here]: this token was drafted by the init head too
     rows = torch.searchsorted(init_ids, ids[both])  # its row there (ids ascending in both)
-    head.lm_head.weight[both.to(head.lm_head.weight.device)] = init_head.lm_head.weight[rows].to(head.lm_head.weight)
+    target_rows = weight.detach().cpu().double()
+    trained = init_head.lm_head.weight.detach().cpu().double()[rows]
+    new = ~both
+    if both.any() and new.any():
+        fit = torch.linalg.lstsq(target_rows[both], trained, driver="gelsd").solution  # [H, H]
+        weight[new.to(weight.device)] = (target_rows[new] @ fit).to(weight)
+    weight[both.to(weight.device)] = trained.to(weight)
     log(f"--init-from {init_from}: {int(both.sum())} of {ids.numel()} draft tokens keep its trained lm_head rows, "
-        f"{int((~both).sum())} new ones start from the target's")
+        f"{int(new.sum())} new ones start from the target's, mapped into its space (least squares over the shared rows)")

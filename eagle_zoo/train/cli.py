@@ -76,6 +76,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--stop-after-seconds", type=float,
                        help="pause this process after N seconds: the state and the head are saved, --resume continues "
                             "(to split one run over several time-limited jobs)")
+        p.add_argument("--stop-file", help="end training early once this file exists (checked before every step): "
+                                           "the head is saved as at the end of its time budget")
         p.add_argument("--token-budget", type=int, default=16384, help="padded tokens per batch")
         p.add_argument("--cache-features", action="store_true",
                        help="run the target over the data once and keep its features on the device instead of "
@@ -108,7 +110,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             p.add_argument("--reselect-draft-vocab", action="store_true",
                            help="with --init-from: choose the draft vocabulary from this data, as a fresh head "
                                 "does (size: --draft-vocab-size or the init head's); shared tokens keep their "
-                                "trained rows")
+                                "trained rows, new ones take the target's rows mapped into the head's space")
         p.add_argument("--num-speculative-tokens", type=int, default=3, help="default K written to speculators configs")
         p.add_argument("--target-name", help="the target as speculators configs name it (default: --target), "
                                              "e.g. a hub id when --target is a local directory")
@@ -200,7 +202,7 @@ def settings_from_args(args):
             raise SystemExit(f"--aux-layers {args.aux_layers!r}: give three comma-separated integers") from None
     return TrainSettings(
         method=args.method, target=args.target, data=list(args.data), steps=args.steps, epochs=args.epochs,
-        max_seconds=args.max_seconds, stop_after_seconds=args.stop_after_seconds, token_budget=args.token_budget, max_len=args.max_len, lr=args.lr,
+        max_seconds=args.max_seconds, stop_after_seconds=args.stop_after_seconds, stop_file=args.stop_file, token_budget=args.token_budget, max_len=args.max_len, lr=args.lr,
         warmup_steps=args.warmup_steps, min_lr_ratio=args.min_lr_ratio, weight_decay=args.weight_decay,
         grad_clip=args.grad_clip, noise=getattr(args, "noise", 0.2), ttt_steps=args.ttt_steps,
         ttt_decay=args.ttt_decay, draft_vocab_size=getattr(args, "draft_vocab_size", None),

@@ -38,6 +38,7 @@ class TrainSettings:
     epochs: float = 1.0
     max_seconds: Optional[float] = None  # the run's length in time (also the LR schedule's horizon)
     stop_after_seconds: Optional[float] = None  # pause this process after N s (state saved; --resume continues)
+    stop_file: Optional[str] = None  # end the run early, as its time budget would, once this file exists
     token_budget: int = 16384
     max_len: int = 2048
     lr: float = 3e-4
@@ -303,6 +304,11 @@ class Trainer:
             while self.step < self.total:
                 if s.max_seconds and self.elapsed >= s.max_seconds:
                     stop_reason = "time budget"
+                    break
+                # one stat a step: a job that cannot be signalled (a background process of a
+                # script ignores SIGINT) is still ended cleanly from outside, head saved
+                if s.stop_file and os.path.exists(s.stop_file):
+                    stop_reason = f"--stop-file {s.stop_file}"
                     break
                 # never before this process's first step: a job too short for one step would pause forever
                 if (s.stop_after_seconds and self.step > first_step
