@@ -52,6 +52,7 @@
 #   STOP_AFTER=300 ...   steps 0-2, training paused after 300 s of this job (state kept)
 #   RESUME=1 ...         training only, continued from the saved state, then step 3
 # TRAIN_SECONDS is the whole run's training time (the learning-rate schedule's horizon).
+# DATA_ONLY=1: steps 0-1 only (the data stays in $WORK; RESUME=1 trains on it).
 # STOP_FILE=PATH: training ends early (heads saved, as at TRAIN_SECONDS) once PATH exists.
 set -u
 TARGET=${1:?usage: $0 TARGET_DIR PROMPTS.jsonl [OUT]}
@@ -142,6 +143,11 @@ for d in $SETS; do
 done
 [ ${#DATA[@]} -gt 0 ] || { say "no training data; stopping"; exit 1; }
 say "data ready: ${DATA[*]}"
+if [ "${DATA_ONLY:-0}" = 1 ]; then
+  # a device call too short for data and training together: the data stays in $WORK
+  say "DATA_ONLY=1: data in $WORK/data; train it with RESUME=1 on the same WORK"
+  exit 0
+fi
 fi
 
 # -- 2. training (the HEADS side by side; each is time-boxed) ---------------------------------
