@@ -49,7 +49,8 @@
 # EAGLE3_LAYERS=N: --head-layers N for the EAGLE-3 head (default 1); with INIT_EAGLE3 a
 # one-layer head grows, its new layers starting as identities.
 # One run split over several time-limited jobs (same WORK each time):
-#   STOP_AFTER=300 ...   steps 0-2, training paused after 300 s of this job (state kept)
+#   STOP_AFTER=300 ...   steps 0-2, training paused after 300 s of training (state kept);
+#                        the loads and the feature cache before the first step come on top
 #   RESUME=1 ...         training only, continued from the saved state, then step 3
 # TRAIN_SECONDS is the whole run's training time (the learning-rate schedule's horizon).
 # DATA_ONLY=1: steps 0-1 only (the data stays in $WORK; RESUME=1 trains on it).

@@ -74,8 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--max-seconds", type=float, help="stop training after this many seconds (in all, over resumes; "
                                                           "also the learning-rate schedule's horizon)")
         p.add_argument("--stop-after-seconds", type=float,
-                       help="pause this process after N seconds: the state and the head are saved, --resume continues "
-                            "(to split one run over several time-limited jobs)")
+                       help="pause after N seconds of training in this process (counted from its first step: loading the "
+                            "target and building the feature cache come first and are not counted): the state and "
+                            "the head are saved, --resume continues (to split one run over several time-limited jobs)")
         p.add_argument("--stop-file", help="end training early once this file exists (checked before every step): "
                                            "the head is saved as at the end of its time budget")
         p.add_argument("--token-budget", type=int, default=16384, help="padded tokens per batch")
