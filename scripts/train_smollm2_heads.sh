@@ -46,8 +46,9 @@
 # INIT_DIR=DIR (an earlier OUT) is the default for both: DIR/eagle and DIR/eagle3.
 # DRAFT_VOCAB must then equal the EAGLE-3 head's draft vocabulary (12000 for ours), unless
 # RESELECT_VOCAB=1 (--reselect-draft-vocab: the draft vocabulary chosen from this data).
-# EAGLE3_LAYERS=N: --head-layers N for the EAGLE-3 head (default 1); with INIT_EAGLE3 a
-# one-layer head grows, its new layers starting as identities.
+# EAGLE3_LAYERS=N: --head-layers N for the EAGLE-3 head (default: INIT_EAGLE3's layers, two for
+# the shipped head since the twelfth session; 1 without it); more than INIT_EAGLE3's grows
+# it, its new layers starting as identities.
 # One run split over several time-limited jobs (same WORK each time):
 #   STOP_AFTER=300 ...   steps 0-2, training paused after 300 s of training (state kept);
 #                        the loads and the feature cache before the first step come on top
@@ -179,7 +180,7 @@ trains eagle3 && job eagle3 train_head eagle3 "$WORK/heads/eagle3" "$EAGLE3_TOKE
   --draft-vocab-size "$DRAFT_VOCAB" --ttt-steps "$TTT_STEPS" --format yuhuili-eagle3,speculators-eagle3 \
   --target-name HuggingFaceTB/SmolLM2-135M-Instruct ${INIT_EAGLE3:+--init-from "$INIT_EAGLE3"} \
   $([ "${RESELECT_VOCAB:-0}" = 1 ] && [ -n "$INIT_EAGLE3" ] && echo --reselect-draft-vocab) \
-  --head-layers "${EAGLE3_LAYERS:-1}"
+  ${EAGLE3_LAYERS:+--head-layers "$EAGLE3_LAYERS"}
 wait
 say "training finished: $(for h in $HEADS; do printf '%s exit %s ' "$h" "$(rc "$h")"; done)"
 

@@ -238,17 +238,20 @@ def test_grown_head_starts_as_the_init_head_then_trains_its_new_layers(heads, tm
     assert all(layer.self_attn.o_proj.weight.any() and layer.mlp.down_proj.weight.any()
                for layer in trainer.head.layers[1:])
 
-    # Through the CLI, saved and grown no further: a three-layer head as --init-from of a
-    # three-layer run copies every tensor; a one-layer run cannot take it.
+    # Through the CLI, saved and grown no further: a three-layer head as --init-from, with
+    # --head-layers 3 or without it (a warm start keeps the init head's depth), copies every
+    # tensor; a one-layer run cannot take it.
     out = tmp_path / "grown"
     _train(heads, "eagle3", out, "--init-from", init, "--head-layers", "3", "--steps", "1", "--lr", "0")
     assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 3
-    again = tmp_path / "again"
-    _train(heads, "eagle3", again, "--init-from", str(out), "--head-layers", "3", "--steps", "1", "--lr", "0")
-    _same_tensors(out, again)
+    for name, layers in (("again", ["--head-layers", "3"]), ("default", [])):
+        again = tmp_path / name
+        _train(heads, "eagle3", again, "--init-from", str(out), *layers, "--steps", "1", "--lr", "0")
+        assert json.loads((again / "config.json").read_text())["num_hidden_layers"] == 3
+        _same_tensors(out, again)
     with pytest.raises(ValueError, match=rf"--init-from {out} has 3 decoder layers, the head trained here 1: "
                                          r"pass --head-layers 3 or more"):
-        Trainer(_settings(heads, "eagle3", init_from=str(out), draft_vocab_size=None), **QUIET)
+        Trainer(_settings(heads, "eagle3", init_from=str(out), draft_vocab_size=None, head_layers=1), **QUIET)
 
 
 def test_head_layers_are_refused_where_they_cannot_be_served(heads):

@@ -105,9 +105,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         else:
             p.add_argument("--draft-vocab-size", type=int, help="draft vocabulary (default min(32000, vocab))")
             p.add_argument("--aux-layers", help="three target layer ids, e.g. 2,15,27 (default 2,N//2,N-3)")
-            p.add_argument("--head-layers", type=int, default=1,
-                           help="decoder layers of the head (default 1, as published heads); with --init-from a "
-                                "head of fewer layers grows: its layers first, the new ones starting as identities")
+            p.add_argument("--head-layers", type=int,
+                           help="decoder layers of the head (default: the --init-from head's, else 1 as published "
+                                "heads); more than the --init-from head's grows it: its layers first, the new ones "
+                                "starting as identities")
             p.add_argument("--reselect-draft-vocab", action="store_true",
                            help="with --init-from: choose the draft vocabulary from this data, as a fresh head "
                                 "does (size: --draft-vocab-size or the init head's); shared tokens keep their "
@@ -208,7 +209,7 @@ def settings_from_args(args):
         grad_clip=args.grad_clip, noise=getattr(args, "noise", 0.2), ttt_steps=args.ttt_steps,
         ttt_decay=args.ttt_decay, draft_vocab_size=getattr(args, "draft_vocab_size", None),
         aux_layers=aux, init_from=getattr(args, "init_from", None),
-        head_layers=getattr(args, "head_layers", 1), seed=args.seed, device=args.device, dtype=args.dtype,
+        head_layers=getattr(args, "head_layers", None), seed=args.seed, device=args.device, dtype=args.dtype,
         state_dir=args.state_dir or f"{str(args.out).rstrip('/')}.state", resume=args.resume,
         save_every=args.save_every, log_every=args.log_every, progress=not args.no_progress,
         cache_features=getattr(args, "cache_features", False),

@@ -53,7 +53,9 @@ class TrainSettings:
     draft_vocab_size: Optional[int] = None  # EAGLE-3; default min(32000, vocab)
     aux_layers: Optional[list] = None
     init_from: Optional[str] = None  # a head to start from (its weights; EAGLE-3: its draft vocab, aux layers)
-    head_layers: int = 1  # decoder layers of the head (published heads: 1); more than init_from's grows it
+    # decoder layers of the head; None: init_from's (a warm start continues the head as it is),
+    # else 1 (published heads); more than init_from's grows it
+    head_layers: Optional[int] = None
     seed: int = 0
     device: str = "auto"
     dtype: str = "auto"
@@ -171,7 +173,9 @@ class Trainer:
             log(f"draft vocabulary{where}: {draft_ids.numel()} of {vocab} "
                 f"tokens cover {self.info['draft_vocab_coverage']:.2%} of the training targets")
         self.flat_config = head_config(self.target.path, s.method, draft_vocab_size=draft_ids.numel() if draft_ids is not None else None,
-                                       aux_layer_ids=aux_layers, num_layers=s.head_layers)
+                                       aux_layer_ids=aux_layers,
+                                       num_layers=s.head_layers if s.head_layers is not None
+                                       else len(init.head.layers) if init is not None else 1)
         family = get_registry().family_for_config(self.target.config)
         self.mapping = family.weight_mapping
         reselect = init is not None and s.method == "eagle3" and s.reselect_draft_vocab
