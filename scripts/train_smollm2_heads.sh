@@ -54,6 +54,8 @@
 #                        the loads and the feature cache before the first step come on top
 #   RESUME=1 ...         training only, continued from the saved state, then step 3
 # TRAIN_SECONDS is the whole run's training time (the learning-rate schedule's horizon).
+#   PAUSE_AT=UNIX_SECONDS  as STOP_AFTER, but at a time of the clock: loads and cache included
+#                        (scripts/device/train.sh sets it from CALL_SECONDS)
 # DATA_ONLY=1: steps 0-1 only (the data stays in $WORK; RESUME=1 trains on it).
 # STOP_FILE=PATH: training ends early (heads saved, as at TRAIN_SECONDS) once PATH exists.
 set -u
@@ -160,6 +162,7 @@ cache=(); [ "${CACHE_FEATURES:-0}" = 1 ] && cache=(--cache-features)
 [ "$RESUME" = 1 ] && common_train+=(--resume)
 [ -n "$STOP_AFTER" ] && common_train+=(--stop-after-seconds "$STOP_AFTER")
 [ -n "${STOP_FILE:-}" ] && common_train+=(--stop-file "$STOP_FILE")
+[ -n "${PAUSE_AT:-}" ] && common_train+=(--pause-at "$PAUSE_AT")
 # train_head METHOD OUT TOKENS HEAD_CONFIG ARGS...: a run that dies before saving anything
 # is retried once with half the token budget and no feature cache (the two memory-hungry
 # settings: a cache larger than GPU + host memory is refused) for the time that is left.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 
 import pytest
 import torch
@@ -378,8 +379,11 @@ def _settings(root, **kw):
     return TrainSettings(**base)
 
 
-def test_stop_after_seconds_pauses_and_resume_reproduces_the_run(train_root, tmp_path):
+@pytest.mark.parametrize("pause", [dict(stop_after_seconds=1e-9), dict(pause_at=1.0)], ids=["stop-after", "pause-at"])
+def test_a_pause_and_resume_reproduce_the_run(train_root, tmp_path, pause):
+    """--stop-after-seconds and --pause-at (a time long past) pause after the job's first step."""
     quiet = dict(log=lambda *a: None)
+    option = "--stop-after-seconds" if "stop_after_seconds" in pause else "--pause-at"
     straight = Trainer(_settings(train_root), **quiet)
     straight.run()
     assert straight.step == 4 and len(straight.epoch_batches) < 4  # the plan spans epochs
@@ -387,15 +391,18 @@ def test_stop_after_seconds_pauses_and_resume_reproduces_the_run(train_root, tmp
     state = str(tmp_path / "state")
     steps = []
     for job in range(4):  # every job stops after its first step: four pauses
-        t = Trainer(_settings(train_root, state_dir=state, resume=job > 0, stop_after_seconds=1e-9), **quiet)
+        t = Trainer(_settings(train_root, state_dir=state, resume=job > 0, **pause), **quiet)
         assert t.step == job
         result = t.run()
         steps.append(t.step)
         assert (tmp_path / "state" / "state.pt").is_file()
         if t.step < 4:
-            assert result.info["paused"] and result.info["stop_reason"].startswith("--stop-after-seconds")
+            assert result.info["paused"] and result.info["stop_reason"].startswith(option)
     assert steps == [1, 2, 3, 4]
     assert not result.info["paused"] and result.info["stop_reason"] == "steps"
+    if "pause_at" in pause:  # a time still ahead does not pause
+        ahead = Trainer(_settings(train_root, pause_at=time.time() + 3600), **quiet)
+        assert not ahead.run().info["paused"] and ahead.step == 4
     for name, p in straight.params.items():
         assert torch.equal(p, t.params[name]), name
 
@@ -427,16 +434,17 @@ def test_paused_time_counts_towards_max_seconds(train_root, tmp_path):
     assert spent.step == 1 and result.info["stop_reason"] == "time budget"
 
 
-def test_cli_pause_saves_the_head_and_resume_finishes(train_root, tmp_path, capsys):
+@pytest.mark.parametrize("pause", [["--stop-after-seconds", "1e-9"], ["--pause-at", "1"]], ids=["stop-after", "pause-at"])
+def test_cli_pause_saves_the_head_and_resume_finishes(train_root, tmp_path, capsys, pause):
     from eagle_zoo.cli import main
 
     out = tmp_path / "head"
     args = ["train", "eagle", "--target", str(train_root / "target"), "--data", str(train_root / "data"),
             "--out", str(out), "--steps", "3", "--max-len", "32", "--token-budget", "160", "--device", "cpu",
             "--no-progress", "--no-verify"]
-    assert main(args + ["--stop-after-seconds", "1e-9"]) == 0
+    assert main(args + pause) == 0
     first = json.loads((out / INFO_FILE).read_text())  # the head of the first job is saved, marked paused
-    assert first["paused"] and first["steps"] == 1
+    assert first["paused"] and first["steps"] == 1 and first["stop_reason"].startswith(pause[0])
     state = torch.load(tmp_path / "head.state" / "state.pt", map_location="cpu", weights_only=True)
     assert state["step"] == 1
     assert main(args + ["--resume"]) == 0

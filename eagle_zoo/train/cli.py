@@ -77,6 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="pause after N seconds of training in this process (counted from its first step: loading the "
                             "target and building the feature cache come first and are not counted): the state and "
                             "the head are saved, --resume continues (to split one run over several time-limited jobs)")
+        p.add_argument("--pause-at", type=float, metavar="UNIX_SECONDS",
+                       help="pause like --stop-after-seconds once the clock passes this time (e.g. $(date +%%s) + 540): "
+                            "a job with a hard time limit ends on time however long loading and the feature cache took")
         p.add_argument("--stop-file", help="end training early once this file exists (checked before every step): "
                                            "the head is saved as at the end of its time budget")
         p.add_argument("--token-budget", type=int, default=16384, help="padded tokens per batch")
@@ -204,7 +207,7 @@ def settings_from_args(args):
             raise SystemExit(f"--aux-layers {args.aux_layers!r}: give three comma-separated integers") from None
     return TrainSettings(
         method=args.method, target=args.target, data=list(args.data), steps=args.steps, epochs=args.epochs,
-        max_seconds=args.max_seconds, stop_after_seconds=args.stop_after_seconds, stop_file=args.stop_file, token_budget=args.token_budget, max_len=args.max_len, lr=args.lr,
+        max_seconds=args.max_seconds, stop_after_seconds=args.stop_after_seconds, pause_at=args.pause_at, stop_file=args.stop_file, token_budget=args.token_budget, max_len=args.max_len, lr=args.lr,
         warmup_steps=args.warmup_steps, min_lr_ratio=args.min_lr_ratio, weight_decay=args.weight_decay,
         grad_clip=args.grad_clip, noise=getattr(args, "noise", 0.2), ttt_steps=args.ttt_steps,
         ttt_decay=args.ttt_decay, draft_vocab_size=getattr(args, "draft_vocab_size", None),

@@ -38,6 +38,9 @@ class TrainSettings:
     epochs: float = 1.0
     max_seconds: Optional[float] = None  # the run's length in time (also the LR schedule's horizon)
     stop_after_seconds: Optional[float] = None  # pause this process after N s (state saved; --resume continues)
+    # pause once the clock (Unix seconds) passes this, loads and feature cache included: a job
+    # with a hard time limit ends on time however long its start took
+    pause_at: Optional[float] = None
     stop_file: Optional[str] = None  # end the run early, as its time budget would, once this file exists
     token_budget: int = 16384
     max_len: int = 2048
@@ -319,6 +322,9 @@ class Trainer:
                         and time.monotonic() - process_start >= s.stop_after_seconds):
                     stop_reason = "--stop-after-seconds (continue with --resume)"
                     break
+                if s.pause_at and self.step > first_step and time.time() >= s.pause_at:
+                    stop_reason = "--pause-at (continue with --resume)"
+                    break
                 noise_state = self.noise_gen.get_state()
                 metrics = self.train_step(self.next_batch())
                 self.step, self.batch_in_epoch = self.step + 1, self.batch_in_epoch + 1
@@ -347,7 +353,7 @@ class Trainer:
                 self._log_window(window, None)
             if self.state_path:
                 self.save_state()
-        self.info.update(stop_reason=stop_reason, paused=stop_reason.startswith("--stop-after"), steps=self.step, seconds=round(self.elapsed, 1))
+        self.info.update(stop_reason=stop_reason, paused=stop_reason.startswith(("--stop-after", "--pause-at")), steps=self.step, seconds=round(self.elapsed, 1))
         self.log(f"done: {self.step} steps in {self.elapsed:.1f} s (stopped by {stop_reason})")
         return self.result()
 
