@@ -4,6 +4,8 @@
 # data, and the first STOP_AFTER seconds of training (default 200; STOP_AFTER= set empty:
 # no pause, TRAIN_SECONDS in all). The run's state stays in
 # /root/m/work; call 3 (train_more.sh) continues it. Heads so far come back via $OUT.
+# DATA_ONLY=1: prompts and data only; RESUME=1 CALL_SECONDS=590: a training call that ends
+# in time (the twelfth session's round, scripts/device/README.md).
 set -u
 START_EPOCH=$(date +%s)
 cd "$(dirname "$0")/../.."
