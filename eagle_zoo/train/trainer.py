@@ -37,7 +37,7 @@ class TrainSettings:
     steps: Optional[int] = None  # default: epochs over the data
     epochs: float = 1.0
     max_seconds: Optional[float] = None  # the run's length in time (also the LR schedule's horizon)
-    stop_after_seconds: Optional[float] = None  # pause this process after N s (state saved; --resume continues)
+    stop_after_seconds: Optional[float] = None  # pause after N s of training in this process (state saved; --resume continues)
     # pause once the clock (Unix seconds) passes this, loads and feature cache included: a job
     # with a hard time limit ends on time however long its start took
     pause_at: Optional[float] = None
