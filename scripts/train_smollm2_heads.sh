@@ -52,10 +52,10 @@
 # One run split over several time-limited jobs (same WORK each time):
 #   STOP_AFTER=300 ...   steps 0-2, training paused after 300 s of training (state kept);
 #                        the loads and the feature cache before the first step come on top
-#   RESUME=1 ...         training only, continued from the saved state, then step 3
-# TRAIN_SECONDS is the whole run's training time (the learning-rate schedule's horizon).
 #   PAUSE_AT=UNIX_SECONDS  as STOP_AFTER, but at a time of the clock: loads and cache included
 #                        (scripts/device/train.sh sets it from CALL_SECONDS)
+#   RESUME=1 ...         training only, continued from the saved state, then step 3
+# TRAIN_SECONDS is the whole run's training time (the learning-rate schedule's horizon).
 # DATA_ONLY=1: steps 0-1 only (the data stays in $WORK; RESUME=1 trains on it).
 # STOP_FILE=PATH: training ends early (heads saved, as at TRAIN_SECONDS) once PATH exists.
 set -u

@@ -400,11 +400,19 @@ def test_a_pause_and_resume_reproduce_the_run(train_root, tmp_path, pause):
             assert result.info["paused"] and result.info["stop_reason"].startswith(option)
     assert steps == [1, 2, 3, 4]
     assert not result.info["paused"] and result.info["stop_reason"] == "steps"
-    if "pause_at" in pause:  # a time still ahead does not pause
-        ahead = Trainer(_settings(train_root, pause_at=time.time() + 3600), **quiet)
-        assert not ahead.run().info["paused"] and ahead.step == 4
     for name, p in straight.params.items():
         assert torch.equal(p, t.params[name]), name
+
+
+@pytest.mark.parametrize("stop_after, pause_in, reason", [(None, 3600, "steps"), (1e-9, 3600, "--stop-after-seconds"),
+                                                         (3600, -1, "--pause-at")])
+def test_the_earlier_pause_wins(train_root, stop_after, pause_in, reason):
+    """A pause still ahead lets the run end; of two pauses the earlier one stops it."""
+    t = Trainer(_settings(train_root, stop_after_seconds=stop_after, pause_at=time.time() + pause_in),
+                log=lambda *a: None)
+    info = t.run().info
+    assert info["stop_reason"].startswith(reason) and info["paused"] == (reason != "steps")
+    assert t.step == (4 if reason == "steps" else 1)
 
 
 def test_stop_file_ends_the_run_like_its_time_budget(train_root, tmp_path):

@@ -175,10 +175,10 @@ class Trainer:
             where = " (from --init-from)" if init is not None and not s.reselect_draft_vocab else ""
             log(f"draft vocabulary{where}: {draft_ids.numel()} of {vocab} "
                 f"tokens cover {self.info['draft_vocab_coverage']:.2%} of the training targets")
+        # a warm start keeps the init head's depth unless told otherwise; a fresh head has one layer
+        layers = s.head_layers if s.head_layers is not None else len(init.head.layers) if init is not None else 1
         self.flat_config = head_config(self.target.path, s.method, draft_vocab_size=draft_ids.numel() if draft_ids is not None else None,
-                                       aux_layer_ids=aux_layers,
-                                       num_layers=s.head_layers if s.head_layers is not None
-                                       else len(init.head.layers) if init is not None else 1)
+                                       aux_layer_ids=aux_layers, num_layers=layers)
         family = get_registry().family_for_config(self.target.config)
         self.mapping = family.weight_mapping
         reselect = init is not None and s.method == "eagle3" and s.reselect_draft_vocab
@@ -302,8 +302,8 @@ class Trainer:
         self.log(f"training {s.method} on {len(self.index)} sequences, {int(self.lengths.sum()):,} tokens; "
                  f"{len(self.epoch_batches)} batches per epoch; {self.total} steps"
                  + (f" or {s.max_seconds:.0f} s" if s.max_seconds else "") + f"; device {self.device}, {self.dtype}")
-        start, window, stop_reason = time.monotonic() - self.elapsed, [], "steps"
-        process_start = time.monotonic()
+        start, window, stop_reason, paused = time.monotonic() - self.elapsed, [], "steps", False
+        pause_deadline, pause_option = self._pause_deadline()
         first_step = self.step
         noise_state = self.noise_gen.get_state()
         bar = tqdm(total=self.total, initial=self.step, desc=f"train {s.method}", disable=None if s.progress else True)
@@ -318,12 +318,8 @@ class Trainer:
                     stop_reason = f"--stop-file {s.stop_file}"
                     break
                 # never before this process's first step: a job too short for one step would pause forever
-                if (s.stop_after_seconds and self.step > first_step
-                        and time.monotonic() - process_start >= s.stop_after_seconds):
-                    stop_reason = "--stop-after-seconds (continue with --resume)"
-                    break
-                if s.pause_at and self.step > first_step and time.time() >= s.pause_at:
-                    stop_reason = "--pause-at (continue with --resume)"
+                if pause_deadline is not None and self.step > first_step and time.monotonic() >= pause_deadline:
+                    stop_reason, paused = f"{pause_option} (continue with --resume)", True
                     break
                 noise_state = self.noise_gen.get_state()
                 metrics = self.train_step(self.next_batch())
@@ -353,9 +349,20 @@ class Trainer:
                 self._log_window(window, None)
             if self.state_path:
                 self.save_state()
-        self.info.update(stop_reason=stop_reason, paused=stop_reason.startswith(("--stop-after", "--pause-at")), steps=self.step, seconds=round(self.elapsed, 1))
+        self.info.update(stop_reason=stop_reason, paused=paused, steps=self.step, seconds=round(self.elapsed, 1))
         self.log(f"done: {self.step} steps in {self.elapsed:.1f} s (stopped by {stop_reason})")
         return self.result()
+
+    def _pause_deadline(self) -> tuple[Optional[float], Optional[str]]:
+        """The earlier of --stop-after-seconds (from now: training seconds of this process)
+        and --pause-at (a time of the wall clock), on the monotonic clock, with its option."""
+        now = time.monotonic()
+        pauses = []
+        if self.s.stop_after_seconds:
+            pauses.append((now + self.s.stop_after_seconds, "--stop-after-seconds"))
+        if self.s.pause_at is not None:
+            pauses.append((now + self.s.pause_at - time.time(), "--pause-at"))
+        return min(pauses) if pauses else (None, None)
 
     def _log_window(self, window: list[dict], bar) -> None:
         keys = sorted({k for m in window for k in m})
