@@ -27,6 +27,10 @@
 # SYNTH_OPENERS: comma-separated first words of the self-instruct user turns, one per row in
 # turn (`train prompts --openers`), e.g. "Explain,Write a,Describe,Compare,Summarize,Imagine";
 # an opener of * is a free row (no opener): "*,Explain,*,Write a" steers half the rows.
+# SYNTH_OPENERS_FILE=PATH: `--openers-file PATH` (one opener a line) instead of SYNTH_OPENERS.
+# SYNTH_TOPICS=1: that file made here by scripts/topic_openers.py (request kinds x subjects of
+# every field, every SYNTH_FREE_EVERY-th line (default 3) a free row; seed SYNTH_SEED), 1.5 lines
+# per prompt asked for, since ~25% of the generated rows are dropped.
 # SYNTH_EVERY: self-instruct prompts per prompt of PROMPTS in the mix (`--mix-every`, default 1).
 # SPLIT_GREEDY=1: the second data process answers greedily too, on the other half of the
 # prompts (odd rows to data/greedy, even rows to data/greedy2) instead of sampling answers
@@ -117,9 +121,17 @@ if [ "$RESUME" = 1 ]; then
 else
 # -- 0. self-instruct prompts ------------------------------------------------------------------
 if [ "$SYNTH_PROMPTS" -gt 0 ]; then
+  if [ "${SYNTH_TOPICS:-0}" = 1 ] && [ -z "${SYNTH_OPENERS_FILE:-}" ]; then
+    SYNTH_OPENERS_FILE=$WORK/openers.txt
+    "$PY" "$REPO/scripts/topic_openers.py" --num $((SYNTH_PROMPTS * 3 / 2)) --free-every "${SYNTH_FREE_EVERY:-3}" \
+      --seed "${SYNTH_SEED:-0}" > "$SYNTH_OPENERS_FILE" || exit 1
+    say "SYNTH_TOPICS=1: $(wc -l < "$SYNTH_OPENERS_FILE") openers in $SYNTH_OPENERS_FILE"
+  fi
+  steer=(); [ -n "${SYNTH_OPENERS:-}" ] && steer=(--openers "$SYNTH_OPENERS")
+  [ -n "${SYNTH_OPENERS_FILE:-}" ] && steer=(--openers-file "$SYNTH_OPENERS_FILE")
   ez train prompts --target "$TARGET" --num "$SYNTH_PROMPTS" --mix "$PROMPTS" --out "$WORK/prompts.jsonl" \
     --device "$DEVICE" --max-seconds "$SYNTH_SECONDS" --max-new-tokens 128 --seed "${SYNTH_SEED:-0}" ${SYNTH_BATCH:+--batch-size "$SYNTH_BATCH"} \
-    ${SYNTH_OPENERS:+--openers "$SYNTH_OPENERS"} --mix-every "${SYNTH_EVERY:-1}" 2>&1 | tee "$WORK/logs/prompts.log"
+    ${steer[@]+"${steer[@]}"} --mix-every "${SYNTH_EVERY:-1}" 2>&1 | tee "$WORK/logs/prompts.log"
   [ -s "$WORK/prompts.jsonl" ] && PROMPTS="$WORK/prompts.jsonl" || say "self-instruct prompts failed: using $PROMPTS alone"
 fi
 

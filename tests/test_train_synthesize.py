@@ -318,6 +318,62 @@ def test_cli_refuses_bad_options(chat_target, tmp_path, monkeypatch, args, optio
     assert not calls and not (tmp_path / "o.jsonl").exists()
 
 
+def test_cli_openers_file_is_one_opener_a_line(chat_target, tmp_path, monkeypatch):
+    """--openers-file: the same turn-taking as --openers, one opener a line, blank lines
+    skipped, * a free row."""
+    from eagle_zoo.cli import main
+
+    calls = _scripted_generate(monkeypatch, [_cli_rows()])
+    openers = tmp_path / "openers.txt"
+    openers.write_text("w6 w7\n\n*\n  w8  \n")
+    out = tmp_path / "o.jsonl"
+    rc = main(["train", "prompts", "--target", str(chat_target), "--out", str(out), "--num", "3",
+               "--openers-file", str(openers), "--min-words", "3", "--batch-size", "4", "--device", "cpu",
+               "--dtype", "float32", "--no-progress"])
+    assert rc == 0
+    user_prefix = [1, len(SPECIALS) + WORDS.index("user")]
+    assert calls[0][0][:4] == [user_prefix + ids_of("w6 w7"), user_prefix, user_prefix + ids_of("w8"),
+                               user_prefix + ids_of("w6 w7")]
+    assert [r["prompt"] for r in read_prompts(out)] == ["w6 w7 w10 w40 w80", "w11 w41 w81", "w8 w12 w42 w82"]
+
+
+def test_an_openers_file_keeps_commas(tmp_path):
+    """A line is one opener, commas and all (what --openers cannot hold)."""
+    from argparse import Namespace
+
+    from eagle_zoo.train.cli import read_openers
+
+    f = tmp_path / "openers.txt"
+    f.write_text("In the field of optics,\r\n*\nCompare tea, coffee and\n")
+    assert read_openers(Namespace(openers=None, openers_file=str(f))) == (
+        "In the field of optics,", "*", "Compare tea, coffee and")
+    assert read_openers(Namespace(openers="a, b", openers_file=None)) == ("a", "b")
+
+
+@pytest.mark.parametrize("content, message", [(None, "cannot read it"), ("\n  \n", "no opener in it")])
+def test_cli_refuses_a_bad_openers_file(chat_target, tmp_path, monkeypatch, content, message):
+    from eagle_zoo.cli import main
+
+    calls = _scripted_generate(monkeypatch, [_cli_rows()])
+    openers = tmp_path / "openers.txt"
+    if content is not None:
+        openers.write_text(content)
+    with pytest.raises(SystemExit) as info:
+        main(["train", "prompts", "--target", str(chat_target), "--out", str(tmp_path / "o.jsonl"),
+              "--openers-file", str(openers), "--device", "cpu"])
+    assert str(info.value).startswith(f"--openers-file {openers}: {message}"), info.value
+    assert not calls and not (tmp_path / "o.jsonl").exists()
+
+
+def test_cli_openers_and_openers_file_exclude_each_other(chat_target, tmp_path, capsys):
+    from eagle_zoo.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["train", "prompts", "--target", str(chat_target), "--out", str(tmp_path / "o.jsonl"),
+              "--openers", "w6", "--openers-file", str(tmp_path / "x.txt")])
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
 def test_cli_checks_the_mix_file_before_generating(chat_target, tmp_path, monkeypatch):
     from eagle_zoo.cli import main
 

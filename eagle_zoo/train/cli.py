@@ -51,9 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--min-words", type=int, default=3, help="drop shorter messages")
     g.add_argument("--batch-size", type=int, help="rows generated together (default 1024 on CUDA, 16 on CPU)")
     g.add_argument("--max-seconds", type=float, help="start no new batch after this many seconds")
-    g.add_argument("--openers", help="comma-separated words each user message starts with, one per row in turn "
-                                     "(e.g. \"Explain,Write a,Compare\"; steers the kind of request; * is a free "
-                                     "row, the target's own first word: \"*,Explain,*,Write a\")")
+    steer = g.add_mutually_exclusive_group()
+    steer.add_argument("--openers", help="comma-separated words each user message starts with, one per row in turn "
+                                         "(e.g. \"Explain,Write a,Compare\"; steers the kind of request; * is a free "
+                                         "row, the target's own first word: \"*,Explain,*,Write a\")")
+    steer.add_argument("--openers-file", help="as --openers, one opener a line (for openers with commas, or "
+                                              "thousands of them: e.g. scripts/topic_openers.py's); blank lines skipped")
     _common(g)
 
     for method, help_text in (("eagle", "train an EAGLE-1 head"), ("eagle3", "train an EAGLE-3 head (TTT)")):
@@ -188,12 +191,28 @@ def _run_prompts(args) -> int:
         num=args.num, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
         batch_size=args.batch_size or (1024 if device.type == "cuda" else 16), min_words=args.min_words,
         seed=args.seed, max_seconds=args.max_seconds,
-        openers=tuple(o.strip() for o in args.openers.split(",") if o.strip()) if args.openers else ())
+        openers=read_openers(args))
     records, stats = synthesize_prompts(args.target, settings, device, resolve_dtype(args.dtype, device))
     write_prompts(interleave(records, mix, take=[args.mix_every, 1]) if mix else records, args.out)
     print(f"wrote {len(records)} self-instruct prompts" + (f" interleaved with {len(mix)} from {args.mix}" if mix else "")
           + f" to {args.out} in {stats['seconds']} s ({json.dumps(stats)})")
     return 0 if records else 1
+
+
+def read_openers(args) -> tuple:
+    """--openers (comma-separated) or --openers-file (one a line) -> the openers, in order."""
+    if args.openers:
+        return tuple(o.strip() for o in args.openers.split(",") if o.strip())
+    if not args.openers_file:
+        return ()
+    try:
+        lines = Path(args.openers_file).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise SystemExit(f"--openers-file {args.openers_file}: cannot read it ({e})") from None
+    openers = tuple(line.strip() for line in lines if line.strip())
+    if not openers:
+        raise SystemExit(f"--openers-file {args.openers_file}: no opener in it (one a line; * is a free row)")
+    return openers
 
 
 def settings_from_args(args):

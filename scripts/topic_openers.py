@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""Openers for `eagle-zoo train prompts --openers-file`: request starts spread over topics.
+
+Left to itself SmolLM2 writes mostly advice and planning requests; a handful of openers
+("Explain", "Write a") steer the kind of request but not its subject, so the answers
+still circle the same few topics and the draft vocabulary misses topic words (BENCHMARKS.md:
+stem and humanities lose most, and most of their tokens outside the draft vocabulary are
+subject words). These openers pair request kinds (explain, compare, write a story about,
+extract from, ...) with subjects from every field a general chat model is asked about, and
+the target completes each request in its own words before answering it.
+
+    python3 scripts/topic_openers.py --num 60000 --free-every 3 --seed 0 > openers.txt
+
+Every `--free-every`-th line is `*` (a free row: the target's own request), so the head
+keeps seeing what it was trained on before. Deterministic for a seed. The lists are ours,
+written for this script (no benchmark text).
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+
+# Subjects by field, as noun phrases that read after "about", "of", "explain".
+TOPICS = {
+    "physics": "gravity, black holes, the theory of relativity, quantum entanglement, nuclear fusion, electromagnetism, "
+               "friction, the speed of light, thermodynamics, magnetism, sound waves, superconductors, the Doppler effect, "
+               "dark matter, the Big Bang, semiconductors, lasers, radioactivity, kinetic energy, buoyancy",
+    "chemistry": "chemical bonds, acids and bases, the periodic table, catalysts, oxidation, polymers, electrolysis, "
+                 "carbon dating, the pH scale, combustion, crystals, isotopes, organic chemistry, rust, batteries",
+    "biology": "photosynthesis, DNA replication, the immune system, evolution by natural selection, cell division, "
+               "the human heart, vaccines, antibiotics, gut bacteria, the nervous system, enzymes, genetic mutations, "
+               "coral reefs, bird migration, sleep, the circulatory system, stem cells, viruses, hormones, mitochondria, "
+               "CRISPR gene editing, pollination, the food chain, the human brain, muscle growth",
+    "earth": "plate tectonics, volcanoes, earthquakes, hurricanes, the water cycle, glaciers, ocean currents, the ozone "
+             "layer, deserts, rainforests, soil erosion, the carbon cycle, tsunamis, climate change, the seasons",
+    "space": "the solar system, Mars exploration, exoplanets, the Moon landing, satellites, comets, neutron stars, "
+             "the International Space Station, solar eclipses, the life cycle of stars, telescopes, space tourism",
+    "math": "prime numbers, probability, calculus, the Pythagorean theorem, statistics, linear algebra, fractals, "
+            "game theory, infinity, logarithms, geometry, compound interest, the Fibonacci sequence, graph theory, "
+            "Bayes' theorem, matrices, exponential growth, cryptography",
+    "computing": "machine learning, neural networks, the internet, cloud computing, blockchain, cybersecurity, "
+                 "operating systems, databases, recursion, sorting algorithms, open-source software, quantum computers, "
+                 "compilers, encryption, large language models, computer viruses, version control, web browsers, "
+                 "data structures, virtual reality, robotics, self-driving cars, the history of the computer",
+    "medicine": "diabetes, high blood pressure, mental health, nutrition, exercise, the common cold, allergies, "
+                "anesthesia, cancer treatment, public health, meditation, vitamins, heart disease, dementia, "
+                "the placebo effect, telemedicine, antibiotic resistance, first aid",
+    "history": "the Roman Empire, ancient Egypt, the French Revolution, the Industrial Revolution, World War I, "
+               "World War II, the Cold War, the Renaissance, the Silk Road, the printing press, the American Civil War, "
+               "the fall of the Berlin Wall, the Ming dynasty, the Aztec empire, the Black Death, the Age of Exploration, "
+               "the Ottoman Empire, ancient Greece, the civil rights movement, the Meiji Restoration, the Vikings, "
+               "colonialism in Africa, the Great Depression, the space race, the invention of writing",
+    "geography": "the Amazon river, the Sahara desert, the Himalayas, the Mediterranean Sea, Japan, Brazil, Canada, "
+                 "India, Iceland, Kenya, Australia, New Zealand, the Alps, the Arctic, Egypt, Mexico City, Istanbul, "
+                 "Paris, Tokyo, New York City, the Great Barrier Reef, the Nile, Scandinavia, Southeast Asia",
+    "economics": "inflation, supply and demand, interest rates, the stock market, globalization, unemployment, "
+                 "cryptocurrencies, taxes, free trade, monopolies, recessions, central banks, the gig economy, "
+                 "minimum wage, universal basic income, opportunity cost, microfinance, economic inequality",
+    "business": "marketing strategy, startups, remote work, leadership, customer service, branding, e-commerce, "
+                "negotiation, project management, small businesses, social media marketing, supply chains, "
+                "corporate social responsibility, job interviews, team building, business ethics, pricing",
+    "society": "democracy, human rights, social media, urbanization, immigration, education reform, privacy, "
+               "fake news, gender equality, aging populations, volunteering, censorship, public transportation, "
+               "homelessness, online learning, the four-day work week, voting, freedom of speech",
+    "philosophy": "free will, utilitarianism, stoicism, the meaning of life, ethics of artificial intelligence, "
+                  "existentialism, the trolley problem, Plato's cave, moral relativism, consciousness, justice, "
+                  "happiness, Confucianism, the scientific method, skepticism",
+    "arts": "impressionism, the Mona Lisa, jazz, classical music, hip hop, modern architecture, photography, "
+            "Shakespeare's plays, science fiction, poetry, film noir, opera, street art, ballet, Greek mythology, "
+            "the novel 1984, video games as art, animation, folk tales, the Harry Potter books, Beethoven, "
+            "Frida Kahlo, Gothic cathedrals, Japanese haiku, the history of cinema",
+    "environment": "renewable energy, solar power, wind farms, recycling, deforestation, plastic pollution, electric "
+                   "cars, endangered species, sustainable farming, water scarcity, air pollution, nuclear power, "
+                   "biodiversity, carbon taxes, composting, fast fashion, national parks",
+    "everyday": "cooking pasta, gardening, learning a new language, saving money, time management, public speaking, "
+                "moving to a new city, adopting a dog, planning a wedding, running a marathon, baking bread, "
+                "home workouts, travelling on a budget, coffee, chess, camping, writing a resume, parenting, "
+                "minimalism, friendship, photography for beginners, healthy sleep habits, tea ceremonies",
+    "sports": "the Olympic Games, football tactics, basketball, tennis, the history of the World Cup, yoga, "
+              "cycling, swimming technique, esports, cricket, mountain climbing, martial arts, chess strategy",
+    "language": "the English language, grammar, idioms, the history of the alphabet, sign language, bilingualism, "
+                "etymology, Latin, dialects, translation, punctuation, metaphors, rhetoric",
+}
+
+# Requests about a subject ({t}); the target completes the request after the opener.
+TOPIC_FRAMES = [
+    "Explain {t}", "Explain {t} to a ten-year-old", "Explain {t} in simple terms,", "Can you explain how {t}",
+    "What is {t}", "What are the main ideas behind {t}", "What are the advantages and disadvantages of {t}",
+    "What are the causes and effects of {t}", "Why is {t} important", "How does {t}", "How did {t}",
+    "Describe {t}", "Describe the history of {t}", "Describe the role of {t} in", "Describe how {t}",
+    "Compare {t} and", "Compare and contrast {t} with", "Discuss {t}", "Discuss the impact of {t} on",
+    "Discuss the ethical questions raised by {t}", "Analyze {t}", "Analyze the influence of {t} on",
+    "Summarize what is known about {t}", "Give an overview of {t}", "Outline the key facts about {t}",
+    "Write an essay about {t}", "Write a persuasive essay on {t}", "Write a blog post about {t}",
+    "Write a short story about {t}", "Write a poem about {t}", "Write a speech about {t}",
+    "Write a news article about {t}", "Write a dialogue between two friends about {t}",
+    "Write a letter to a newspaper about {t}", "Write a product description inspired by {t}",
+    "Compose a short essay on {t}", "Compose a tweet about {t}", "Draft an email to a colleague about {t}",
+    "Create a lesson plan about {t}", "Create a quiz with five questions about {t}",
+    "Give me five interesting facts about {t}", "List the most common misconceptions about {t}",
+    "Provide a step-by-step explanation of {t}", "Provide insights into {t}",
+    "In the field of {t},", "As an expert on {t},", "I'm writing a report on {t}.", "I am curious about {t}.",
+    "My teacher asked me to research {t}.", "Imagine a world without {t}.", "Evaluate the arguments for and against {t}",
+    "What would happen if {t}", "How has {t} changed over time", "What can we learn from {t}",
+    "Suggest a title and an outline for a book about {t}", "Tell me a story that involves {t}",
+]
+
+# Role play: "{r}" is a character the target is asked to be.
+ROLES = ("a pirate captain, a detective in 1920s London, a medieval knight, a chef in a busy restaurant, "
+         "a tour guide in Rome, an astronaut on Mars, a personal fitness trainer, a history teacher, a famous "
+         "scientist, a travel agent, a job interviewer, a doctor, a wise old wizard, a news reporter, a customer "
+         "service agent, a startup founder pitching investors, a poet, a sports commentator, a museum curator, "
+         "a robot learning about humans, a park ranger, a lawyer, a movie critic, a marriage counselor, "
+         "a time traveler from the year 3000, a librarian, a financial advisor, a kindergarten teacher, "
+         "a stand-up comedian, a ship's captain in a storm").split(", ")
+ROLE_FRAMES = ["Imagine you are {r}.", "Pretend to be {r}.", "You are {r}.", "Act as {r} and",
+               "Role-play as {r}.", "Take on the role of {r}."]
+
+# Request kinds that need no subject: code, math, reasoning, extraction and rewriting
+# (the target writes the text to work on inside its request).
+STARTERS = [
+    "Write a Python function that", "Write a Python program to", "Write a JavaScript function that",
+    "Write a C++ program that", "Write a SQL query that", "Write a Java class that", "Implement a",
+    "Fix the bug in this code:", "Explain what this code does:", "What is the time complexity of",
+    "Write a regular expression that", "Write a shell script that", "Refactor the following function",
+    "Solve for x:", "Prove that", "Find the value of", "Calculate", "A store sells", "If a car travels",
+    "What is the probability that", "A farmer has", "How many ways can",
+    "Solve this riddle:", "Here is a logic puzzle:", "Which of the following statements is true",
+    "If all cats are animals and", "Determine whether the following argument is valid:",
+    "Extract the names, dates and places from the following text:",
+    "Summarize the following paragraph in two sentences:", "Classify the following reviews as positive or negative:",
+    "Identify the main idea of this passage:", "Turn the following information into a table:",
+    "Convert the following data into JSON:", "Rewrite this paragraph to make it more formal:",
+    "Edit the following text for grammar and clarity:", "Translate the following sentence into French:",
+    "Rate the following movie reviews from 1 to 5:", "Find the errors in this sentence:",
+    "Given the following list of products and prices,", "Read the email below and",
+]
+
+
+def build(num: int, free_every: int, seed: int) -> list[str]:
+    """``num`` openers: every ``free_every``-th one ``*``; of the others about 65% subject
+    requests, 10% role play, 25% starters, in a seeded order without repeats until the
+    subject x frame pairs run out."""
+    rng = random.Random(seed)
+    topics = [t.strip() for field in TOPICS.values() for t in field.split(",") if t.strip()]
+    pairs = [f.format(t=t) for f in TOPIC_FRAMES for t in topics]
+    roles = [f.format(r=r) for f in ROLE_FRAMES for r in ROLES]
+    for pool in (pairs, roles):
+        rng.shuffle(pool)
+    out, i = [], 0
+    while len(out) < num:
+        if free_every and len(out) % free_every == free_every - 1:
+            out.append("*")
+            continue
+        u = rng.random()
+        if u < 0.65:
+            out.append(pairs[i % len(pairs)])
+            i += 1
+        elif u < 0.75:
+            out.append(rng.choice(roles))
+        else:
+            out.append(rng.choice(STARTERS))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--num", type=int, default=60000, help="lines to write")
+    ap.add_argument("--free-every", type=int, default=3, help="every N-th line a free row (*); 0: none")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    if args.num < 1 or args.free_every < 0:
+        ap.error("--num must be >= 1 and --free-every >= 0")
+    sys.stdout.write("".join(line + "\n" for line in build(args.num, args.free_every, args.seed)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""scripts/topic_openers.py: the openers file the SmolLM2 heads' data round steers with."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "topic_openers.py"
+
+
+@pytest.fixture(scope="module")
+def topic_openers():
+    spec = importlib.util.spec_from_file_location("topic_openers", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_free_rows_fall_every_nth_line(topic_openers):
+    lines = topic_openers.build(300, free_every=3, seed=0)
+    assert len(lines) == 300
+    assert [i for i, line in enumerate(lines) if line == "*"] == list(range(2, 300, 3))
+    assert "*" not in topic_openers.build(50, free_every=0, seed=0)
+
+
+def test_seeded_and_spread_over_subjects(topic_openers):
+    a, b = topic_openers.build(3000, 3, seed=1), topic_openers.build(3000, 3, seed=1)
+    assert a == b and a != topic_openers.build(3000, 3, seed=2)
+    topics = [t.strip() for field in topic_openers.TOPICS.values() for t in field.split(",")]
+    assert all(topics) and len(set(topics)) == len(topics)  # no empty or repeated subject in the lists
+    subject_lines = [line for line in a if any(t in line for t in topics)]
+    # subject requests do not repeat until the subject x frame pairs run out
+    assert len(subject_lines) > 1000 and len(set(subject_lines)) >= 0.95 * len(subject_lines)
+    fields_seen = {field for field, names in topic_openers.TOPICS.items()
+                   if any(t.strip() in line for t in names.split(",") for line in subject_lines)}
+    assert fields_seen == set(topic_openers.TOPICS)
+    assert {"{", "}"}.isdisjoint("".join(a))  # every frame filled
+
+
+def test_cli_writes_lines(topic_openers, capsys):
+    assert topic_openers.main(["--num", "7", "--free-every", "2", "--seed", "4"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 7 and out[1::2] == ["*"] * 3 and all(line.strip() == line and line for line in out)
+    with pytest.raises(SystemExit):
+        topic_openers.main(["--num", "0"])
