@@ -9,7 +9,7 @@ subject words). These openers pair request kinds (explain, compare, write a stor
 extract from, ...) with subjects from every field a general chat model is asked about, and
 the target completes each request in its own words before answering it.
 
-    python3 scripts/topic_openers.py --num 60000 --free-every 3 --seed 0 > openers.txt
+    python3 scripts/topic_openers.py --num 60000 --free-every 3 --seed 0 [--constraint-share 0.3] > openers.txt
 
 Every `--free-every`-th line is `*` (a free row: the target's own request), so the head
 keeps seeing what it was trained on before. Deterministic for a seed. The lists are ours,
@@ -79,6 +79,18 @@ TOPICS = {
                 "minimalism, friendship, photography for beginners, healthy sleep habits, tea ceremonies",
     "sports": "the Olympic Games, football tactics, basketball, tennis, the history of the World Cup, yoga, "
               "cycling, swimming technique, esports, cricket, mountain climbing, martial arts, chess strategy",
+    "engineering": "bridges, the internal combustion engine, electric circuits, 3D printing, skyscrapers, dams, "
+                   "jet engines, the power grid, microchips, water treatment, GPS, wind turbines, refrigerators",
+    "science in depth": "electron orbitals, the Earth's magnetic poles, calcium in the human body, noble gases, "
+                        "the greenhouse effect, photosynthesis and respiration, the speed of sound, tides, "
+                        "the structure of the atom, chemical reactions in cooking, blood types, the ear and hearing, "
+                        "the human eye, the laws of motion, ocean acidification, antimatter, the states of matter",
+    "psychology": "memory, motivation, cognitive biases, habits, emotional intelligence, procrastination, "
+                  "child development, stress, the psychology of persuasion, introversion, dreams, decision making",
+    "law and government": "the separation of powers, copyright law, the jury system, the United Nations, "
+                          "international law, constitutions, the European Union, contracts, intellectual property",
+    "food": "fermentation, the Mediterranean diet, chocolate, spices, vegetarian cooking, the history of pizza, "
+            "food preservation, sourdough, street food in Asia, wine making, sugar",
     "language": "the English language, grammar, idioms, the history of the alphabet, sign language, bilingualism, "
                 "etymology, Latin, dialects, translation, punctuation, metaphors, rhetoric",
 }
@@ -106,6 +118,23 @@ TOPIC_FRAMES = [
     "Suggest a title and an outline for a book about {t}", "Tell me a story that involves {t}",
 ]
 
+# Requirements a request may add after its subject (MT-bench-like requests often carry one);
+# only after frames that form a whole request (an imperative verb first, the subject last).
+CONSTRAINTS = [
+    "Keep it under 200 words.", "Use simple language.", "Include three examples.", "Format the answer as a numbered list.",
+    "Give it a catchy title.", "Write it in a formal tone.", "Make it fun to read.", "End with a short summary.",
+    "Use a heading for each part.", "Answer in no more than five sentences.", "Write it for a general audience.",
+    "Add a short conclusion.", "Make it persuasive.", "Use an analogy.", "Write two paragraphs.",
+    "Mention both sides.", "Include a short example from history.", "Explain each step.",
+]
+IMPERATIVES = {"Explain", "Describe", "Discuss", "Analyze", "Summarize", "Give", "Outline", "Write", "Compose",
+               "Draft", "Create", "List", "Provide", "Evaluate", "Suggest", "Tell"}
+
+
+def takes_constraint(frame: str) -> bool:
+    return frame.endswith("{t}") and frame.split()[0] in IMPERATIVES
+
+
 # Role play: "{r}" is a character the target is asked to be.
 ROLES = ("a pirate captain, a detective in 1920s London, a medieval knight, a chef in a busy restaurant, "
          "a tour guide in Rome, an astronaut on Mars, a personal fitness trainer, a history teacher, a famous "
@@ -126,6 +155,8 @@ STARTERS = [
     "Write a regular expression that", "Write a shell script that", "Refactor the following function",
     "Solve for x:", "Prove that", "Find the value of", "Calculate", "A store sells", "If a car travels",
     "What is the probability that", "A farmer has", "How many ways can",
+    "A ball is thrown upward", "Calculate the energy needed to", "A solution contains", "Balance the chemical equation",
+    "Describe the process by which", "What happens when", "Why does", "How would you design an experiment to",
     "Solve this riddle:", "Here is a logic puzzle:", "Which of the following statements is true",
     "If all cats are animals and", "Determine whether the following argument is valid:",
     "Extract the names, dates and places from the following text:",
@@ -138,13 +169,16 @@ STARTERS = [
 ]
 
 
-def build(num: int, free_every: int, seed: int) -> list[str]:
+def build(num: int, free_every: int, seed: int, constraint_share: float = 0.0) -> list[str]:
     """``num`` openers: every ``free_every``-th one ``*``; of the others about 65% subject
     requests, 10% role play, 25% starters, in a seeded order without repeats until the
-    subject x frame pairs run out."""
+    subject x frame pairs run out. ``constraint_share`` of the whole subject requests end
+    with a requirement ("Keep it under 200 words.")."""
     rng = random.Random(seed)
     topics = [t.strip() for field in TOPICS.values() for t in field.split(",") if t.strip()]
     pairs = [f.format(t=t) for f in TOPIC_FRAMES for t in topics]
+    whole = {f.format(t=t) for f in TOPIC_FRAMES if takes_constraint(f) for t in topics}
+    extra = random.Random(seed + 1)  # its own stream: the share leaves the order of the rest alone
     roles = [f.format(r=r) for f in ROLE_FRAMES for r in ROLES]
     for pool in (pairs, roles):
         rng.shuffle(pool)
@@ -155,8 +189,11 @@ def build(num: int, free_every: int, seed: int) -> list[str]:
             continue
         u = rng.random()
         if u < 0.65:
-            out.append(pairs[i % len(pairs)])
+            line = pairs[i % len(pairs)]
             i += 1
+            if line in whole and constraint_share and extra.random() < constraint_share:
+                line = f"{line}. {extra.choice(CONSTRAINTS)}"
+            out.append(line)
         elif u < 0.75:
             out.append(rng.choice(roles))
         else:
@@ -169,10 +206,13 @@ def main(argv=None) -> int:
     ap.add_argument("--num", type=int, default=60000, help="lines to write")
     ap.add_argument("--free-every", type=int, default=3, help="every N-th line a free row (*); 0: none")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--constraint-share", type=float, default=0.0,
+                    help="share of the whole subject requests that end with a requirement (0-1)")
     args = ap.parse_args(argv)
-    if args.num < 1 or args.free_every < 0:
-        ap.error("--num must be >= 1 and --free-every >= 0")
-    sys.stdout.write("".join(line + "\n" for line in build(args.num, args.free_every, args.seed)))
+    if args.num < 1 or args.free_every < 0 or not 0 <= args.constraint_share <= 1:
+        ap.error("--num must be >= 1, --free-every >= 0 and --constraint-share within 0-1")
+    lines = build(args.num, args.free_every, args.seed, args.constraint_share)
+    sys.stdout.write("".join(line + "\n" for line in lines))
     return 0
 
 

@@ -30,7 +30,8 @@
 # SYNTH_OPENERS_FILE=PATH: `--openers-file PATH` (one opener a line) instead of SYNTH_OPENERS.
 # SYNTH_TOPICS=1: that file made here by scripts/topic_openers.py (request kinds x subjects of
 # every field, every SYNTH_FREE_EVERY-th line (default 3) a free row; seed SYNTH_SEED), 1.5 lines
-# per prompt asked for, since ~25% of the generated rows are dropped.
+# per prompt asked for, since ~25% of the generated rows are dropped; SYNTH_CONSTRAINTS=0.3:
+# that share of its whole subject requests ends with a requirement ("Keep it under 200 words.").
 # SYNTH_EVERY: self-instruct prompts per prompt of PROMPTS in the mix (`--mix-every`, default 1).
 # SPLIT_GREEDY=1: the second data process answers greedily too, on the other half of the
 # prompts (odd rows to data/greedy, even rows to data/greedy2) instead of sampling answers
@@ -124,7 +125,7 @@ if [ "$SYNTH_PROMPTS" -gt 0 ]; then
   if [ "${SYNTH_TOPICS:-0}" = 1 ] && [ -z "${SYNTH_OPENERS_FILE:-}" ]; then
     SYNTH_OPENERS_FILE=$WORK/openers.txt
     "$PY" "$REPO/scripts/topic_openers.py" --num $((SYNTH_PROMPTS * 3 / 2)) --free-every "${SYNTH_FREE_EVERY:-3}" \
-      --seed "${SYNTH_SEED:-0}" > "$SYNTH_OPENERS_FILE" || exit 1
+      --seed "${SYNTH_SEED:-0}" --constraint-share "${SYNTH_CONSTRAINTS:-0}" > "$SYNTH_OPENERS_FILE" || exit 1
     say "SYNTH_TOPICS=1: $(wc -l < "$SYNTH_OPENERS_FILE") openers in $SYNTH_OPENERS_FILE"
   fi
   steer=(); [ -n "${SYNTH_OPENERS:-}" ] && steer=(--openers "$SYNTH_OPENERS")

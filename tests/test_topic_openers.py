@@ -44,3 +44,26 @@ def test_cli_writes_lines(topic_openers, capsys):
     assert len(out) == 7 and out[1::2] == ["*"] * 3 and all(line.strip() == line and line for line in out)
     with pytest.raises(SystemExit):
         topic_openers.main(["--num", "0"])
+
+
+def test_constraints_end_whole_requests_only(topic_openers):
+    """--constraint-share: that share of the subject requests whose frame is a whole
+    request ends with one of CONSTRAINTS; frames that the target must finish never do, and
+    the share leaves every other line as it was."""
+    plain = topic_openers.build(3000, 3, seed=5)
+    steered = topic_openers.build(3000, 3, seed=5, constraint_share=0.5)
+    assert len(plain) == len(steered)
+    changed = [(a, b) for a, b in zip(plain, steered) if a != b]
+    assert changed
+    for a, b in changed:
+        head, _, tail = b.partition(". ")
+        assert head == a and tail in topic_openers.CONSTRAINTS
+        # a whole request, not a start the target must finish ("Compare X and", "In the field of X,")
+        assert a[-1] not in ",.:?" and a.split()[-1] not in {"and", "with", "on", "of"}
+    topics = [t.strip() for field in topic_openers.TOPICS.values() for t in field.split(",")]
+    whole_requests = {f.format(t=t) for f in topic_openers.TOPIC_FRAMES if topic_openers.takes_constraint(f)
+                      for t in topics}
+    whole = [a for a in plain if a in whole_requests]
+    assert 0.4 < len(changed) / len(whole) < 0.6
+    with pytest.raises(SystemExit):
+        topic_openers.main(["--constraint-share", "1.5"])
