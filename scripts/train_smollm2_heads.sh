@@ -30,7 +30,7 @@
 # SYNTH_OPENERS_FILE=PATH: `--openers-file PATH` (one opener a line) instead of SYNTH_OPENERS.
 # SYNTH_TOPICS=1: that file made here by scripts/topic_openers.py (request kinds x subjects of
 # every field, every SYNTH_FREE_EVERY-th line (default 3) a free row; seed SYNTH_SEED), 1.5 lines
-# per prompt asked for, since ~25% of the generated rows are dropped; SYNTH_CONSTRAINTS=0.3:
+# per prompt asked for, since some rows are dropped (16% in the thirteenth session); SYNTH_CONSTRAINTS=0.3:
 # that share of its whole subject requests ends with a requirement ("Keep it under 200 words.").
 # SYNTH_EVERY: self-instruct prompts per prompt of PROMPTS in the mix (`--mix-every`, default 1).
 # SPLIT_GREEDY=1: the second data process answers greedily too, on the other half of the
