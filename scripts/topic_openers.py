@@ -132,7 +132,10 @@ IMPERATIVES = {"Explain", "Describe", "Discuss", "Analyze", "Summarize", "Give",
 
 
 def takes_constraint(frame: str) -> bool:
-    return frame.endswith("{t}") and frame.split()[0] in IMPERATIVES
+    """A frame the subject completes: "Discuss {t}", not "Describe how {t}" (which the
+    target must go on with a verb)."""
+    words = frame.split()
+    return frame.endswith("{t}") and words[0] in IMPERATIVES and words[-2] not in {"how", "if", "that", "why"}
 
 
 # Role play: "{r}" is a character the target is asked to be.

@@ -65,5 +65,7 @@ def test_constraints_end_whole_requests_only(topic_openers):
                       for t in topics}
     whole = [a for a in plain if a in whole_requests]
     assert 0.4 < len(changed) / len(whole) < 0.6
+    assert topic_openers.takes_constraint("Discuss {t}") and not topic_openers.takes_constraint("Describe how {t}")
+    assert not topic_openers.takes_constraint("Compare {t} and") and not topic_openers.takes_constraint("Why is {t}")
     with pytest.raises(SystemExit):
         topic_openers.main(["--constraint-share", "1.5"])
