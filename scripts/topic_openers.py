@@ -135,7 +135,12 @@ def takes_constraint(frame: str) -> bool:
     """A frame the subject completes: "Discuss {t}", not "Describe how {t}" (which the
     target must go on with a verb)."""
     words = frame.split()
-    return frame.endswith("{t}") and words[0] in IMPERATIVES and words[-2] not in {"how", "if", "that", "why"}
+    return frame.endswith("{t}") and words[0] in IMPERATIVES and words[-2] != "how"
+
+
+def subjects() -> list[str]:
+    """Every subject of TOPICS, field after field."""
+    return [t.strip() for field in TOPICS.values() for t in field.split(",") if t.strip()]
 
 
 # Role play: "{r}" is a character the target is asked to be.
@@ -178,10 +183,10 @@ def build(num: int, free_every: int, seed: int, constraint_share: float = 0.0) -
     subject x frame pairs run out. ``constraint_share`` of the whole subject requests end
     with a requirement ("Keep it under 200 words.")."""
     rng = random.Random(seed)
-    topics = [t.strip() for field in TOPICS.values() for t in field.split(",") if t.strip()]
+    topics = subjects()
     pairs = [f.format(t=t) for f in TOPIC_FRAMES for t in topics]
     whole = {f.format(t=t) for f in TOPIC_FRAMES if takes_constraint(f) for t in topics}
-    extra = random.Random(seed + 1)  # its own stream: the share leaves the order of the rest alone
+    extra = random.Random(f"{seed}-constraints")  # its own stream: the share leaves the other lines alone
     roles = [f.format(r=r) for f in ROLE_FRAMES for r in ROLES]
     for pool in (pairs, roles):
         rng.shuffle(pool)

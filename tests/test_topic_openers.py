@@ -27,8 +27,10 @@ def test_free_rows_fall_every_nth_line(topic_openers):
 def test_seeded_and_spread_over_subjects(topic_openers):
     a, b = topic_openers.build(3000, 3, seed=1), topic_openers.build(3000, 3, seed=1)
     assert a == b and a != topic_openers.build(3000, 3, seed=2)
-    topics = [t.strip() for field in topic_openers.TOPICS.values() for t in field.split(",")]
-    assert all(topics) and len(set(topics)) == len(topics)  # no empty or repeated subject in the lists
+    raw = [t.strip() for field in topic_openers.TOPICS.values() for t in field.split(",")]
+    assert all(raw) and len(set(raw)) == len(raw)  # no empty or repeated subject in the lists
+    topics = topic_openers.subjects()
+    assert topics == raw
     subject_lines = [line for line in a if any(t in line for t in topics)]
     # subject requests do not repeat until the subject x frame pairs run out
     assert len(subject_lines) > 1000 and len(set(subject_lines)) >= 0.95 * len(subject_lines)
@@ -60,12 +62,12 @@ def test_constraints_end_whole_requests_only(topic_openers):
         assert head == a and tail in topic_openers.CONSTRAINTS
         # a whole request, not a start the target must finish ("Compare X and", "In the field of X,")
         assert a[-1] not in ",.:?" and a.split()[-1] not in {"and", "with", "on", "of"}
-    topics = [t.strip() for field in topic_openers.TOPICS.values() for t in field.split(",")]
     whole_requests = {f.format(t=t) for f in topic_openers.TOPIC_FRAMES if topic_openers.takes_constraint(f)
-                      for t in topics}
+                      for t in topic_openers.subjects()}
     whole = [a for a in plain if a in whole_requests]
     assert 0.4 < len(changed) / len(whole) < 0.6
-    assert topic_openers.takes_constraint("Discuss {t}") and not topic_openers.takes_constraint("Describe how {t}")
-    assert not topic_openers.takes_constraint("Compare {t} and") and not topic_openers.takes_constraint("Why is {t}")
+    takes = {f for f in topic_openers.TOPIC_FRAMES if topic_openers.takes_constraint(f)}
+    assert {"Discuss {t}", "Write a poem about {t}"} <= takes
+    assert takes.isdisjoint({"Describe how {t}", "Compare {t} and", "What is {t}", "Explain {t} to a ten-year-old"})
     with pytest.raises(SystemExit):
         topic_openers.main(["--constraint-share", "1.5"])
