@@ -51,6 +51,8 @@
 # INIT_DIR=DIR (an earlier OUT) is the default for both: DIR/eagle and DIR/eagle3.
 # DRAFT_VOCAB must then equal the EAGLE-3 head's draft vocabulary (12000 for ours), unless
 # RESELECT_VOCAB=1 (--reselect-draft-vocab: the draft vocabulary chosen from this data).
+# LABEL_TEMPERATURE=T: --label-temperature T for the EAGLE-3 head (soft labels softmax(logits / T);
+# default 1, the published recipe; T < 1 sharpens them towards the target's argmax, eagle3.py).
 # EAGLE3_LAYERS=N: --head-layers N for the EAGLE-3 head (default: INIT_EAGLE3's layers, two for
 # the shipped head since the twelfth session; 1 without it); more than INIT_EAGLE3's grows
 # it, its new layers starting as identities.
@@ -196,7 +198,7 @@ trains eagle3 && job eagle3 train_head eagle3 "$WORK/heads/eagle3" "$EAGLE3_TOKE
   --draft-vocab-size "$DRAFT_VOCAB" --ttt-steps "$TTT_STEPS" --format yuhuili-eagle3,speculators-eagle3 \
   --target-name HuggingFaceTB/SmolLM2-135M-Instruct ${INIT_EAGLE3:+--init-from "$INIT_EAGLE3"} \
   $([ "${RESELECT_VOCAB:-0}" = 1 ] && [ -n "$INIT_EAGLE3" ] && echo --reselect-draft-vocab) \
-  ${EAGLE3_LAYERS:+--head-layers "$EAGLE3_LAYERS"}
+  ${EAGLE3_LAYERS:+--head-layers "$EAGLE3_LAYERS"} ${LABEL_TEMPERATURE:+--label-temperature "$LABEL_TEMPERATURE"}
 wait
 say "training finished: $(for h in $HEADS; do printf '%s exit %s ' "$h" "$(rc "$h")"; done)"
 

@@ -178,17 +178,17 @@ def test_ttt_mask_pattern():
 
 
 # -- training ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("method", ["eagle", "eagle3", "eagle ttt"])
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "eagle ttt", "eagle3 sharpened"])
 def test_training_overfits_a_fixed_batch(tiny, method):
     # One batch per epoch (token budget > the data): every step sees the same batch.
-    kw = dict(ttt_steps=3) if method == "eagle ttt" else {}
+    kw = dict(ttt_steps=3) if method == "eagle ttt" else dict(label_temperature=0.5) if method == "eagle3 sharpened" else {}
     trainer = Trainer(_settings(tiny, method.split()[0], steps=30, token_budget=8192, max_len=64, log_every=1,
                                 lr=1e-2, **kw), log=lambda *a: None)
     assert len(trainer.epoch_batches) == 1
     history = trainer.run().history
     losses = [h["loss"] for h in history]
     assert len(losses) == 30 and losses[-1] < 0.8 * losses[0], losses
-    acc = "acc0" if method == "eagle3" else "acc"
+    acc = "acc0" if method.startswith("eagle3") else "acc"
     assert history[-1][acc] > history[0][acc] + 0.1
     if method == "eagle ttt":  # the unrolled steps learn too
         assert history[-1]["acc2"] > history[0]["acc2"] + 0.1
@@ -252,25 +252,27 @@ def test_gathered_losses_equal_boolean_indexing(tiny):
 
     trainer = Trainer(_settings(tiny, "eagle3", steps=1), log=lambda *a: None)
     head, target, aux_ids = trainer.head, trainer.target.model, trainer.flat_config["eagle_aux_hidden_state_layer_ids"]
-    with torch.no_grad():
-        loss, metrics, n0 = eagle3_loss(head, target, batch, aux_layer_ids=aux_ids, ttt_steps=3)
-        hidden, aux = target(ids, pos, aux_ids)
-        logits = target.compute_logits(hidden)
-        top_ok = head.t2d[logits.argmax(-1)]
-        draft_logits = logits[..., torch.arange(head.draft_vocab_size) + head.d2t]
-        feats = head.combine_hidden_states(torch.cat(aux, -1))[:, :n]
-        expected = 0.0
-        for s, h in ttt_steps_forward(head, ids, feats, 3):
-            valid = chain_shift(mask, s + 2, n) & chain_shift(top_ok, s + 1, n)
-            log_q = torch.log_softmax(head.compute_draft_logits(h[valid]).float(), -1)
-            p = torch.softmax(chain_shift(draft_logits, s + 1, n)[valid].float(), -1)
-            ce = -(p * log_q).sum(-1).mean()
-            torch.testing.assert_close(metrics[f"ce{s}"], ce)
-            torch.testing.assert_close(metrics[f"acc{s}"], (log_q.argmax(-1) == p.argmax(-1)).float().mean())
-            if s == 0:
-                assert int(n0) == int(valid.sum()) > 0
-            expected = expected + DECAY ** s * ce
-        torch.testing.assert_close(loss, expected)
+    for temperature in (1.0, 0.5):  # soft labels softmax(logits / t): the published 1 and a sharpened one
+        with torch.no_grad():
+            loss, metrics, n0 = eagle3_loss(head, target, batch, aux_layer_ids=aux_ids, ttt_steps=3,
+                                            label_temperature=temperature)
+            hidden, aux = target(ids, pos, aux_ids)
+            logits = target.compute_logits(hidden)
+            top_ok = head.t2d[logits.argmax(-1)]
+            draft_logits = logits[..., torch.arange(head.draft_vocab_size) + head.d2t]
+            feats = head.combine_hidden_states(torch.cat(aux, -1))[:, :n]
+            expected = 0.0
+            for s, h in ttt_steps_forward(head, ids, feats, 3):
+                valid = chain_shift(mask, s + 2, n) & chain_shift(top_ok, s + 1, n)
+                log_q = torch.log_softmax(head.compute_draft_logits(h[valid]).float(), -1)
+                p = torch.softmax(chain_shift(draft_logits, s + 1, n)[valid].float() / temperature, -1)
+                ce = -(p * log_q).sum(-1).mean()
+                torch.testing.assert_close(metrics[f"ce{s}"], ce)
+                torch.testing.assert_close(metrics[f"acc{s}"], (log_q.argmax(-1) == p.argmax(-1)).float().mean())
+                if s == 0:
+                    assert int(n0) == int(valid.sum()) > 0
+                expected = expected + DECAY ** s * ce
+            torch.testing.assert_close(loss, expected)
 
     trainer = Trainer(_settings(tiny, "eagle", steps=1), log=lambda *a: None)
     head, target = trainer.head, trainer.target.model
@@ -415,6 +417,11 @@ def test_resume_refuses_another_runs_state(tiny, tmp_path):
     Trainer(_settings(tiny, "eagle", steps=1, state_dir=state), log=lambda *a: None).run()
     with pytest.raises(ValueError, match="another run"):
         Trainer(_settings(tiny, "eagle", steps=1, state_dir=state, resume=True, seed=5), log=lambda *a: None)
+    # an A/B of soft-label temperatures on one data set cannot continue the other arm's state
+    sharp = str(tmp_path / "sharp")
+    Trainer(_settings(tiny, "eagle3", steps=1, state_dir=sharp, label_temperature=0.5), log=lambda *a: None).run()
+    with pytest.raises(ValueError, match="another run"):
+        Trainer(_settings(tiny, "eagle3", steps=1, state_dir=sharp, resume=True), log=lambda *a: None)
 
 
 # -- saving in the published layouts --------------------------------------------------------------
@@ -564,11 +571,12 @@ def test_cli_trains_and_saves_both_eagle3_layouts(tiny, tmp_path):
     rc = main(["train", "eagle3", "--target", str(tiny / "target"), "--data", str(tiny / "data"), "--out", str(out),
                "--format", "yuhuili-eagle3,speculators-eagle3", "--steps", "2", "--ttt-steps", "2",
                "--draft-vocab-size", "32", "--max-len", "48", "--token-budget", "512", "--device", "cpu",
-               "--val-share", "0.25", "--val-every", "1", "--no-progress"])
+               "--val-share", "0.25", "--val-every", "1", "--label-temperature", "0.5", "--no-progress"])
     assert rc == 0
     assert (tmp_path / "head.state" / "state.pt").is_file()
     record = json.loads((out / "yuhuili-eagle3" / "eagle_zoo_training.json").read_text())
     assert record["settings"]["val_share"] == 0.25 and [r["step"] for r in record["held_out"]] == [1, 2]
+    assert record["settings"]["label_temperature"] == 0.5
     spec = json.loads((out / "speculators-eagle3" / "config.json").read_text())
     assert spec["speculators_model_type"] == "eagle3" and spec["norm_before_residual"] is False
     assert spec["speculators_config"]["verifier"]["architectures"] == ["LlamaForCausalLM"]
@@ -577,6 +585,11 @@ def test_cli_trains_and_saves_both_eagle3_layouts(tiny, tmp_path):
     assert yuhuili["num_hidden_layers"] == 1 and len(yuhuili["eagle_aux_hidden_state_layer_ids"]) == 3
     for fmt in ("yuhuili-eagle3", "speculators-eagle3"):
         assert load(str(out / fmt), target=_target(tiny).model).format == fmt
+
+
+def test_label_temperature_must_be_positive(tiny):
+    with pytest.raises(ValueError, match=r"--label-temperature 0\.0: give a temperature > 0"):
+        _settings(tiny, "eagle3", label_temperature=0.0)
 
 
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])

@@ -115,6 +115,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            help="decoder layers of the head (default: the --init-from head's, else 1 as published "
                                 "heads); more than the --init-from head's grows it: its layers first, the new ones "
                                 "starting as identities")
+            p.add_argument("--label-temperature", type=float, default=1.0,
+                           help="soft labels softmax(target logits / T) (default 1, the published recipe); "
+                                "T < 1 sharpens them towards the target's argmax, which is all a greedy "
+                                "draft is judged on")
             p.add_argument("--reselect-draft-vocab", action="store_true",
                            help="with --init-from: choose the draft vocabulary from this data, as a fresh head "
                                 "does (size: --draft-vocab-size or the init head's); shared tokens keep their "
@@ -236,6 +240,7 @@ def settings_from_args(args):
         save_every=args.save_every, log_every=args.log_every, progress=not args.no_progress,
         cache_features=getattr(args, "cache_features", False),
         reselect_draft_vocab=getattr(args, "reselect_draft_vocab", False),
+        label_temperature=getattr(args, "label_temperature", 1.0),
         val_share=getattr(args, "val_share", 0.0), val_every=getattr(args, "val_every", 500))
 
 

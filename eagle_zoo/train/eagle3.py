@@ -11,6 +11,16 @@ sum_s 0.8^s * CE over positions whose x_{i+s+2} is an assistant token and whose
 target argmax lies in the draft vocabulary (other positions teach nothing a draft
 could be accepted for).
 
+Soft-label temperature (``label_temperature``, default 1: the published recipe). The
+engine drafts the head's argmax (proposers.py), so a head is judged only on whether its
+argmax is the target's; the rest of its distribution is never used. Targets sharpened
+to softmax(logits / t) with t < 1 keep the argmax and the order of the candidates
+(the loss's minimum is still q = that distribution) but weigh the margin between the
+leading candidates more: at the near ties where drafts fail most (BENCHMARKS.md,
+scripts/head_diagnosis.py: a quarter of MT-bench positions give the target's own token
+less than 0.5 and hold most misses) the gradient says more plainly which one wins.
+t -> 0 is hard-label CE on the target's argmax.
+
 Attention. In the engine (EagleProposer) draft step s of the chain started at the
 last verified position c runs at position c+s and attends to every cache entry at
 positions <= c+s: entries <= c were written from target features (step 0 of the
@@ -96,7 +106,7 @@ def weighted_mean(x: torch.Tensor, weights: torch.Tensor, count: torch.Tensor) -
 
 
 def eagle3_loss(head, target, batch: Batch, *, aux_layer_ids, ttt_steps: int = 7, decay: float = DECAY,
-                cache_dtype: torch.dtype = torch.float32):
+                cache_dtype: torch.dtype = torch.float32, label_temperature: float = 1.0):
     """-> (loss, metrics dict of detached tensors, step-0 loss tokens as a 0-d tensor)."""
     ids = batch.input_ids
     B, T = ids.shape
@@ -126,7 +136,7 @@ def eagle3_loss(head, target, batch: Batch, *, aux_layer_ids, ttt_steps: int = 7
             n0 = count
         log_q = torch.log_softmax(head.compute_draft_logits(h.reshape(B * n, -1)[rows]).float(), dim=-1)
         with torch.no_grad():
-            p = torch.softmax(target_logits[shifted_rows(rows, n, T, s + 1)].float(), dim=-1)
+            p = torch.softmax(target_logits[shifted_rows(rows, n, T, s + 1)].float() / label_temperature, dim=-1)
         ce = weighted_mean(-(p * log_q).sum(-1), weights, count)
         loss = loss + decay ** s * ce
         with torch.no_grad():

@@ -53,6 +53,8 @@ class TrainSettings:
     noise: float = 0.2  # EAGLE-1 input noise
     ttt_steps: Optional[int] = None  # unrolled drafting steps; None: 1 for EAGLE-1 (its recipe), 7 for EAGLE-3
     ttt_decay: float = 0.8
+    # EAGLE-3: soft labels softmax(target logits / t); 1 = the published recipe (eagle3.py)
+    label_temperature: float = 1.0
     draft_vocab_size: Optional[int] = None  # EAGLE-3; default min(32000, vocab)
     aux_layers: Optional[list] = None
     init_from: Optional[str] = None  # a head to start from (its weights; EAGLE-3: its draft vocab, aux layers)
@@ -75,6 +77,9 @@ class TrainSettings:
     def __post_init__(self):
         if self.ttt_steps is None:  # resolved here, so the run's record holds the value used
             self.ttt_steps = 7 if self.method == "eagle3" else 1
+        if not self.label_temperature > 0:
+            raise ValueError(f"--label-temperature {self.label_temperature}: give a temperature > 0 "
+                             f"(1 = the target's distribution, smaller sharpens it)")
 
 
 @dataclass
@@ -217,7 +222,8 @@ class Trainer:
                 return eagle1_loss(self.head, self.target.model, batch, noise=s.noise if noise is None else noise,
                                    generator=self.noise_gen, **unrolled)
             return eagle3_loss(self.head, self.target.model, batch,
-                               aux_layer_ids=self.flat_config["eagle_aux_hidden_state_layer_ids"], **unrolled)
+                               aux_layer_ids=self.flat_config["eagle_aux_hidden_state_layer_ids"],
+                               label_temperature=s.label_temperature, **unrolled)
 
     def _autocast(self):
         return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.autocast)
@@ -387,11 +393,13 @@ class Trainer:
     # -- resumable state -------------------------------------------------------------------
     def _fingerprint(self) -> dict:
         s = self.s
-        layers = self.flat_config["num_hidden_layers"]  # named only past 1: earlier states still match
+        # depth and label temperature named only off their defaults: earlier states still match
+        layers = self.flat_config["num_hidden_layers"]
         return {"method": s.method, "seed": s.seed, "token_budget": s.token_budget, "max_len": s.max_len,
                 "sequences": int(self.index.numel()), "tokens": int(self.lengths.sum()),
                 "draft_vocab_size": self.flat_config.get("draft_vocab_size"),
-                **({"head_layers": layers} if layers != 1 else {})}
+                **({"head_layers": layers} if layers != 1 else {}),
+                **({"label_temperature": s.label_temperature} if s.label_temperature != 1.0 else {})}
 
     def save_state(self) -> None:
         self.state_path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,36 @@
+"""scripts/head_diagnosis.py: the engine's walk over an answer, replayed from per-position drafts."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "head_diagnosis.py"
+
+
+@pytest.fixture(scope="module")
+def diagnosis():
+    spec = importlib.util.spec_from_file_location("head_diagnosis", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _part(right: list[list[bool]]) -> dict:
+    """Chains whose step s drafts the target's token where right[i][s]."""
+    target = torch.arange(len(right) * 3).view(-1, 3)
+    return {"target": target, "draft": torch.where(torch.tensor(right), target, -1)}
+
+
+def test_walk_jumps_past_each_accepted_run(diagnosis):
+    every = [[True] * 3] * 8
+    assert diagnosis.walk(_part(every)).tolist() == [8, 2]  # steps from 0 and 4, four tokens each
+    assert diagnosis.walk(_part([[False] * 3] * 5)).tolist() == [5, 5]  # one token a step
+    # step 0 from chain 0 takes 2 drafts (the third is wrong) + 1: the next step starts at
+    # chain 3 (a miss: 1 token), then chain 4 (1 right: 2 tokens) and chain 6 (all: 4)
+    mixed = [[True, True, False], [True] * 3, [True] * 3, [False] * 3, [True, False, True], [True] * 3, [True] * 3]
+    assert diagnosis.walk(_part(mixed)).tolist() == [3 + 1 + 2 + 4, 4]
+    # a right draft after a wrong one does not count: chains are accepted left to right
+    assert diagnosis.walk(_part([[False, True, True]])).tolist() == [1, 1]
