@@ -21,7 +21,7 @@ position: if the head does equally well in each bin on two sets, the set with mo
 uncertain positions loses by its nature, not by a missing kind of training data.
 
     .venv/bin/python scripts/head_diagnosis.py [--head DIR_OR_ID] [--prompts mt-bench A.jsonl ...]
-        [--num 80] [--max-tokens 256] [--device cpu]
+        [--num 80] [--max-tokens 256] [--device cpu] [--by-category] [--misses 30]
 """
 from __future__ import annotations
 
@@ -95,6 +95,22 @@ def walk(part: dict) -> torch.Tensor:
     return torch.tensor([tokens, steps], dtype=torch.float64)
 
 
+def confident_misses(parts: list[dict], t2d: torch.Tensor, tokenizer, top: int) -> None:
+    """The target's tokens the head misses most where the target gives them >= 0.9 and
+    the draft vocabulary holds them: what the head does not know that the target does."""
+    from collections import Counter
+
+    pairs = Counter()
+    for part in parts:
+        target, draft, p = part["target"][:, 0], part["draft"][:, 0], part["p"][:, 0]
+        miss = (p >= 0.9) & t2d[target] & (draft != target)
+        pairs.update(zip(target[miss].tolist(), draft[miss].tolist()))
+    total = sum(pairs.values())
+    shown = ", ".join(f"{tokenizer.decode([t])!r} (drafted {tokenizer.decode([d])!r}) {n}"
+                      for (t, d), n in pairs.most_common(top))
+    print(f"  confident misses (p >= 0.9, in vocabulary): {total}; most frequent: {shown}")
+
+
 def report(name: str, parts: list[dict], t2d: torch.Tensor) -> None:
     target = torch.cat([p["target"] for p in parts])
     p = torch.cat([p["p"] for p in parts])
@@ -127,6 +143,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--by-category", action="store_true", help="a report per category as well")
+    ap.add_argument("--misses", type=int, default=0, metavar="N",
+                    help="also the N most frequent misses where the target is sure (p >= 0.9)")
     args = ap.parse_args()
 
     from eagle_zoo import load
@@ -153,6 +171,8 @@ def main() -> None:
             if part:
                 by_cat.setdefault(r["category"], []).append({k: v.cpu() for k, v in part.items()})
         report(name, [p for parts in by_cat.values() for p in parts], t2d)
+        if args.misses:
+            confident_misses([p for parts in by_cat.values() for p in parts], t2d, llm.tokenizer, args.misses)
         if args.by_category and len(by_cat) > 1:
             for cat, parts in by_cat.items():
                 report(f"{name} / {cat}", parts, t2d)

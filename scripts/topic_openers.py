@@ -9,7 +9,8 @@ subject words). These openers pair request kinds (explain, compare, write a stor
 extract from, ...) with subjects from every field a general chat model is asked about, and
 the target completes each request in its own words before answering it.
 
-    python3 scripts/topic_openers.py --num 60000 --free-every 3 --seed 0 [--constraint-share 0.3] > openers.txt
+    python3 scripts/topic_openers.py --num 60000 --free-every 3 --seed 0 [--constraint-share 0.3]
+        [--starter-share 0.25] > openers.txt
 
 Every `--free-every`-th line is `*` (a free row: the target's own request), so the head
 keeps seeing what it was trained on before. Deterministic for a seed. The lists are ours,
@@ -177,11 +178,14 @@ STARTERS = [
 ]
 
 
-def build(num: int, free_every: int, seed: int, constraint_share: float = 0.0) -> list[str]:
-    """``num`` openers: every ``free_every``-th one ``*``; of the others about 65% subject
-    requests, 10% role play, 25% starters, in a seeded order without repeats until the
-    subject x frame pairs run out. ``constraint_share`` of the whole subject requests end
-    with a requirement ("Keep it under 200 words.")."""
+def build(num: int, free_every: int, seed: int, constraint_share: float = 0.0,
+          starter_share: float = 0.25) -> list[str]:
+    """``num`` openers: every ``free_every``-th one ``*``; of the others 10% role play,
+    ``starter_share`` starters (code, math, reasoning, extraction) and the rest subject
+    requests, in a seeded order without repeats until the subject x frame pairs run out.
+    ``constraint_share`` of the whole subject requests end with a requirement ("Keep it
+    under 200 words."). The default shares give the lines of the thirteenth and fourteenth
+    sessions' rounds for their seeds."""
     rng = random.Random(seed)
     topics = subjects()
     pairs = [f.format(t=t) for f in TOPIC_FRAMES for t in topics]
@@ -196,13 +200,13 @@ def build(num: int, free_every: int, seed: int, constraint_share: float = 0.0) -
             out.append("*")
             continue
         u = rng.random()
-        if u < 0.65:
+        if u < 0.9 - starter_share:
             line = pairs[i % len(pairs)]
             i += 1
             if line in whole and constraint_share and extra.random() < constraint_share:
                 line = f"{line}. {extra.choice(CONSTRAINTS)}"
             out.append(line)
-        elif u < 0.75:
+        elif u < 1.0 - starter_share:
             out.append(rng.choice(roles))
         else:
             out.append(rng.choice(STARTERS))
@@ -216,10 +220,14 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--constraint-share", type=float, default=0.0,
                     help="share of the whole subject requests that end with a requirement (0-1)")
+    ap.add_argument("--starter-share", type=float, default=0.25,
+                    help="share of the non-free lines that are code, math, reasoning and extraction starters "
+                         "(0-0.9; role play keeps 0.1, subject requests the rest)")
     args = ap.parse_args(argv)
-    if args.num < 1 or args.free_every < 0 or not 0 <= args.constraint_share <= 1:
-        ap.error("--num must be >= 1, --free-every >= 0 and --constraint-share within 0-1")
-    lines = build(args.num, args.free_every, args.seed, args.constraint_share)
+    if args.num < 1 or args.free_every < 0 or not 0 <= args.constraint_share <= 1 \
+            or not 0 <= args.starter_share <= 0.9:
+        ap.error("--num must be >= 1, --free-every >= 0, --constraint-share within 0-1 and --starter-share within 0-0.9")
+    lines = build(args.num, args.free_every, args.seed, args.constraint_share, args.starter_share)
     sys.stdout.write("".join(line + "\n" for line in lines))
     return 0
 

@@ -31,7 +31,9 @@
 # SYNTH_TOPICS=1: that file made here by scripts/topic_openers.py (request kinds x subjects of
 # every field, every SYNTH_FREE_EVERY-th line (default 3) a free row; seed SYNTH_SEED), 1.5 lines
 # per prompt asked for, since some rows are dropped (16% in the thirteenth session); SYNTH_CONSTRAINTS=0.3:
-# that share of its whole subject requests ends with a requirement ("Keep it under 200 words.").
+# that share of its whole subject requests ends with a requirement ("Keep it under 200 words.");
+# SYNTH_STARTERS=0.5: that share of its non-free lines are code, math, reasoning and extraction
+# starters (--starter-share, default 0.25; MT-bench's confident misses are code and numbers).
 # SYNTH_EVERY: self-instruct prompts per prompt of PROMPTS in the mix (`--mix-every`, default 1).
 # SPLIT_GREEDY=1: the second data process answers greedily too, on the other half of the
 # prompts (odd rows to data/greedy, even rows to data/greedy2) instead of sampling answers
@@ -127,7 +129,8 @@ if [ "$SYNTH_PROMPTS" -gt 0 ]; then
   if [ "${SYNTH_TOPICS:-0}" = 1 ] && [ -z "${SYNTH_OPENERS_FILE:-}" ]; then
     SYNTH_OPENERS_FILE=$WORK/openers.txt
     "$PY" "$REPO/scripts/topic_openers.py" --num $((SYNTH_PROMPTS * 3 / 2)) --free-every "${SYNTH_FREE_EVERY:-3}" \
-      --seed "${SYNTH_SEED:-0}" --constraint-share "${SYNTH_CONSTRAINTS:-0}" > "$SYNTH_OPENERS_FILE" || exit 1
+      --seed "${SYNTH_SEED:-0}" --constraint-share "${SYNTH_CONSTRAINTS:-0}" --starter-share "${SYNTH_STARTERS:-0.25}" \
+      > "$SYNTH_OPENERS_FILE" || exit 1
     say "SYNTH_TOPICS=1: $(wc -l < "$SYNTH_OPENERS_FILE") openers in $SYNTH_OPENERS_FILE"
   fi
   steer=(); [ -n "${SYNTH_OPENERS:-}" ] && steer=(--openers "$SYNTH_OPENERS")

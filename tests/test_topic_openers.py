@@ -71,3 +71,16 @@ def test_constraints_end_whole_requests_only(topic_openers):
     assert takes.isdisjoint({"Describe how {t}", "Compare {t} and", "What is {t}", "Explain {t} to a ten-year-old"})
     with pytest.raises(SystemExit):
         topic_openers.main(["--constraint-share", "1.5"])
+
+
+def test_starter_share_moves_lines_from_subjects_to_starters(topic_openers):
+    """--starter-share: code, math and extraction starters (where MT-bench's confident
+    misses fall, BENCHMARKS.md) in place of subject requests; role play keeps its tenth."""
+    starters, roles = set(topic_openers.STARTERS), {f.format(r=r) for f in topic_openers.ROLE_FRAMES
+                                                    for r in topic_openers.ROLES}
+    for share in (0.25, 0.5):
+        lines = topic_openers.build(6000, 0, seed=3, starter_share=share)
+        assert abs(sum(line in starters for line in lines) / len(lines) - share) < 0.03
+        assert abs(sum(line in roles for line in lines) / len(lines) - 0.1) < 0.02
+    with pytest.raises(SystemExit):
+        topic_openers.main(["--starter-share", "0.95"])

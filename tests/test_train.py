@@ -634,8 +634,10 @@ def test_out_of_memory_splits_the_batch_with_the_same_update(tiny):
     split._loss = small_batches_only
     split.run()
     assert split.micro == 2
+    # AdamW divides by sqrt(v): where a gradient is near zero, summation-order noise of the
+    # halves moves the update by ~1e-6 (seen on one CPU); a wrong accumulation moves it ~lr = 3e-3
     for name, p in whole.params.items():
-        torch.testing.assert_close(split.params[name], p, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(split.params[name], p, rtol=1e-5, atol=1e-5)
 
 
 def test_one_command_makes_the_data_then_trains(tiny, tmp_path):

@@ -113,7 +113,9 @@ def test_eagle_head_matches_reference():
         expected = ref(ids, positions, hidden)
         h = head(ids, positions, hidden)
         torch.testing.assert_close(h, expected, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(head.compute_logits(h), target.compute_logits(expected), atol=1e-5, rtol=1e-5)
+        # logits reach |x| ~ 10: fp32 rounding, CPU to CPU, is relative to that scale
+        want = target.compute_logits(expected)
+        torch.testing.assert_close(head.compute_logits(h), want, rtol=1e-5, atol=1e-5 * max(1.0, float(want.abs().max())))
 
 
 # -- EAGLE-3 head ---------------------------------------------------------------------------
