@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 from importlib.resources import files
 from pathlib import Path
 
@@ -98,8 +99,6 @@ def walk(part: dict) -> torch.Tensor:
 def confident_misses(parts: list[dict], t2d: torch.Tensor, tokenizer, top: int) -> None:
     """The target's tokens the head misses most where the target gives them >= 0.9 and
     the draft vocabulary holds them: what the head does not know that the target does."""
-    from collections import Counter
-
     pairs = Counter()
     for part in parts:
         target, draft, p = part["target"][:, 0], part["draft"][:, 0], part["p"][:, 0]

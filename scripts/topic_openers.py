@@ -184,8 +184,8 @@ def build(num: int, free_every: int, seed: int, constraint_share: float = 0.0,
     ``starter_share`` starters (code, math, reasoning, extraction) and the rest subject
     requests, in a seeded order without repeats until the subject x frame pairs run out.
     ``constraint_share`` of the whole subject requests end with a requirement ("Keep it
-    under 200 words."). The default shares give the lines of the thirteenth and fourteenth
-    sessions' rounds for their seeds."""
+    under 200 words."). The default share writes the lines the script wrote before the
+    option existed (the fourteenth session's round)."""
     rng = random.Random(seed)
     topics = subjects()
     pairs = [f.format(t=t) for f in TOPIC_FRAMES for t in topics]

@@ -1,21 +1,13 @@
 """scripts/head_diagnosis.py: the engine's walk over an answer, replayed from per-position drafts."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "head_diagnosis.py"
-
 
 @pytest.fixture(scope="module")
-def diagnosis():
-    spec = importlib.util.spec_from_file_location("head_diagnosis", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def diagnosis(load_script):
+    return load_script("head_diagnosis")
 
 
 def _part(right: list[list[bool]]) -> dict:

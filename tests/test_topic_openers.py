@@ -1,20 +1,12 @@
 """scripts/topic_openers.py: the openers file the SmolLM2 heads' data round steers with."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "topic_openers.py"
 
 
 @pytest.fixture(scope="module")
-def topic_openers():
-    spec = importlib.util.spec_from_file_location("topic_openers", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def topic_openers(load_script):
+    return load_script("topic_openers")
 
 
 def test_free_rows_fall_every_nth_line(topic_openers):

@@ -252,15 +252,15 @@ def test_gathered_losses_equal_boolean_indexing(tiny):
 
     trainer = Trainer(_settings(tiny, "eagle3", steps=1), log=lambda *a: None)
     head, target, aux_ids = trainer.head, trainer.target.model, trainer.flat_config["eagle_aux_hidden_state_layer_ids"]
-    for temperature in (1.0, 0.5):  # soft labels softmax(logits / t): the published 1 and a sharpened one
-        with torch.no_grad():
+    with torch.no_grad():
+        hidden, aux = target(ids, pos, aux_ids)
+        logits = target.compute_logits(hidden)
+        top_ok = head.t2d[logits.argmax(-1)]
+        draft_logits = logits[..., torch.arange(head.draft_vocab_size) + head.d2t]
+        feats = head.combine_hidden_states(torch.cat(aux, -1))[:, :n]
+        for temperature in (1.0, 0.5):  # soft labels softmax(logits / t): the published 1 and a sharpened one
             loss, metrics, n0 = eagle3_loss(head, target, batch, aux_layer_ids=aux_ids, ttt_steps=3,
                                             label_temperature=temperature)
-            hidden, aux = target(ids, pos, aux_ids)
-            logits = target.compute_logits(hidden)
-            top_ok = head.t2d[logits.argmax(-1)]
-            draft_logits = logits[..., torch.arange(head.draft_vocab_size) + head.d2t]
-            feats = head.combine_hidden_states(torch.cat(aux, -1))[:, :n]
             expected = 0.0
             for s, h in ttt_steps_forward(head, ids, feats, 3):
                 valid = chain_shift(mask, s + 2, n) & chain_shift(top_ok, s + 1, n)
