@@ -55,8 +55,8 @@
 # RESELECT_VOCAB=1 (--reselect-draft-vocab: the draft vocabulary chosen from this data).
 # LABEL_TEMPERATURE=T: --label-temperature T for the EAGLE-3 head (soft labels softmax(logits / T);
 # default 1, the published recipe; T < 1 sharpens them towards the target's argmax, eagle3.py).
-# EAGLE3_LAYERS=N: --head-layers N for the EAGLE-3 head (default: INIT_EAGLE3's layers, two for
-# the shipped head since the twelfth session; 1 without it); more than INIT_EAGLE3's grows
+# EAGLE3_LAYERS=N: --head-layers N for the EAGLE-3 head (default: INIT_EAGLE3's layers, three for
+# the shipped head since the fifteenth session; 1 without it); more than INIT_EAGLE3's grows
 # it, its new layers starting as identities.
 # One run split over several time-limited jobs (same WORK each time):
 #   STOP_AFTER=300 ...   steps 0-2, training paused after 300 s of training (state kept);

@@ -3,7 +3,7 @@
 # speed rows (plain, EAGLE-1 and EAGLE-3 chains, k = 3, 10 MT-bench prompts, 256 tokens,
 # bf16) for the code in .device/before (eagle_zoo/ and kernels/ of an older commit:
 # `bash scripts/device/ab.sh --pack COMMIT` here) and for this tree.
-# After setup.sh x4; carry .device/e, .device/before (and .device/pristine).
+# After setup.sh x7; carry .device/last, .device/before (and .device/pristine).
 set -u
 cd "$(dirname "$0")/../.."
 if [ "${1:-}" = --pack ]; then

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU speed tables (issue 7; PART=tables, the default, or PART=lossless80), after setup.sh x4 and with .device/e (+ .device/pristine)
+# GPU speed tables (issue 7; PART=tables, the default, or PART=lossless80), after setup.sh x7 and with .device/last (+ .device/pristine)
 # carried, or in a lease where train.sh already ran: bf16, batch 1 on the 80 MT-bench
 # prompts (transformers on 2, plain, EAGLE-1 / EAGLE-3 chains k = 1..5, trees 8,5,60 and 6,3,30),
 # throughput at batch 1, 4, 16, 64 with and without speculation plus the adaptive

@@ -4,7 +4,7 @@
 # kernels/linear.py, eagle_zoo/models/fused_layer.py); AB_VAR=EAGLE_ZOO_STEP_GRAPHS for the
 # whole-step CUDA graphs (EAGLE drafting loop, catch-up, greedy tree steps);
 # AB_VAR=EAGLE_ZOO_ASYNC_SCHEDULING SETTINGS="0 1" for async scheduling. After
-# setup.sh x4 and train.sh, or with .device/e carried): batch 1, 10 MT-bench prompts,
+# setup.sh x7 and train.sh, or with .device/last carried): batch 1, 10 MT-bench prompts,
 # 256 tokens, bf16: plain, EAGLE-1 / EAGLE-3 k=3 chains and EAGLE-2 trees (8, 5, 60),
 # each with its identity to plain decoding. Heads: HEADS (default: the shipped ones).
 # TREE: tree shapes, ';'-separated (default 8,5,60), e.g. TREE="8,5,60;4,4,24;6,3,30".
