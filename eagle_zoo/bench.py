@@ -64,7 +64,9 @@ def add_arguments(p):
                            "(e.g. '8,5,60;4,4,24')")
 
 
-def load_prompts(dataset: Optional[str], num_prompts: int) -> list[str]:
+def load_prompt_rows(dataset: Optional[str], num_prompts: int) -> list[dict]:
+    """The first ``num_prompts`` rows of a jsonl prompt set (the shipped MT-bench copy when
+    ``dataset`` is None) as {"prompt": first turn or "prompt", "category": the row's or None}."""
     if dataset is None:
         text = resources.files("eagle_zoo").joinpath("data/mt_bench.jsonl").read_text()
         source = "MT-bench (package data)"
@@ -73,16 +75,18 @@ def load_prompts(dataset: Optional[str], num_prompts: int) -> list[str]:
         if not path.is_file():
             raise SystemExit(f"--dataset {dataset}: no such file")
         text, source = path.read_text(), str(path)
-    prompts = []
+    rows = []
     for i, line in enumerate(l for l in text.splitlines() if l.strip()):
         row = json.loads(line)
-        if "turns" in row:
-            prompts.append(row["turns"][0])
-        elif "prompt" in row:
-            prompts.append(row["prompt"])
-        else:
-            raise SystemExit(f"{source} line {i + 1}: expected a 'turns' or 'prompt' field")
-    return prompts[:num_prompts]
+        prompt = row["turns"][0] if "turns" in row else row.get("prompt")
+        if not isinstance(prompt, str):
+            raise SystemExit(f"{source} line {i + 1}: expected a 'turns' or a string 'prompt' field")
+        rows.append({"prompt": prompt, "category": row.get("category")})
+    return rows[:num_prompts]
+
+
+def load_prompts(dataset: Optional[str], num_prompts: int) -> list[str]:
+    return [row["prompt"] for row in load_prompt_rows(dataset, num_prompts)]
 
 
 @dataclass

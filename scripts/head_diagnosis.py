@@ -26,9 +26,7 @@ uncertain positions loses by its nature, not by a missing kind of training data.
 from __future__ import annotations
 
 import argparse
-import json
 from collections import Counter
-from importlib.resources import files
 from pathlib import Path
 
 import torch
@@ -38,20 +36,12 @@ STEPS = 3
 
 
 def read_rows(path: str, num: int) -> tuple[str, list[dict]]:
-    if path == "mt-bench":
-        text = files("eagle_zoo").joinpath("data/mt_bench.jsonl").read_text()
-        name = "mt-bench"
-    else:
-        text, name = Path(path).read_text(), Path(path).stem
-    rows = []
-    for line in text.splitlines():
-        if line.strip():
-            row = json.loads(line)
-            prompt = row["turns"][0] if "turns" in row else row.get("prompt")
-            if not isinstance(prompt, str):
-                raise SystemExit(f"{path}: a row has neither 'turns' nor a string 'prompt': {line[:80]}")
-            rows.append({"prompt": prompt, "category": row.get("category", name)})
-    return name, rows[:num]
+    """-> (the set's name, its rows as eagle_zoo.bench reads them, each with a category:
+    the row's, else the set's name)."""
+    from eagle_zoo.bench import load_prompt_rows
+
+    dataset, name = (None, "mt-bench") if path == "mt-bench" else (path, Path(path).stem)
+    return name, [{**row, "category": row["category"] or name} for row in load_prompt_rows(dataset, num)]
 
 
 @torch.no_grad()
@@ -111,9 +101,9 @@ def confident_misses(parts: list[dict], t2d: torch.Tensor, tokenizer, top: int) 
 
 
 def report(name: str, parts: list[dict], t2d: torch.Tensor) -> None:
-    target = torch.cat([p["target"] for p in parts])
-    p = torch.cat([p["p"] for p in parts])
-    ok = torch.cat([p["draft"] for p in parts]) == target
+    target = torch.cat([part["target"] for part in parts])
+    p = torch.cat([part["p"] for part in parts])
+    ok = torch.cat([part["draft"] for part in parts]) == target
     inv = t2d[target]
     chain = ok.float().cumprod(1).mean(0)
     walked = sum((walk(part) for part in parts), torch.zeros(2))
@@ -169,9 +159,10 @@ def main() -> None:
             part = replay(target, head, ids, len(o.prompt_token_ids), aux_ids)
             if part:
                 by_cat.setdefault(r["category"], []).append({k: v.cpu() for k, v in part.items()})
-        report(name, [p for parts in by_cat.values() for p in parts], t2d)
+        every = [part for parts in by_cat.values() for part in parts]
+        report(name, every, t2d)
         if args.misses:
-            confident_misses([p for parts in by_cat.values() for p in parts], t2d, llm.tokenizer, args.misses)
+            confident_misses(every, t2d, llm.tokenizer, args.misses)
         if args.by_category and len(by_cat) > 1:
             for cat, parts in by_cat.items():
                 report(f"{name} / {cat}", parts, t2d)

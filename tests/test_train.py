@@ -181,7 +181,7 @@ def test_ttt_mask_pattern():
 @pytest.mark.parametrize("method", ["eagle", "eagle3", "eagle ttt", "eagle3 sharpened"])
 def test_training_overfits_a_fixed_batch(tiny, method):
     # One batch per epoch (token budget > the data): every step sees the same batch.
-    kw = dict(ttt_steps=3) if method == "eagle ttt" else dict(label_temperature=0.5) if method == "eagle3 sharpened" else {}
+    kw = {"eagle ttt": dict(ttt_steps=3), "eagle3 sharpened": dict(label_temperature=0.5)}.get(method, {})
     trainer = Trainer(_settings(tiny, method.split()[0], steps=30, token_budget=8192, max_len=64, log_every=1,
                                 lr=1e-2, **kw), log=lambda *a: None)
     assert len(trainer.epoch_batches) == 1

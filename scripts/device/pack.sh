@@ -15,11 +15,12 @@ gguf=$(.venv/bin/python -c "import eagle_zoo.default_target as d; print(d.gguf_p
 # three-layer EAGLE-3 head), 64 MiB in all. Parts one to seven go to .device/a .. .device/g
 # (setup.sh calls; a also carries the wheels, b the prompts: 3 MB each), the eighth to
 # .device/last, which the first working call carries.
-rm -rf .device/[a-h] .device/last .device/tp && mkdir -p .device/a/whl .device/b .device/c .device/d .device/e \
-  .device/f .device/g .device/last
-split -n 8 "$gguf" .device/gguf.part.
-for p in a b c d e f g; do mv .device/gguf.part.a$p .device/$p/; done
-mv .device/gguf.part.ah .device/last/
+parts=(a b c d e f g last)
+for p in "${parts[@]}" tp; do rm -rf ".device/$p"; done
+split -n ${#parts[@]} "$gguf" .device/gguf.part.  # gguf.part.aa, ab, ...: in the order of parts
+i=0
+for f in .device/gguf.part.*; do mkdir -p ".device/${parts[i]}" && mv "$f" ".device/${parts[i]}/"; i=$((i + 1)); done
+mkdir -p .device/a/whl
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d .device/a/whl pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 gguf==0.19.0
@@ -31,6 +32,6 @@ cp "$tok"/tokenizer.json "$tok"/tokenizer_config.json .device/tp/tokenizer/
 du -sh .device/*
 # A call carries the working tree and one part (plus .device/pristine): check they fit
 tree=$(git ls-files -z --cached --others --exclude-standard | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
-part=$(du -sb .device/[a-g] .device/last | sort -n | tail -1 | cut -f1)
+part=$(for p in "${parts[@]}"; do du -sb ".device/$p"; done | sort -n | tail -1 | cut -f1)
 echo "working tree $((tree / 1000000)) MB + largest part $((part / 1000000)) MB of the 64 MiB a call carries"
 [ $((tree + part)) -lt $((64 * 1048576 - 1000000)) ] || { echo "too large for one call: split the GGUF into more parts above"; exit 1; }
