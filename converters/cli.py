@@ -11,7 +11,7 @@ import threading
 import traceback
 from pathlib import Path
 
-from . import eagle3, files, legacy
+from . import average, eagle3, files, legacy
 from .errors import EXIT_CODES_HELP, EXIT_OK, EXIT_UNEXPECTED, ConvertError, OutputExistsError, exit_code_for
 
 CONVERSIONS = {
@@ -21,6 +21,7 @@ CONVERSIONS = {
     "to-safetensors": "pickled .bin checkpoint -> safetensors (unpickled weights_only)",
     "shard": "checkpoint -> sharded safetensors with model.safetensors.index.json",
     "unshard": "sharded checkpoint -> one model.safetensors",
+    "average": "heads of one config and draft vocabulary -> their weighted mean (checkpoint averaging)",
 }
 
 
@@ -38,6 +39,11 @@ def _options(p: argparse.ArgumentParser, name: str) -> None:
     elif name == "to-yuhuili":
         p.add_argument("--architecture", metavar="ARCH",
                        help="head architecture to write (default: LlamaForCausalLMEagle3 for llama layers)")
+    elif name == "average":
+        p.add_argument("--with", dest="others", nargs="+", required=True, metavar="HEAD",
+                       help="the other head(s) to average with SRC (directories or hub ids)")
+        p.add_argument("--weights", metavar="W,W,...",
+                       help="one weight per head, SRC first (normalized to sum to 1; default: equal)")
     elif name == "shard":
         p.add_argument("--max-shard-size", default="5GB", metavar="SIZE",
                        help="largest shard, e.g. 5GB (default), 500MB, 2GiB")
@@ -50,6 +56,8 @@ def _build(args):
         return eagle3.to_speculators(args.src, args.verifier, args.verifier_architectures, args.speculative_tokens)
     if args.conversion == "to-yuhuili":
         return eagle3.to_yuhuili(args.src, args.architecture)
+    if args.conversion == "average":
+        return average.plan(args.src, args.others, args.weights)
     if args.conversion == "to-safetensors":
         return files.to_safetensors(args.src)
     if args.conversion == "shard":

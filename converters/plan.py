@@ -68,6 +68,8 @@ class Plan:
     copies: list[Path] = field(default_factory=list)
     skipped: list[Path] = field(default_factory=list)
     remarks: list[str] = field(default_factory=list)
+    writes: dict[str, str] = field(default_factory=dict)  # other files to write: name -> text
+    verb: Optional[str] = None                # what --dry-run calls every tensor (e.g. "average"), if not its source's fate
 
     @property
     def tensors(self) -> list[LazyTensor]:
@@ -84,6 +86,8 @@ class Plan:
             raise ConvertError(f"{self.src}: the conversion would write {dup[0]!r} twice (the head holds both spellings)")
 
     def action(self, t: LazyTensor) -> str:
+        if self.verb:
+            return self.verb
         src_dir = self.src if self.src.is_dir() else self.src.parent
         if t.file.parent.resolve() != src_dir.resolve():
             return "add"
@@ -94,14 +98,15 @@ class Plan:
         if out.exists():
             lines.append(f"  note: {out} exists; it is replaced only with --force")
         acts = [self.action(t) for t in self.tensors]
-        counts = ", ".join(f"{acts.count(a)} {a}" for a in ("keep", "rename", "add") if a in acts)
+        counts = ", ".join(f"{acts.count(a)} {a}" for a in dict.fromkeys(("keep", "rename", "add", *acts)) if a in acts)
         lines.append(f"tensors: {len(self.tensors)} written ({counts}), {len(self.dropped)} dropped")
         width = max([len(t.name) for t in self.tensors] + [len(t.key) for t, _ in self.dropped] + [10])
+        col = max([7] + [len(a) + 1 for a in acts])  # "rename " sets the column; a longer verb widens it
         for t, act in zip(self.tensors, acts):
-            what = {"keep": t.name, "rename": f"{t.key} -> {t.name}", "add": f"{t.name} <- {t.file}:{t.key}"}[act]
-            lines.append(f"  {act:<7}{what:<{width}}  {list(t.shape)} {str(t.dtype).replace('torch.', '')}")
+            what = {"rename": f"{t.key} -> {t.name}", "add": f"{t.name} <- {t.file}:{t.key}"}.get(act, t.name)
+            lines.append(f"  {act:<{col}}{what:<{width}}  {list(t.shape)} {str(t.dtype).replace('torch.', '')}")
         for t, why in self.dropped:
-            lines.append(f"  {'drop':<7}{t.key:<{width}}  {list(t.shape)} {str(t.dtype).replace('torch.', '')}  ({why})")
+            lines.append(f"  {'drop':<{col}}{t.key:<{width}}  {list(t.shape)} {str(t.dtype).replace('torch.', '')}  ({why})")
         if self.config is not None:
             lines.append("config.json: " + "; ".join(self.notes))
         elif any(p.name == "config.json" for p in self.copies):
@@ -112,6 +117,8 @@ class Plan:
             lines.append(f"file: {INDEX_FILE}")
         if self.copies:
             lines.append("copied: " + ", ".join(p.name for p in self.copies))
+        for name in self.writes:
+            lines.append(f"file: {name}")
         if self.skipped:
             lines.append("not copied (weight files this conversion does not use): " + ", ".join(p.name for p in self.skipped))
         lines += [f"note: {r}" for r in self.remarks]
@@ -142,6 +149,8 @@ class Plan:
                 (tmp / "config.json").write_text(json.dumps(self.config, indent=2) + "\n")
             for p in self.copies:
                 shutil.copy2(p, tmp / p.name)
+            for name, text in self.writes.items():
+                (tmp / name).write_text(text)
             _swap_into_place(tmp, out)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

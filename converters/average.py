@@ -1,0 +1,98 @@
+"""`eagle-zoo convert average`: the weighted mean of heads that share one architecture,
+config and draft vocabulary (checkpoint averaging: e.g. a warm-started head and the
+head it started from, or checkpoints along one run). The output keeps the first
+head's layout, tensor names and sharding; floating tensors are averaged in fp32 and
+stored in the first head's dtype, integer and bool tensors (d2t, t2d) must be equal.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .errors import ConvertError
+from .plan import Plan
+from .source import LazyTensor, copyable_files, open_checkpoint, read_config, resolve_dir
+
+RECORD_FILE = "eagle_zoo_training.json"  # eagle_zoo.train.save.INFO_FILE: how the head was made
+
+
+def parse_weights(text: Optional[str], count: int) -> list[float]:
+    """'0.7,0.3' -> [0.7, 0.3]; None -> equal weights. Normalized to sum to 1."""
+    if text is None:
+        return [1.0 / count] * count
+    try:
+        weights = [float(w) for w in text.split(",")]
+    except ValueError:
+        raise ConvertError(f"--weights {text!r}: expected comma-separated numbers, one per head (e.g. 0.5,0.5)") from None
+    if len(weights) != count:
+        raise ConvertError(f"--weights {text!r}: {len(weights)} weights for {count} heads (SRC and each --with): "
+                           f"give one per head")
+    if any(not w > 0 for w in weights):
+        raise ConvertError(f"--weights {text!r}: every weight must be > 0 (leave a head out instead of weighting it 0)")
+    total = sum(weights)
+    return [w / total for w in weights]
+
+
+def _same_tensors(first: Path, tensors: dict, other: Path, theirs: dict) -> None:
+    missing, extra = sorted(tensors.keys() - theirs.keys()), sorted(theirs.keys() - tensors.keys())
+    if missing or extra:
+        what = f"lacks {missing[0]!r}" if missing else f"has {extra[0]!r}, which {first} lacks"
+        raise ConvertError(f"{other}: {what}; only heads with the same tensors can be averaged")
+    for name, t in tensors.items():
+        o = theirs[name]
+        if (t.shape, t.dtype) != (o.shape, o.dtype):
+            raise ConvertError(f"{other}: tensor {name!r} is {list(o.shape)} {o.dtype}, in {first} "
+                               f"{list(t.shape)} {t.dtype}; only heads of one shape can be averaged")
+
+
+def _mean(name: str, parts: list[LazyTensor], weights: list[float], sources: list[Path]) -> torch.Tensor:
+    values = [p.load() for p in parts]
+    if not values[0].is_floating_point():
+        for v, src in zip(values[1:], sources[1:]):
+            if not torch.equal(v, values[0]):
+                raise ConvertError(f"{src}: {name!r} differs from {sources[0]}'s: the heads draft over different "
+                                   f"vocabularies (d2t / t2d) or differ in another integer tensor; average heads of "
+                                   f"one draft vocabulary (trained with --init-from and no --reselect-draft-vocab)")
+        return values[0]
+    total = sum(w * v.float() for w, v in zip(weights, values))
+    return total.to(values[0].dtype)
+
+
+def plan(src: str, others: list[str], weights_text: Optional[str]) -> Plan:
+    sources = [resolve_dir(s, "checkpoint") for s in [src, *others]]
+    if len({s.resolve() for s in sources}) != len(sources):
+        raise ConvertError("convert average: a head is given twice; give each head once (use --weights to favour one)")
+    weights = parse_weights(weights_text, len(sources))
+    config = read_config(sources[0])
+    opened = [open_checkpoint(s) for s in sources]
+    tensors, files = opened[0]
+    for other, (theirs, _) in zip(sources[1:], opened[1:]):
+        cfg = read_config(other)
+        diff = sorted(k for k in config.keys() | cfg.keys() if config.get(k) != cfg.get(k))
+        if diff:
+            raise ConvertError(f"{other}/config.json: {diff[0]!r} is {cfg.get(diff[0])!r}, in {sources[0]} "
+                               f"{config.get(diff[0])!r}; only heads of one config can be averaged")
+        _same_tensors(sources[0], tensors, other, theirs)
+    out = []
+    for name, t in tensors.items():
+        parts = [theirs[name] for theirs, _ in opened]
+        out.append(LazyTensor(name, t.shape, t.dtype, t.file, t.key,
+                              lambda name=name, parts=parts: _mean(name, parts, weights, sources)))
+    by_file = [[t for t in out if t.file == f] for f in files]
+    copies, skipped = copyable_files(sources[0], files, keep_config=True)
+    copies = [p for p in copies if p.name != RECORD_FILE]  # it describes one head only: the record below replaces it
+    record = {"average": [{"head": str(s), "weight": w, "record": _record(s)} for s, w in zip(sources, weights)]}
+    return Plan("average", sources[0], by_file, copies=copies, skipped=skipped,
+                verb="average", writes={RECORD_FILE: json.dumps(record, indent=1) + "\n"},
+                remarks=[f"weights: " + ", ".join(f"{w:.4g} {s}" for s, w in zip(sources, weights))])
+
+
+def _record(directory: Path) -> Optional[dict]:
+    path = directory / RECORD_FILE
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except (ValueError, UnicodeDecodeError):
+        return None  # an unreadable record is not a reason to refuse the weights

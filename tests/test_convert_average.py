@@ -1,0 +1,146 @@
+"""`eagle-zoo convert average`: the weighted mean of heads of one config and draft
+vocabulary, in the first head's layout and sharding; what cannot be averaged is refused
+by name, with nothing written."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import eagle_zoo
+from eagle_zoo.cli import main
+
+sys.path.insert(0, str(Path(__file__).parent))
+import checkpoint_factory as cf  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+
+
+def convert(*args) -> int:
+    return main(["convert", *map(str, args), "--quiet"])
+
+
+def read_dir(directory: Path) -> dict[str, torch.Tensor]:
+    index = json.loads((directory / "model.safetensors.index.json").read_text())
+    out = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        out.update(load_file(directory / shard))
+    return out
+
+
+def write_pair(tmp_path: Path, dtype=torch.float32, **b_overrides):
+    """Two yuhuili EAGLE-3 heads in two shards, different weights, one draft vocabulary
+    (as a warm-started head and the head it started from have)."""
+    a = cf.write_yuhuili_eagle3(tmp_path / "a", kind="safetensors", shards=2, embed=True, seed=0)
+    cfg = dict(a.config, **b_overrides)
+    wb = cf.eagle3_weights(cfg, embed=True, seed=1, dtype=dtype)
+    wb["d2t"], wb["t2d"] = a.weights["d2t"], a.weights["t2d"]
+    if dtype != torch.float32:  # both heads in that dtype
+        a.weights.update({k: v.to(dtype) for k, v in a.weights.items() if v.is_floating_point()})
+        cf.save_weights(a.path, a.weights, "safetensors", 2)
+    cf.write_config(tmp_path / "b", cfg)
+    cf.save_weights(tmp_path / "b", wb, "safetensors", 2)
+    (a.path / "eagle_zoo_training.json").write_text(json.dumps({"steps": 7}))
+    return a.path, tmp_path / "b", a.weights, wb
+
+
+def test_weighted_mean_keeps_layout_and_loads(tmp_path):
+    a, b, wa, wb = write_pair(tmp_path)
+    out = tmp_path / "avg"
+    assert convert("average", a, "--with", b, "--weights", "1,3", "-o", out) == 0
+    got = read_dir(out)
+    assert sorted(got) == sorted(wa)
+    for name, t in wa.items():
+        if t.is_floating_point():
+            torch.testing.assert_close(got[name], 0.25 * t + 0.75 * wb[name], rtol=1e-6, atol=1e-7)
+        else:
+            assert torch.equal(got[name], t), name
+    # the first head's sharding, config and index, and a record of what was averaged
+    assert json.loads((out / "model.safetensors.index.json").read_text())["weight_map"] == \
+        json.loads((a / "model.safetensors.index.json").read_text())["weight_map"]
+    assert json.loads((out / "config.json").read_text()) == json.loads((a / "config.json").read_text())
+    record = json.loads((out / "eagle_zoo_training.json").read_text())["average"]
+    assert [(r["head"], r["weight"]) for r in record] == [(str(a), 0.25), (str(b), 0.75)]
+    assert record[0]["record"] == {"steps": 7} and record[1]["record"] is None
+    assert eagle_zoo.load(out).format == "yuhuili-eagle3"
+
+
+def test_bf16_heads_are_averaged_in_fp32(tmp_path):
+    a, b, wa, wb = write_pair(tmp_path, dtype=torch.bfloat16)
+    out = tmp_path / "avg"
+    assert convert("average", a, "--with", b, "-o", out) == 0
+    got = read_dir(out)
+    w = "fc.weight"
+    assert got[w].dtype == torch.bfloat16
+    assert torch.equal(got[w], (0.5 * wa[w].float() + 0.5 * wb[w].float()).bfloat16())
+
+
+def test_dry_run_names_the_average(tmp_path, capsys):
+    a, b, _, _ = write_pair(tmp_path)
+    assert convert("average", a, "--with", b, "-o", tmp_path / "avg", "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert "average fc.weight" in out and "file: eagle_zoo_training.json" in out
+    assert f"weights: 0.5 {a}, 0.5 {b}" in out and not (tmp_path / "avg").exists()
+
+
+def _vocab_differs(tmp_path):
+    a, b, _, wb = write_pair(tmp_path)
+    wb["d2t"] = wb["d2t"].flip(0)
+    cf.save_weights(b, wb, "safetensors", 2)
+    return [a, "--with", b]
+
+
+def _config_differs(tmp_path):
+    a, b, _, _ = write_pair(tmp_path, rms_norm_eps=1e-5)
+    return [a, "--with", b]
+
+
+def _given_twice(tmp_path):
+    a, _, _, _ = write_pair(tmp_path)
+    return [a, "--with", a]
+
+
+def _weights_count(tmp_path):
+    a, b, _, _ = write_pair(tmp_path)
+    return [a, "--with", b, "--weights", "1,2,3"]
+
+
+def _weight_zero(tmp_path):
+    a, b, _, _ = write_pair(tmp_path)
+    return [a, "--with", b, "--weights", "1,0"]
+
+
+def _missing_tensor(tmp_path):
+    a, b, _, wb = write_pair(tmp_path)
+    del wb["norm.weight"]
+    for p in b.glob("model*"):
+        p.unlink()
+    cf.save_weights(b, wb, "safetensors", 2)
+    return [a, "--with", b]
+
+
+@pytest.mark.parametrize("case, words", [
+    (_vocab_differs, ["'d2t' differs", "different vocabularies"]),
+    (_config_differs, ["config.json", "'rms_norm_eps'"]),
+    (_given_twice, ["given twice"]),
+    (_weights_count, ["--weights", "3 weights for 2 heads"]),
+    (_weight_zero, ["--weights", "> 0"]),
+    (_missing_tensor, ["lacks 'norm.weight'"]),
+])
+def test_what_cannot_be_averaged_is_refused(tmp_path, capsys, case, words):
+    args = case(tmp_path)
+    capsys.readouterr()
+    out = tmp_path / "avg"
+    assert convert("average", *args, "-o", out) == 2
+    err = capsys.readouterr().err
+    for word in words:
+        assert word in err, (word, err)
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".avg.")]
