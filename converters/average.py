@@ -87,7 +87,7 @@ def plan(src: str, others: list[str], weights_text: Optional[str]) -> Plan:
     record = {"average": [{"head": str(s), "weight": w, "record": _record(s)} for s, w in zip(sources, weights)]}
     return Plan("average", sources[0], by_file, copies=copies, skipped=skipped,
                 verb="average", writes={RECORD_FILE: json.dumps(record, indent=1) + "\n"},
-                remarks=[f"weights: " + ", ".join(f"{w:.4g} {s}" for s, w in zip(sources, weights))])
+                remarks=["weights: " + ", ".join(f"{w:.4g} {s}" for s, w in zip(sources, weights))])
 
 
 def _record(directory: Path) -> Optional[dict]:

@@ -9,31 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 import eagle_zoo
-from eagle_zoo.cli import main
 
 sys.path.insert(0, str(Path(__file__).parent))
 import checkpoint_factory as cf  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def offline(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-
-
-def convert(*args) -> int:
-    return main(["convert", *map(str, args), "--quiet"])
-
-
-def read_dir(directory: Path) -> dict[str, torch.Tensor]:
-    index = json.loads((directory / "model.safetensors.index.json").read_text())
-    out = {}
-    for shard in sorted(set(index["weight_map"].values())):
-        out.update(load_file(directory / shard))
-    return out
+from test_convert import convert, offline, read_dir  # noqa: E402,F401  (offline: autouse, no network)
 
 
 def write_pair(tmp_path: Path, dtype=torch.float32, **b_overrides):
