@@ -7,6 +7,7 @@ stored in the first head's dtype, integer and bool tensors (d2t, t2d) must be eq
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -30,8 +31,9 @@ def parse_weights(text: Optional[str], count: int) -> list[float]:
     if len(weights) != count:
         raise ConvertError(f"--weights {text!r}: {len(weights)} weights for {count} heads (SRC and each --with): "
                            f"give one per head")
-    if any(not w > 0 for w in weights):
-        raise ConvertError(f"--weights {text!r}: every weight must be > 0 (leave a head out instead of weighting it 0)")
+    if any(not (w > 0 and math.isfinite(w)) for w in weights):
+        raise ConvertError(f"--weights {text!r}: every weight must be a finite number > 0 (leave a head out instead "
+                           f"of weighting it 0)")
     total = sum(weights)
     return [w / total for w in weights]
 
@@ -48,15 +50,19 @@ def _same_tensors(first: Path, tensors: dict, other: Path, theirs: dict) -> None
                                f"{list(t.shape)} {t.dtype}; only heads of one shape can be averaged")
 
 
-def _mean(name: str, parts: list[LazyTensor], weights: list[float], sources: list[Path]) -> torch.Tensor:
+def _same_integers(name: str, parts: list[LazyTensor], sources: list[Path]) -> None:
+    """Integer and bool tensors (d2t, t2d: small) are not averaged: they must be equal,
+    checked when planning so that --dry-run refuses what the write would."""
+    first = parts[0].load()
+    for part, src in zip(parts[1:], sources[1:]):
+        if not torch.equal(part.load(), first):
+            raise ConvertError(f"{src}: {name!r} differs from {sources[0]}'s: the heads draft over different "
+                               f"vocabularies (d2t / t2d) or differ in another integer tensor; average heads of "
+                               f"one draft vocabulary (trained with --init-from and no --reselect-draft-vocab)")
+
+
+def _mean(parts: list[LazyTensor], weights: list[float]) -> torch.Tensor:
     values = [p.load() for p in parts]
-    if not values[0].is_floating_point():
-        for v, src in zip(values[1:], sources[1:]):
-            if not torch.equal(v, values[0]):
-                raise ConvertError(f"{src}: {name!r} differs from {sources[0]}'s: the heads draft over different "
-                                   f"vocabularies (d2t / t2d) or differ in another integer tensor; average heads of "
-                                   f"one draft vocabulary (trained with --init-from and no --reselect-draft-vocab)")
-        return values[0]
     total = sum(w * v.float() for w, v in zip(weights, values))
     return total.to(values[0].dtype)
 
@@ -79,8 +85,11 @@ def plan(src: str, others: list[str], weights_text: Optional[str]) -> Plan:
     out = []
     for name, t in tensors.items():
         parts = [theirs[name] for theirs, _ in opened]
-        out.append(LazyTensor(name, t.shape, t.dtype, t.file, t.key,
-                              lambda name=name, parts=parts: _mean(name, parts, weights, sources)))
+        if t.dtype.is_floating_point:
+            out.append(LazyTensor(name, t.shape, t.dtype, t.file, t.key, lambda parts=parts: _mean(parts, weights)))
+        else:
+            _same_integers(name, parts, sources)
+            out.append(t)
     by_file = [[t for t in out if t.file == f] for f in files]
     copies, skipped = copyable_files(sources[0], files, keep_config=True)
     copies = [p for p in copies if p.name != RECORD_FILE]  # it describes one head only: the record below replaces it

@@ -99,6 +99,11 @@ def _weight_zero(tmp_path):
     return [a, "--with", b, "--weights", "1,0"]
 
 
+def _weight_infinite(tmp_path):
+    a, b, _, _ = write_pair(tmp_path)
+    return [a, "--with", b, "--weights", "inf,1"]
+
+
 def _missing_tensor(tmp_path):
     a, b, _, wb = write_pair(tmp_path)
     del wb["norm.weight"]
@@ -114,13 +119,15 @@ def _missing_tensor(tmp_path):
     (_given_twice, ["given twice"]),
     (_weights_count, ["--weights", "3 weights for 2 heads"]),
     (_weight_zero, ["--weights", "> 0"]),
+    (_weight_infinite, ["--weights", "finite"]),
     (_missing_tensor, ["lacks 'norm.weight'"]),
 ])
-def test_what_cannot_be_averaged_is_refused(tmp_path, capsys, case, words):
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_what_cannot_be_averaged_is_refused(tmp_path, capsys, case, words, dry_run):
     args = case(tmp_path)
     capsys.readouterr()
     out = tmp_path / "avg"
-    assert convert("average", *args, "-o", out) == 2
+    assert convert("average", *args, "-o", out, *(["--dry-run"] if dry_run else [])) == 2
     err = capsys.readouterr().err
     for word in words:
         assert word in err, (word, err)
