@@ -254,6 +254,26 @@ def test_grown_head_starts_as_the_init_head_then_trains_its_new_layers(heads, tm
         Trainer(_settings(heads, "eagle3", init_from=str(out), draft_vocab_size=None, head_layers=1), **QUIET)
 
 
+def test_a_grown_runs_start_is_rebuilt_anywhere_and_averages_with_its_end(heads, tmp_path):
+    """The head a growing run starts from (its --init-from, --head-layers and seed; saved by
+    --steps 1 --lr 0) does not depend on the data: the new layers' random weights come from
+    a seeded CPU generator. So a GPU round's start can be rebuilt on the CPU and averaged
+    with the round's end (`eagle-zoo convert average`), the tensors matching."""
+    init = str(heads / "eagle3" / "yuhuili-eagle3")
+    grow = ["--init-from", init, "--head-layers", "2"]
+    start, start_other_data, end = tmp_path / "start", tmp_path / "start2", tmp_path / "end"
+    _train(heads, "eagle3", start, *grow, "--steps", "1", "--lr", "0")
+    _train(heads, "eagle3", start_other_data, *grow, "--steps", "1", "--lr", "0", "--val-share", "0.5")
+    _same_tensors(start, start_other_data)
+    _train(heads, "eagle3", end, *grow, "--steps", "6", "--lr", "1e-2")
+    avg = tmp_path / "avg"
+    assert main(["convert", "average", str(start), "--with", str(end), "-o", str(avg), "--quiet"]) == 0
+    s, e, a = (load_state_dict(p) for p in (start, end, avg))
+    w = "layers.1.self_attn.o_proj.weight"  # zero at the start: the mean is half the end's, exactly
+    assert not s[w].any() and e[w].any()
+    assert torch.equal(a[w], (0.5 * e[w].float()).to(a[w].dtype))
+
+
 def test_head_layers_are_refused_where_they_cannot_be_served(heads):
     with pytest.raises(ValueError, match=r"--head-layers 2: an EAGLE-1 head has one decoder layer .*train eagle3"):
         Trainer(_settings(heads, "eagle", head_layers=2), **QUIET)
