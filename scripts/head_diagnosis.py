@@ -21,7 +21,7 @@ position: if the head does equally well in each bin on two sets, the set with mo
 uncertain positions loses by its nature, not by a missing kind of training data.
 
     .venv/bin/python scripts/head_diagnosis.py [--head DIR_OR_ID] [--prompts mt-bench A.jsonl ...]
-        [--num 80] [--max-tokens 256] [--device cpu] [--by-category] [--misses 30]
+        [--num 80] [--max-tokens 256] [--device cpu] [--by-category] [--misses 30] [--out-of-vocab 30]
 """
 from __future__ import annotations
 
@@ -100,6 +100,19 @@ def confident_misses(parts: list[dict], t2d: torch.Tensor, tokenizer, top: int) 
     print(f"  confident misses (p >= 0.9, in vocabulary): {total}; most frequent: {shown}")
 
 
+def out_of_vocab(parts: list[dict], t2d: torch.Tensor, tokenizer, top: int) -> None:
+    """The target's step-0 tokens the draft vocabulary lacks (misses whatever the head
+    does), most frequent first: common pieces a larger or other vocabulary would hold, or
+    a long tail of rare words no 12,000-token one will."""
+    tokens = torch.cat([part["target"][:, 0] for part in parts])
+    missing = Counter(tokens[~t2d[tokens]].tolist())
+    total, distinct = sum(missing.values()), len(missing)
+    shown = ", ".join(f"{tokenizer.decode([t])!r} {n}" for t, n in missing.most_common(top))
+    print(f"  out of the draft vocabulary: {total} of {tokens.numel()} positions, {distinct} distinct tokens "
+          f"({sum(n for _, n in missing.most_common(top))} positions in the {min(top, distinct)} most frequent); "
+          f"most frequent: {shown}")
+
+
 def report(name: str, parts: list[dict], t2d: torch.Tensor) -> None:
     target = torch.cat([part["target"] for part in parts])
     p = torch.cat([part["p"] for part in parts])
@@ -134,6 +147,8 @@ def main() -> None:
     ap.add_argument("--by-category", action="store_true", help="a report per category as well")
     ap.add_argument("--misses", type=int, default=0, metavar="N",
                     help="also the N most frequent misses where the target is sure (p >= 0.9)")
+    ap.add_argument("--out-of-vocab", type=int, default=0, metavar="N",
+                    help="also the N most frequent answer tokens the draft vocabulary lacks")
     args = ap.parse_args()
 
     from eagle_zoo import load
@@ -163,9 +178,13 @@ def main() -> None:
         report(name, every, t2d)
         if args.misses:
             confident_misses(every, t2d, llm.tokenizer, args.misses)
+        if args.out_of_vocab:
+            out_of_vocab(every, t2d, llm.tokenizer, args.out_of_vocab)
         if args.by_category and len(by_cat) > 1:
             for cat, parts in by_cat.items():
                 report(f"{name} / {cat}", parts, t2d)
+                if args.out_of_vocab:
+                    out_of_vocab(parts, t2d, llm.tokenizer, args.out_of_vocab)
 
 
 if __name__ == "__main__":

@@ -26,3 +26,17 @@ def test_walk_jumps_past_each_accepted_run(diagnosis):
     assert diagnosis.walk(_part(mixed)).tolist() == [3 + 1 + 2 + 4, 4]
     # a right draft after a wrong one does not count: chains are accepted left to right
     assert diagnosis.walk(_part([[False, True, True]])).tolist() == [1, 1]
+
+
+def test_out_of_vocab_counts_the_step0_tokens_the_draft_vocabulary_lacks(diagnosis, capsys):
+    class Tok:
+        def decode(self, ids):
+            return f"t{ids[0]}"
+
+    t2d = torch.tensor([True, True, False, False, True])  # tokens 2 and 3 are not drafted
+    parts = [{"target": torch.tensor([[2, 0, 0], [3, 0, 0], [2, 0, 0]])},
+             {"target": torch.tensor([[0, 2, 2], [2, 3, 3], [4, 3, 3]])}]  # only step 0 counts
+    diagnosis.out_of_vocab(parts, t2d, Tok(), top=1)
+    out = capsys.readouterr().out
+    assert "4 of 6 positions, 2 distinct tokens (3 positions in the 1 most frequent)" in out
+    assert out.rstrip().endswith("most frequent: 't2' 3")
