@@ -10,5 +10,6 @@ One module per job:
   legacy.py       yuhuili EAGLE-1 -> vLLM < 0.7 layout
   eagle3.py       yuhuili EAGLE-3 <-> speculators eagle3
   files.py        to-safetensors, shard, unshard (names and values unchanged)
+  average.py      the weighted mean of heads of one config and draft vocabulary
   cli.py          the argparse subcommands
 """

@@ -13,11 +13,12 @@ from typing import Optional
 
 import torch
 
+from eagle_zoo.train.save import INFO_FILE as RECORD_FILE  # how a head was made
+
 from .errors import ConvertError
 from .plan import Plan
 from .source import LazyTensor, copyable_files, open_checkpoint, read_config, resolve_dir
 
-RECORD_FILE = "eagle_zoo_training.json"  # eagle_zoo.train.save.INFO_FILE: how the head was made
 
 
 def parse_weights(text: Optional[str], count: int) -> list[float]:

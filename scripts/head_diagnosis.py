@@ -103,13 +103,14 @@ def confident_misses(parts: list[dict], t2d: torch.Tensor, tokenizer, top: int) 
 def out_of_vocab(parts: list[dict], t2d: torch.Tensor, tokenizer, top: int) -> None:
     """The target's step-0 tokens the draft vocabulary lacks (misses whatever the head
     does), most frequent first: common pieces a larger or other vocabulary would hold, or
-    a long tail of rare words no 12,000-token one will."""
+    a long tail of rare words no vocabulary of its size will."""
     tokens = torch.cat([part["target"][:, 0] for part in parts])
     missing = Counter(tokens[~t2d[tokens]].tolist())
     total, distinct = sum(missing.values()), len(missing)
-    shown = ", ".join(f"{tokenizer.decode([t])!r} {n}" for t, n in missing.most_common(top))
+    top_tokens = missing.most_common(top)
+    shown = ", ".join(f"{tokenizer.decode([t])!r} {n}" for t, n in top_tokens)
     print(f"  out of the draft vocabulary: {total} of {tokens.numel()} positions, {distinct} distinct tokens "
-          f"({sum(n for _, n in missing.most_common(top))} positions in the {min(top, distinct)} most frequent); "
+          f"({sum(n for _, n in top_tokens)} positions in the {len(top_tokens)} most frequent); "
           f"most frequent: {shown}")
 
 
