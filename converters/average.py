@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from eagle_zoo.train.save import INFO_FILE as RECORD_FILE  # how a head was made
+from eagle_zoo.train.save import INFO_FILE as RECORD_FILE, read_record  # how a head was made
 
 from .errors import ConvertError
 from .plan import Plan
@@ -94,15 +94,8 @@ def plan(src: str, others: list[str], weights_text: Optional[str]) -> Plan:
     by_file = [[t for t in out if t.file == f] for f in files]
     copies, skipped = copyable_files(sources[0], files, keep_config=True)
     copies = [p for p in copies if p.name != RECORD_FILE]  # it describes one head only: the record below replaces it
-    record = {"average": [{"head": str(s), "weight": w, "record": _record(s)} for s, w in zip(sources, weights)]}
+    record = {"average": [{"head": str(s), "weight": w, "record": read_record(s)} for s, w in zip(sources, weights)]}
     return Plan("average", sources[0], by_file, copies=copies, skipped=skipped,
                 verb="average", writes={RECORD_FILE: json.dumps(record, indent=1) + "\n"},
                 remarks=["weights: " + ", ".join(f"{w:.4g} {s}" for s, w in zip(sources, weights))])
 
-
-def _record(directory: Path) -> Optional[dict]:
-    path = directory / RECORD_FILE
-    try:
-        return json.loads(path.read_text()) if path.is_file() else None
-    except (ValueError, UnicodeDecodeError):
-        return None  # an unreadable record is not a reason to refuse the weights

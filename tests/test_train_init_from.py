@@ -56,6 +56,14 @@ def test_init_from_head_is_the_starting_point(heads, tmp_path, method, layout):
     record = json.loads((out / "eagle_zoo_training.json").read_text())
     assert record["settings"]["init_from"] == str(init)
     assert record["init_from"]["format"] == (layout or "yuhuili-eagle") and record["steps"] == 1
+    # The start's own record comes along, so a head trained round after round keeps its history.
+    assert record["init_from"]["record"] == json.loads((init / "eagle_zoo_training.json").read_text())
+    again = tmp_path / "again2"  # a start with no record (a published head) records none
+    bare = tmp_path / "bare"
+    shutil.copytree(init, bare)
+    (bare / "eagle_zoo_training.json").unlink()
+    _train(heads, method, again, "--init-from", str(bare), "--steps", "1", "--lr", "0", *fmt)
+    assert "record" not in json.loads((again / "eagle_zoo_training.json").read_text())["init_from"]
     assert json.loads((out / "config.json").read_text()).get("eagle_aux_hidden_state_layer_ids") == \
         json.loads((init / "config.json").read_text()).get("eagle_aux_hidden_state_layer_ids")
 

@@ -175,6 +175,15 @@ def save_head(head, flat_config: dict, fmt: str, out, *, mapping: WeightMapping,
     return out
 
 
+def read_record(directory) -> Optional[dict]:
+    """The training record saved with a head, or None where there is none or it does not parse."""
+    path = Path(directory) / INFO_FILE
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except (ValueError, UnicodeDecodeError):
+        return None  # an unreadable record is not a reason to refuse the weights
+
+
 def _rename(name: str, prefix: str) -> str:
     return prefix + name[len("layers.0."):] if name.startswith("layers.0.") else name
 

@@ -23,6 +23,7 @@ from .build import build_head, default_aux_layers, head_config, init_from_head, 
 from .data import load_data
 from .eagle1 import eagle1_loss
 from .eagle3 import eagle3_loss
+from .save import read_record
 from .validation import split_by_prompt
 from .vocab import coverage, select_draft_vocab, token_counts
 
@@ -164,6 +165,9 @@ class Trainer:
         if s.init_from:  # warm start: the weights, draft vocabulary and aux layers of this head
             init = load_init_head(s.init_from, s.method, self.target.model)
             self.info["init_from"] = {"head": str(s.init_from), "path": str(init.path), "format": init.format}
+            record = read_record(init.path) if init.path else None
+            if record is not None:  # how the start was made: a head grown round after round keeps its whole history
+                self.info["init_from"]["record"] = record
             log(f"initial weights from {s.init_from} ({init.format}, {init.path})")
         if s.method == "eagle3":
             counts = token_counts(self.data.input_ids, self.data.loss_mask, vocab)
