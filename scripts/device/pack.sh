@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepares .device/ (git-ignored) for a GPU session: the GGUF in eight parts, the
+# Prepares .device/ (git-ignored) for a GPU session: the GGUF in parts, the
 # wheels the GPU image lacks, the training prompts. `pack.sh --pristine` only refreshes
 # .device/pristine: the committed versions of the files modified in the working tree,
 # which env.sh puts back on the GPU machine so uncommitted edits never run there.
@@ -11,12 +11,20 @@ git diff --name-only HEAD | while read -r f; do
 done
 [ "${1:-}" = --pristine ] && { echo "pristine: $(find .device/pristine -type f | wc -l) files"; exit 0; }
 gguf=$(.venv/bin/python -c "import eagle_zoo.default_target as d; print(d.gguf_path())")
-# Eight parts: every call also carries the repo's working tree (48.7 MB since the
-# three-layer EAGLE-3 head), 64 MiB in all. Parts one to seven go to .device/a .. .device/g
-# (setup.sh calls; a also carries the wheels, b the prompts: 3 MB each), the eighth to
-# .device/last, which the first working call carries.
-parts=(a b c d e f g last)
-for p in "${parts[@]}" tp; do rm -rf ".device/$p"; done
+# Every call also carries the repo's working tree (55.8 MB since the four-layer EAGLE-3
+# head), 64 MiB in all, so the GGUF travels in as many parts as that leaves room for:
+# fifteen of 6.5 MB with that tree. Parts go to .device/a, .device/b, ... (setup.sh calls;
+# a also carries the wheels, b the prompts: 3.6 MB at most), the last to .device/last,
+# which the first working call carries.
+tree=$(git ls-files -z --cached --others --exclude-standard | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+room=$((64 * 1048576 - 1000000 - tree - 3600000))
+[ "$room" -gt 2000000 ] || { echo "the working tree ($((tree / 1000000)) MB) leaves no room for GGUF parts in a 64-MiB call"; exit 1; }
+size=$(stat -c %s "$gguf")
+count=$(((size + room - 1) / room))
+letters=(a b c d e f g h i j k l m n o p q r s t u v w x y z)
+[ "$count" -le 26 ] || { echo "$count parts: more than setup.sh calls can be named (a .. z)"; exit 1; }
+parts=("${letters[@]:0:count-1}" last)
+rm -rf .device/[a-z] .device/last .device/tp
 split -n ${#parts[@]} "$gguf" .device/gguf.part.  # gguf.part.aa, ab, ...: in the order of parts
 i=0
 for f in .device/gguf.part.*; do mkdir -p ".device/${parts[i]}" && mv "$f" ".device/${parts[i]}/"; i=$((i + 1)); done
@@ -31,7 +39,7 @@ tok=$(.venv/bin/python -c "from eagle_zoo.default_target import resolve_default 
 cp "$tok"/tokenizer.json "$tok"/tokenizer_config.json .device/tp/tokenizer/
 du -sh .device/*
 # A call carries the working tree and one part (plus .device/pristine): check they fit
-tree=$(git ls-files -z --cached --others --exclude-standard | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+echo "${#parts[@]} parts: setup.sh with each of .device/${parts[0]} .. .device/${parts[count-2]}, then .device/last"
 part=$(for p in "${parts[@]}"; do du -sb ".device/$p"; done | sort -n | tail -1 | cut -f1)
 echo "working tree $((tree / 1000000)) MB + largest part $((part / 1000000)) MB of the 64 MiB a call carries"
 [ $((tree + part)) -lt $((64 * 1048576 - 1000000)) ] || { echo "too large for one call: split the GGUF into more parts above"; exit 1; }
