@@ -20,7 +20,6 @@ from .plan import Plan
 from .source import LazyTensor, copyable_files, open_checkpoint, read_config, resolve_dir
 
 
-
 def parse_weights(text: Optional[str], count: int) -> list[float]:
     """'0.7,0.3' -> [0.7, 0.3]; None -> equal weights. Normalized to sum to 1."""
     if text is None:
