@@ -94,7 +94,8 @@ def plan(src: str, others: list[str], weights_text: Optional[str]) -> Plan:
     copies, skipped = copyable_files(sources[0], files, keep_config=True)
     copies = [p for p in copies if p.name != RECORD_FILE]  # it describes one head only: the record below replaces it
     record = {"average": [{"head": str(s), "weight": w, "record": read_record(s)} for s, w in zip(sources, weights)]}
+    averaged = {t.name: "average" for t in out if t.dtype.is_floating_point}  # d2t / t2d: kept, equal in all
     return Plan("average", sources[0], by_file, copies=copies, skipped=skipped,
-                verb="average", writes={RECORD_FILE: json.dumps(record, indent=1) + "\n"},
+                verbs=averaged, writes={RECORD_FILE: json.dumps(record, indent=1) + "\n"},
                 remarks=["weights: " + ", ".join(f"{w:.4g} {s}" for s, w in zip(sources, weights))])
 

@@ -69,7 +69,7 @@ class Plan:
     skipped: list[Path] = field(default_factory=list)
     remarks: list[str] = field(default_factory=list)
     writes: dict[str, str] = field(default_factory=dict)  # other files to write: name -> text
-    verb: Optional[str] = None                # what --dry-run calls every tensor (e.g. "average"), if not its source's fate
+    verbs: dict[str, str] = field(default_factory=dict)  # tensor name -> what --dry-run calls it (e.g. "average"), where not its source's fate
 
     @property
     def tensors(self) -> list[LazyTensor]:
@@ -86,8 +86,8 @@ class Plan:
             raise ConvertError(f"{self.src}: the conversion would write {dup[0]!r} twice (the head holds both spellings)")
 
     def action(self, t: LazyTensor) -> str:
-        if self.verb:
-            return self.verb
+        if t.name in self.verbs:
+            return self.verbs[t.name]
         src_dir = self.src if self.src.is_dir() else self.src.parent
         if t.file.parent.resolve() != src_dir.resolve():
             return "add"

@@ -69,7 +69,18 @@ def test_dry_run_names_the_average(tmp_path, capsys):
     assert convert("average", a, "--with", b, "-o", tmp_path / "avg", "--dry-run") == 0
     out = capsys.readouterr().out
     assert "average fc.weight" in out and "file: eagle_zoo_training.json" in out
+    # the draft vocabulary maps are not averaged: checked equal and kept from the first head
+    assert [line.split()[0] for line in out.splitlines() if line.split()[1:2] in (["d2t"], ["t2d"])] == ["keep", "keep"]
     assert f"weights: 0.5 {a}, 0.5 {b}" in out and not (tmp_path / "avg").exists()
+
+
+def test_an_unreadable_record_is_named_not_dropped(tmp_path):
+    a, b, _, _ = write_pair(tmp_path)
+    (b / "eagle_zoo_training.json").write_text("{not json")
+    assert convert("average", a, "--with", b, "-o", tmp_path / "avg") == 0
+    record = json.loads((tmp_path / "avg" / "eagle_zoo_training.json").read_text())["average"]
+    assert record[0]["record"] == {"steps": 7}
+    assert record[1]["record"]["unreadable"].startswith(f"{b / 'eagle_zoo_training.json'}: ")
 
 
 def _vocab_differs(tmp_path):

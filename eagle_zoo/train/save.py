@@ -176,12 +176,17 @@ def save_head(head, flat_config: dict, fmt: str, out, *, mapping: WeightMapping,
 
 
 def read_record(directory) -> Optional[dict]:
-    """The training record saved with a head, or None where there is none or it does not parse."""
+    """The training record saved with a head; None where there is none, and where it does
+    not parse {"unreadable": why}, so the record that embeds it says so instead of null
+    (an unreadable record is not a reason to refuse the weights)."""
     path = Path(directory) / INFO_FILE
+    if not path.is_file():
+        return None
     try:
-        return json.loads(path.read_text()) if path.is_file() else None
-    except (ValueError, UnicodeDecodeError):
-        return None  # an unreadable record is not a reason to refuse the weights
+        record = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        return {"unreadable": f"{path}: {err}"}
+    return record if isinstance(record, dict) else {"unreadable": f"{path}: not a JSON object"}
 
 
 def _rename(name: str, prefix: str) -> str:
