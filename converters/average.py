@@ -67,6 +67,20 @@ def _mean(parts: list[LazyTensor], weights: list[float]) -> torch.Tensor:
     return total.to(values[0].dtype)
 
 
+def _share_starts(entries: list[dict]) -> None:
+    """A head trained from another head of the same average carries that head's whole
+    record as its ``init_from.record``: keep it once, the copy replaced by a reference to
+    the entry that holds it (else each round of warm start + average multiplies the file)."""
+    for i, entry in enumerate(entries):
+        start = (entry["record"] or {}).get("init_from")
+        if not isinstance(start, dict) or start.get("record") is None:
+            continue
+        for j, other in enumerate(entries):
+            if j != i and start["record"] == other["record"]:
+                start["record"] = {"same_as": f"average[{j}].record"}
+                break
+
+
 def plan(src: str, others: list[str], weights_text: Optional[str]) -> Plan:
     sources = [resolve_dir(s, "checkpoint") for s in [src, *others]]
     if len({s.resolve() for s in sources}) != len(sources):
@@ -94,6 +108,7 @@ def plan(src: str, others: list[str], weights_text: Optional[str]) -> Plan:
     copies, skipped = copyable_files(sources[0], files, keep_config=True)
     copies = [p for p in copies if p.name != RECORD_FILE]  # it describes one head only: the record below replaces it
     record = {"average": [{"head": str(s), "weight": w, "record": read_record(s)} for s, w in zip(sources, weights)]}
+    _share_starts(record["average"])
     averaged = {t.name: "average" for t in out if t.dtype.is_floating_point}  # d2t / t2d: kept, equal in all
     return Plan("average", sources[0], by_file, copies=copies, skipped=skipped,
                 verbs=averaged, writes={RECORD_FILE: json.dumps(record, indent=1) + "\n"},

@@ -83,6 +83,16 @@ def test_an_unreadable_record_is_named_not_dropped(tmp_path):
     assert record[1]["record"]["unreadable"].startswith(f"{b / 'eagle_zoo_training.json'}: ")
 
 
+def test_a_start_averaged_with_its_own_run_is_recorded_once(tmp_path):
+    """b was trained from a (its record embeds a's): the average keeps a's record once."""
+    a, b, _, _ = write_pair(tmp_path)
+    (b / "eagle_zoo_training.json").write_text(json.dumps({"steps": 3, "init_from": {"head": str(a), "record": {"steps": 7}}}))
+    assert convert("average", a, "--with", b, "-o", tmp_path / "avg") == 0
+    record = json.loads((tmp_path / "avg" / "eagle_zoo_training.json").read_text())["average"]
+    assert record[0]["record"] == {"steps": 7}
+    assert record[1]["record"] == {"steps": 3, "init_from": {"head": str(a), "record": {"same_as": "average[0].record"}}}
+
+
 def _vocab_differs(tmp_path):
     a, b, _, wb = write_pair(tmp_path)
     wb["d2t"] = wb["d2t"].flip(0)
