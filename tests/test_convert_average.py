@@ -93,6 +93,20 @@ def test_a_start_averaged_with_its_own_run_is_recorded_once(tmp_path):
     assert record[1]["record"] == {"steps": 3, "init_from": {"head": str(a), "record": {"same_as": "average[0].record"}}}
 
 
+def test_a_start_shared_by_two_averaged_heads_is_recorded_once(tmp_path):
+    """a and b were both trained from a head c outside the average (a grown copy of c and
+    c's own run): c's record is kept in a's entry, b's refers to it."""
+    a, b, _, _ = write_pair(tmp_path)
+    start = {"head": "c", "record": {"steps": 11}}
+    (a / "eagle_zoo_training.json").write_text(json.dumps({"steps": 1, "init_from": start}))
+    (b / "eagle_zoo_training.json").write_text(json.dumps({"steps": 9, "init_from": start}))
+    assert convert("average", a, "--with", b, "-o", tmp_path / "avg") == 0
+    record = json.loads((tmp_path / "avg" / "eagle_zoo_training.json").read_text())["average"]
+    assert record[0]["record"] == {"steps": 1, "init_from": start}
+    assert record[1]["record"] == {"steps": 9, "init_from": {"head": "c", "record": {
+        "same_as": "average[0].record.init_from.record"}}}
+
+
 def _vocab_differs(tmp_path):
     a, b, _, wb = write_pair(tmp_path)
     wb["d2t"] = wb["d2t"].flip(0)
