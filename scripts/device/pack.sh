@@ -13,9 +13,9 @@ git diff --name-only --diff-filter=d HEAD | while read -r f; do
 done
 [ "${1:-}" = --pristine ] && { echo "pristine: $(find .device/pristine -type f | wc -l) files"; exit 0; }
 gguf=$(.venv/bin/python -c "import eagle_zoo.default_target as d; print(d.gguf_path())")
-# Every call also carries the repo's working tree (55.8 MB since the four-layer EAGLE-3
+# Every call also carries the repo's working tree (63.0 MB since the five-layer EAGLE-3
 # head), 64 MiB in all, so the GGUF travels in as many parts as that leaves room for:
-# fifteen of 6.5 MB with that tree, fewer with the EAGLE-1 head (8.4 MB) set aside. Parts
+# none with that tree, thirteen of 7.6 MB with the EAGLE-1 head (8.4 MB) set aside. Parts
 # go to .device/a, .device/b, ... (setup.sh calls; a also carries the wheels, b the
 # prompts: 3.6 MB at most), the last to .device/last, which the first working call carries.
 # (du skips, and complains of, tracked files set aside: the total counts what travels)

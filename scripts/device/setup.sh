@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # GPU setup calls: whatever part of .device/ the call carries -> /root/m
 # (GGUF parts, the wheels the GPU image lacks, the training prompts). The repo itself
-# (55.8 MB with the shipped heads) travels with every call, so the GGUF travels in the
-# parts pack.sh makes (fifteen of 6.5 MB): setup calls (.device/a .. .device/n) made back to
-# back, and the first working call carries .device/last; env.sh joins the parts.
+# (54.6 MB with the EAGLE-1 head set aside, which every call now needs) travels with every
+# call, so the GGUF travels in the parts pack.sh makes (thirteen of 7.6 MB): setup calls
+# (.device/a .. .device/l) made back to back, and the first working call carries
+# .device/last; env.sh joins the parts.
 set -euo pipefail
 mkdir -p /root/m/site
 for part in .device/*/gguf.part.*; do [ -f "$part" ] && cp "$part" /root/m/; done
