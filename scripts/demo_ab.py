@@ -26,8 +26,8 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     args = p.parse_args()
     heads = dict(h.split("=", 1) for h in args.heads if "=" in h)
-    if len(heads) != len(args.heads):
-        p.error("give each head as NAME=HEAD")
+    if len(heads) != len(args.heads) or "plain" in heads:
+        p.error("give each head as NAME=HEAD, each NAME once and other than 'plain' (plain decoding's row)")
     prompts = load_prompts(None, args.num_prompts)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     llms = {name: LLM(model=DEFAULT_TARGET, speculative_config={
