@@ -69,25 +69,26 @@ def _mean(parts: list[LazyTensor], weights: list[float]) -> torch.Tensor:
 
 def _share_starts(entries: list[dict]) -> None:
     """A head trained from another head carries that head's whole record as its
-    ``init_from.record``: keep each such record once, a copy replaced by a reference to
-    where it is kept (else each round of warm start + average multiplies the file). The
-    start may be one of the averaged heads (-> ``average[j].record``), or a head outside
-    the average that several of them were trained from, e.g. a head grown to more layers
-    and averaged with its own run (-> ``average[j].record.init_from.record``)."""
-    starts = [(entry["record"] or {}).get("init_from") for entry in entries]
-    starts = [s if isinstance(s, dict) and s.get("record") is not None else None for s in starts]
-    for i, start in enumerate(starts):
-        if start is None:
+    ``init_from.record``: keep each record once, a copy replaced by a reference to where
+    it is kept (else each round of warm start + average multiplies the file). The start
+    may be one of the averaged heads (-> ``average[j].record``), or a head outside the
+    average that several of them were trained from, e.g. a head grown to more layers and
+    averaged with its own run (-> ``average[j].record.init_from.record``, the first)."""
+    def key(record) -> str:  # taken before any entry is rewritten
+        return json.dumps(record, sort_keys=True)
+
+    kept = {}
+    for j, entry in enumerate(entries):
+        kept.setdefault(key(entry["record"]), f"average[{j}].record")
+    for i, entry in enumerate(entries):
+        start = (entry["record"] or {}).get("init_from")
+        if not isinstance(start, dict) or start.get("record") is None:
             continue
-        same = next((j for j, other in enumerate(entries) if j != i and start["record"] == other["record"]), None)
-        if same is not None:
-            start["record"] = {"same_as": f"average[{same}].record"}
-            starts[i] = None  # nothing left to share
-            continue
-        earlier = next((j for j in range(i) if starts[j] is not None and starts[j]["record"] == start["record"]), None)
-        if earlier is not None:
-            start["record"] = {"same_as": f"average[{earlier}].record.init_from.record"}
-            starts[i] = None
+        k = key(start["record"])
+        if k in kept:
+            start["record"] = {"same_as": kept[k]}
+        else:
+            kept[k] = f"average[{i}].record.init_from.record"
 
 
 def plan(src: str, others: list[str], weights_text: Optional[str]) -> Plan:
