@@ -12,6 +12,19 @@ git diff --name-only --diff-filter=d HEAD | while read -r f; do
   git cat-file -e "HEAD:$f" 2>/dev/null && mkdir -p ".device/pristine/$(dirname "$f")" && git show "HEAD:$f" > ".device/pristine/$f"
 done
 [ "${1:-}" = --pristine ] && { echo "pristine: $(find .device/pristine -type f | wc -l) files"; exit 0; }
+# `pack.sh --init DIR`: DIR is the EAGLE-3 head a round starts from, set aside out of the
+# tree with the EAGLE-1 head (both `mv`ed to /tmp/aside/): it travels as its own setup part,
+# .device/init (setup.sh puts it in /root/m/init/eagle3; round.env's INIT_DIR=/root/m/init),
+# with the prompts. The tree is then ~2 MB, so the GGUF goes in two parts: three setup-like
+# calls in all, and room in a call for a head of six layers (60 MB).
+init=""
+if [ "${1:-}" = --init ]; then
+  init=${2:?"pack.sh --init DIR: DIR, the EAGLE-3 head to start from (e.g. /tmp/aside/eagle3)"}
+  [ -f "$init/config.json" ] || { echo "pack.sh --init $init: no config.json there (expected an EAGLE-3 head directory)"; exit 1; }
+  heads=plugins/eagle-zoo-smollm2-heads/eagle_zoo_smollm2_heads/heads
+  [ -e $heads/eagle ] || [ -e $heads/eagle3 ] \
+    && { echo "pack.sh --init: set the shipped heads aside first (mv plugins/.../heads/eagle plugins/.../heads/eagle3 /tmp/aside/): they would travel with every call"; exit 1; }
+fi
 gguf=$(.venv/bin/python -c "import eagle_zoo.default_target as d; print(d.gguf_path())")
 # Every call also carries the repo's working tree (63.0 MB since the five-layer EAGLE-3
 # head), 64 MiB in all, so the GGUF travels in as many parts as that leaves room for:
@@ -35,7 +48,13 @@ mkdir -p .device/a/whl
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d .device/a/whl pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 gguf==0.19.0
-cp ../shared/data/train_prompts.jsonl .device/b/
+rm -rf .device/init
+if [ -n "$init" ]; then
+  mkdir -p .device/init/eagle3 && cp "$init"/* .device/init/eagle3/ && cp ../shared/data/train_prompts.jsonl .device/init/
+  echo "init: $(du -sh .device/init | cut -f1) (setup.sh with .device/init too)"
+else
+  cp ../shared/data/train_prompts.jsonl .device/b/
+fi
 # .device/tp: what the tensor-parallel run needs without the GGUF (tokenizer files, wheels)
 mkdir -p .device/tp/tokenizer && cp -r .device/a/whl .device/tp/
 tok=$(.venv/bin/python -c "from eagle_zoo.default_target import resolve_default as r; print(r('HuggingFaceTB/SmolLM2-135M-Instruct'))")
@@ -43,6 +62,6 @@ cp "$tok"/tokenizer.json "$tok"/tokenizer_config.json .device/tp/tokenizer/
 du -sh .device/*
 # A call carries the working tree and one part (plus .device/pristine): check they fit
 echo "${#parts[@]} parts: setup.sh with each of .device/${parts[0]} .. .device/${parts[count-2]}, then .device/last"
-part=$(for p in "${parts[@]}"; do du -sb ".device/$p"; done | sort -n | tail -1 | cut -f1)
+part=$(for p in "${parts[@]}" ${init:+init}; do du -sb ".device/$p"; done | sort -n | tail -1 | cut -f1)
 echo "working tree $((tree / 1000000)) MB + largest part $((part / 1000000)) MB of the 64 MiB a call carries"
 [ $((tree + part)) -lt $((64 * 1048576 - 1000000)) ] || { echo "too large for one call: split the GGUF into more parts above"; exit 1; }

@@ -9,6 +9,8 @@ set -euo pipefail
 mkdir -p /root/m/site
 for part in .device/*/gguf.part.*; do [ -f "$part" ] && cp "$part" /root/m/; done
 for f in .device/*/train_prompts.jsonl; do [ -f "$f" ] && cp "$f" /root/m/; done
+# the head a round starts from, when pack.sh --init sent it as a part of its own
+if [ -d .device/init/eagle3 ]; then mkdir -p /root/m/init && rm -rf /root/m/init/eagle3 && cp -r .device/init/eagle3 /root/m/init/; fi
 if compgen -G ".device/a/whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /root/m/site .device/a/whl/*.whl
   nvidia-smi --query-gpu=name,memory.total --format=csv
