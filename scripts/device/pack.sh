@@ -23,7 +23,7 @@ if [ "${1:-}" = --init ]; then
   [ -f "$init/config.json" ] || { echo "pack.sh --init $init: no config.json there (expected an EAGLE-3 head directory)"; exit 1; }
   heads=plugins/eagle-zoo-smollm2-heads/eagle_zoo_smollm2_heads/heads
   [ -e $heads/eagle ] || [ -e $heads/eagle3 ] \
-    && { echo "pack.sh --init: set the shipped heads aside first (mv plugins/.../heads/eagle plugins/.../heads/eagle3 /tmp/aside/): they would travel with every call"; exit 1; }
+    && { echo "pack.sh --init: set both shipped heads aside first (mv $heads/eagle $heads/eagle3 /tmp/aside/)"; exit 1; }
 fi
 gguf=$(.venv/bin/python -c "import eagle_zoo.default_target as d; print(d.gguf_path())")
 # Every call also carries the repo's working tree (63.0 MB since the five-layer EAGLE-3
