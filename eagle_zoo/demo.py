@@ -20,9 +20,10 @@ MAX_TOKENS = 96
 # costs little more than 1 token; on a 2-core CPU each verified token adds ~3 ms to a ~21 ms
 # step (scripts/cpu_step_profile.py --tokens 1,2,3,4), and with the acceptance of these
 # writing questions K = 3 was no faster than plain decoding while K = 2 was (BENCHMARKS.md,
-# CPU, eighth session). In the twenty-first session the same CPU was slower (~6.5 ms a
-# verified token on a ~31 ms step) and, with the five-layer EAGLE-3 head, K = 2 still beat
-# K = 1 but neither beat plain decoding at batch 1.
+# CPU, eighth session). The answer depends on the machine: on the twenty-first session's
+# (~6.5 ms a verified token on a ~31 ms step) K = 2 still beat K = 1 but neither beat plain
+# decoding at batch 1 with the five-layer EAGLE-3 head; on the twenty-second's (AVX2 only,
+# ~4 ms on a ~28 ms step) K = 2 gave 1.07x.
 CUDA_K, CPU_K = 3, 2
 
 

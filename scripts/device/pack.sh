@@ -15,8 +15,9 @@ done
 # `pack.sh --init DIR`: DIR is the EAGLE-3 head a round starts from, set aside out of the
 # tree with the EAGLE-1 head (both `mv`ed to /tmp/aside/): it travels as its own setup part,
 # .device/init (setup.sh puts it in /root/m/init/eagle3; round.env's INIT_DIR=/root/m/init),
-# with the prompts. The tree is then ~2 MB, so the GGUF goes in two parts: three setup-like
-# calls in all, and room in a call for a head of six layers (60 MB).
+# with the prompts. The tree is then ~2 MB, so the GGUF goes in two parts: two setup.sh
+# calls (.device/a, .device/init) before the working call that carries .device/last, and
+# room in a call for a head of six layers (60 MB).
 init=""
 if [ "${1:-}" = --init ]; then
   init=${2:?"pack.sh --init DIR: DIR, the EAGLE-3 head to start from (e.g. /tmp/aside/eagle3)"}
@@ -30,7 +31,7 @@ gguf=$(.venv/bin/python -c "import eagle_zoo.default_target as d; print(d.gguf_p
 # head), 64 MiB in all, so the GGUF travels in as many parts as that leaves room for:
 # none with that tree, thirteen of 7.6 MB with the EAGLE-1 head (8.4 MB) set aside. Parts
 # go to .device/a, .device/b, ... (setup.sh calls; a also carries the wheels, b the
-# prompts: 3.6 MB at most), the last to .device/last, which the first working call carries.
+# prompts: 3.6 MB at most; with --init, .device/init carries the prompts), the last to .device/last, which the first working call carries.
 # (du skips, and complains of, tracked files set aside: the total counts what travels)
 tree=$( (git ls-files -z --cached --others --exclude-standard | du -cb --files0-from=- 2>/dev/null || true) | tail -1 | cut -f1)
 room=$((64 * 1048576 - 1000000 - tree - 3600000))
