@@ -27,9 +27,9 @@ if [ "${1:-}" = --init ]; then
     && { echo "pack.sh --init: set both shipped heads aside first (mv $heads/eagle $heads/eagle3 /tmp/aside/)"; exit 1; }
 fi
 gguf=$(.venv/bin/python -c "import eagle_zoo.default_target as d; print(d.gguf_path())")
-# Every call also carries the repo's working tree (63.0 MB since the five-layer EAGLE-3
+# Every call also carries the repo's working tree (70 MB since the six-layer EAGLE-3
 # head), 64 MiB in all, so the GGUF travels in as many parts as that leaves room for:
-# none with that tree, thirteen of 7.6 MB with the EAGLE-1 head (8.4 MB) set aside. Parts
+# none with that tree, two of 49 MB with both shipped heads set aside. Parts
 # go to .device/a, .device/b, ... (setup.sh calls; a also carries the wheels, b the
 # prompts: 3.6 MB at most; with --init, .device/init carries the prompts), the last to .device/last, which the first working call carries.
 # (du skips, and complains of, tracked files set aside: the total counts what travels)
