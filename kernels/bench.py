@@ -1,4 +1,4 @@
-"""`python -m kernels.bench` (CUDA): GPU time of each kernel against its torch path,
+"""`python -m eagle_zoo.kernels.bench` (CUDA): GPU time of each kernel against its torch path,
 replayed from CUDA graphs as the engine runs them, plus a batch-invariance sweep."""
 from __future__ import annotations
 

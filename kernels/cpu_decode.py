@@ -5,7 +5,7 @@ on first use with torch's C++ extension loader (g++ with OpenMP; about 30 s, the
 cached); where it cannot be built or the CPU lacks AVX2, `available()` is False and
 callers keep torch's ops.
 
-    python -m kernels.cpu_decode     builds it now (`make` does, so the first decode
+    python -m eagle_zoo.kernels.cpu_decode     builds it now (`make` does, so the first decode
                                      step does not wait for the compiler) and says whether
                                      it is in use
 

@@ -15,7 +15,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_decode
+from eagle_zoo.kernels import cpu_decode
 
 SHAPES = [(1728, 576), (576, 576), (3072, 576), (576, 1536)]  # (out, in) of one layer's weights
 LAYERS = 30

@@ -82,7 +82,7 @@ def profile_parts(runner, model, slots, cached: int, weight_bytes: int, steps: i
     timed without the profiler (which inflates small ops)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from kernels import cpu_decode
+    from eagle_zoo.kernels import cpu_decode
 
     ids, pos = torch.tensor([[1]]), torch.tensor([[cached]])
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from eagle_zoo.models import layers
-from kernels import cpu_decode
+from eagle_zoo.kernels import cpu_decode
 
 needs_kernel = pytest.mark.skipif(not cpu_decode.available(), reason="kernels/cpu_decode.py could not be built here")
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from eagle_zoo.models import layers
 from eagle_zoo.models.attention import Attention, AttentionContext, use_context
 from eagle_zoo.models.layers import RotaryEmbedding, get_rope, linear
-from kernels import cpu_decode
+from eagle_zoo.kernels import cpu_decode
 
 
 @pytest.mark.parametrize("rows", range(0, layers.CPU_FEW_ROWS + 3))

@@ -17,9 +17,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import (cache_attention, cache_attention_torch, cache_attention_triton, rejection_sample,
+from eagle_zoo.kernels import (cache_attention, cache_attention_torch, cache_attention_triton, rejection_sample,
                      rejection_sample_torch, rejection_sample_triton, write_kv, write_kv_torch, write_kv_triton)
-from kernels._triton import HAS_TRITON
+from eagle_zoo.kernels._triton import HAS_TRITON
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 HAS_CUDA = torch.cuda.is_available()
@@ -357,7 +357,7 @@ def test_dispatchers_use_the_reference_on_cpu():
 # bound by kernel count). In the interpreter fp32 only: it truncates fp32 -> bf16 where
 # the GPU rounds like torch.
 
-from kernels import (rms_norm, rms_norm_torch, rms_norm_triton, rope_neox, rope_neox_torch,  # noqa: E402
+from eagle_zoo.kernels import (rms_norm, rms_norm_torch, rms_norm_triton, rope_neox, rope_neox_torch,  # noqa: E402
                      rope_neox_triton, silu_and_mul, silu_and_mul_torch, silu_and_mul_triton)
 
 
@@ -456,10 +456,10 @@ def test_layer_op_dispatchers_use_the_reference_on_cpu():
 
 # --- few-row linear with fused norm / activation / residual; rope + KV write; the fused layer ---
 
-from kernels._triton import needs_autograd  # noqa: E402
-from kernels.linear import (BLOCK_M, fused_linear, fused_linear_torch, fused_linear_triton,  # noqa: E402
+from eagle_zoo.kernels._triton import needs_autograd  # noqa: E402
+from eagle_zoo.kernels.linear import (BLOCK_M, fused_linear, fused_linear_torch, fused_linear_triton,  # noqa: E402
                             use_linear_kernel)
-from kernels.rope import rope_write_kv, rope_write_kv_torch, rope_write_kv_triton  # noqa: E402
+from eagle_zoo.kernels.rope import rope_write_kv, rope_write_kv_torch, rope_write_kv_triton  # noqa: E402
 
 LINEAR_CASES = {  # name: fused_linear keyword arguments besides x and weight
     "plain": dict(),
@@ -690,7 +690,7 @@ def test_attention_tree_mode_matches_reference_and_plain_decoding_bits(device):
 
 # --- programmatic dependent launch (kernels/_triton.py) ---
 
-from kernels._triton import pdl_launch  # noqa: E402
+from eagle_zoo.kernels._triton import pdl_launch  # noqa: E402
 
 
 def test_pdl_is_off_for_cpu_tensors_and_by_switch(monkeypatch):

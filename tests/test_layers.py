@@ -139,7 +139,7 @@ def test_rmsnorm_and_silu_match_transformers():
 def test_rmsnorm_cpu_fp32_fused_op_gives_the_reference_bits():
     """RMSNorm on CPU fp32 calls torch's fused F.rms_norm (one op instead of seven): it
     must give kernels/norm.py's reference formula bit for bit, so nothing downstream moves."""
-    from kernels.norm import rms_norm_torch
+    from eagle_zoo.kernels.norm import rms_norm_torch
 
     g = torch.Generator().manual_seed(0)
     for n in (64, 576, 2048):

@@ -1,4 +1,5 @@
-"""A plain (non-editable) install ships kernels/, converters/ and registry.yaml.
+"""A plain (non-editable) install ships kernels/ (as eagle_zoo.kernels), converters/ and
+registry.yaml.
 
 The repository's build inputs are copied to tmp_path (so the in-tree build leaves
 nothing in the checkout), installed with pip into a target folder, and imported from
@@ -22,7 +23,7 @@ BUILD_INPUTS = ("pyproject.toml", "setup.py", "README.md", "LICENSE", "registry.
                 "eagle_zoo", "kernels", "converters")
 
 PROBE = textwrap.dedent("""
-    import json, kernels, converters, eagle_zoo
+    import json, converters, eagle_zoo, eagle_zoo.kernels.linear as kernels
     from eagle_zoo.catalog import load_catalog_file, registry_path
     path = registry_path()
     print(json.dumps({"kernels": kernels.__file__, "converters": converters.__file__,
@@ -62,9 +63,20 @@ def test_installed_copy_has_kernels_converters_and_registry(installed, tmp_path)
     for key in ("kernels", "converters", "eagle_zoo", "registry"):
         assert Path(found[key]).resolve().is_relative_to(installed.resolve()), (key, found[key])
     assert Path(found["registry"]).resolve() == (installed / "eagle_zoo" / "registry.yaml").resolve()
+    assert Path(found["kernels"]).resolve() == (installed / "eagle_zoo" / "kernels" / "linear.py").resolve()
     # Same catalog as the repository's file, read here independently of eagle_zoo.
     root_ids = [e["id"] for e in yaml.safe_load((ROOT / "registry.yaml").read_text())["entries"]]
     assert found["ids"] == root_ids and len(root_ids) > 0
+
+
+def test_kernels_ship_inside_eagle_zoo_and_not_as_top_level_kernels(installed):
+    # A top-level kernels/ would overwrite (or be overwritten by) Hugging Face's `kernels`.
+    assert not (installed / "kernels").exists()
+    shipped = installed / "eagle_zoo" / "kernels"
+    # The package init is eagle_zoo/kernels/__init__.py (kernels/ has none, on purpose).
+    assert (shipped / "__init__.py").read_text() == (ROOT / "eagle_zoo" / "kernels" / "__init__.py").read_text()
+    for path in sorted((ROOT / "kernels").glob("*.py")) + [ROOT / "kernels" / "csrc" / "cpu_decode.cpp"]:
+        assert (shipped / path.relative_to(ROOT / "kernels")).is_file(), path.name
 
 
 def test_package_data_ships(installed):

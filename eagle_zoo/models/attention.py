@@ -125,7 +125,7 @@ class Attention(nn.Module):
         return q.is_cuda and q.shape[1] <= KERNEL_MAX_T and self.attention_chunk_size is None
 
     def _kernel_attention(self, ctx: AttentionContext, q, k, v):
-        from kernels import cache_attention, write_kv
+        from eagle_zoo.kernels import cache_attention, write_kv
 
         k_cache, v_cache = ctx.kv_caches[self.layer_idx]
         write_kv(k_cache, v_cache, k, v, ctx.slot_ids, ctx.cache_positions)

@@ -25,11 +25,11 @@ from typing import Optional
 
 import torch
 
-from kernels import cpu_decode
-from kernels._triton import needs_autograd
-from kernels.attention import cache_attention_triton
-from kernels.linear import fused_linear_triton, use_linear_kernel
-from kernels.rope import rope_write_kv_triton
+from eagle_zoo.kernels import cpu_decode
+from eagle_zoo.kernels._triton import needs_autograd
+from eagle_zoo.kernels.attention import cache_attention_triton
+from eagle_zoo.kernels.linear import fused_linear_triton, use_linear_kernel
+from eagle_zoo.kernels.rope import rope_write_kv_triton
 
 from .attention import KERNEL_MAX_T, get_context
 from .layers import RMSNorm

@@ -16,12 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import cpu_decode
-from kernels._triton import needs_autograd
-from kernels.activation import silu_and_mul, silu_and_mul_torch
-from kernels.linear import fused_linear_triton, use_linear_kernel
-from kernels.norm import rms_norm, rms_norm_torch
-from kernels.rope import rope_neox_triton, rotate_qk_torch, signed_angles, use_rope_kernel
+from eagle_zoo.kernels import cpu_decode
+from eagle_zoo.kernels._triton import needs_autograd
+from eagle_zoo.kernels.activation import silu_and_mul, silu_and_mul_torch
+from eagle_zoo.kernels.linear import fused_linear_triton, use_linear_kernel
+from eagle_zoo.kernels.norm import rms_norm, rms_norm_torch
+from eagle_zoo.kernels.rope import rope_neox_triton, rotate_qk_torch, signed_angles, use_rope_kernel
 
 from . import parallel_state as ps
 from .attention import get_context

@@ -13,9 +13,9 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from kernels.activation import silu_and_mul
-from kernels.linear import fused_linear_triton, tile_config
-from kernels.norm import rms_norm
+from eagle_zoo.kernels.activation import silu_and_mul
+from eagle_zoo.kernels.linear import fused_linear_triton, tile_config
+from eagle_zoo.kernels.norm import rms_norm
 
 SHAPES = {  # name: (weight rows, K, norm prologue, gated, residual)
     "smol.qkv": (960, 576, True, False, False),

@@ -3,10 +3,20 @@
 Every public function here is a dispatcher: Triton on CUDA tensors when triton
 imports, the torch reference otherwise (CPU, no triton, or EAGLE_ZOO_KERNELS=torch).
 See kernels/README.md.
-"""
-from ._name_clash import warn_if_hf_kernels_installed
 
-warn_if_hf_kernels_installed()
+The code lives in the repository's top-level kernels/ directory; its import name is
+`eagle_zoo.kernels`. A top-level `kernels` package would be Hugging Face's `kernels`
+distribution's name (transformers >= 5.25 requires it): installed beside it, one of the
+two would be imported for both. So kernels/ has no __init__.py (Python prefers any
+regular `kernels` package to that directory, even from the repository root), this
+package points its __path__ at it in a source tree or an editable install, and a built
+wheel carries the directory's files here (setup.py).
+"""
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+if not (_HERE / "linear.py").is_file():  # source tree or editable install
+    __path__.append(str(_HERE.parents[1] / "kernels"))
 
 from .activation import silu_and_mul, silu_and_mul_torch, silu_and_mul_triton  # noqa: E402
 from .attention import cache_attention, cache_attention_torch, cache_attention_triton  # noqa: E402
