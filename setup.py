@@ -6,12 +6,15 @@ so the build copies registry.yaml beside eagle_zoo's code and kernels/ into
 eagle_zoo/kernels/ (import name `eagle_zoo.kernels`; a top-level `kernels` would clash
 with Hugging Face's distribution of that name, see kernels/README.md). Editable installs
 read both from the root directly (eagle_zoo.catalog, eagle_zoo/kernels/__init__.py).
+Neither is a package of its own, so the source distribution lists them explicitly, for
+a wheel built from it to carry them too.
 """
 import shutil
 from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
+from setuptools.command.sdist import sdist
 
 KERNEL_FILES = ("*.py", "csrc/*.cpp")
 
@@ -30,4 +33,14 @@ class BuildWithRootParts(build_py):
                 shutil.copyfile(source, target)
 
 
-setup(cmdclass={"build_py": BuildWithRootParts})
+class SdistWithRootParts(sdist):
+    def make_release_tree(self, base_dir, files):
+        super().make_release_tree(base_dir, files)
+        root = Path(__file__).resolve().parent
+        parts = [root / "registry.yaml"] + [p for pattern in KERNEL_FILES for p in (root / "kernels").glob(pattern)]
+        for source in parts:
+            target = Path(base_dir) / source.relative_to(root)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
+
+setup(cmdclass={"build_py": BuildWithRootParts, "sdist": SdistWithRootParts})

@@ -1,5 +1,5 @@
-"""A plain (non-editable) install ships kernels/ (as eagle_zoo.kernels), converters/ and
-registry.yaml.
+"""A plain (non-editable) install, from the tree or from an sdist, ships kernels/ (as
+eagle_zoo.kernels), converters/ and registry.yaml.
 
 The repository's build inputs are copied to tmp_path (so the in-tree build leaves
 nothing in the checkout), installed with pip into a target folder, and imported from
@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import textwrap
 from pathlib import Path
 
@@ -32,10 +33,7 @@ PROBE = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pkg")
-    src, site = root / "src", root / "site"
+def copy_build_inputs(src: Path) -> Path:
     src.mkdir()
     junk = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
     for name in BUILD_INPUTS:
@@ -45,12 +43,22 @@ def installed(tmp_path_factory):
         elif path.is_file():
             shutil.copy2(path, src / name)
     assert not (src / "eagle_zoo" / "registry.yaml").exists()  # the build must place it
+    return src
+
+
+def pip_install(source: Path, site: Path) -> Path:
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
-         "--target", str(site), str(src)],
+         "--target", str(site), str(source)],
         check=True, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}, timeout=600,
     )
     return site
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pkg")
+    return pip_install(copy_build_inputs(root / "src"), root / "site")
 
 
 def test_installed_copy_has_kernels_converters_and_registry(installed, tmp_path):
@@ -83,3 +91,19 @@ def test_package_data_ships(installed):
     data = ROOT / "eagle_zoo" / "data"
     for path in sorted(data.glob("*.jsonl")) + sorted(data.glob("*.md")):
         assert (installed / "eagle_zoo" / "data" / path.name).is_file(), path.name
+
+
+def test_sdist_carries_kernels_and_registry_and_installs(tmp_path):
+    # kernels/ and registry.yaml are no packages, so only setup.py's sdist puts them in.
+    src = copy_build_inputs(tmp_path / "src")
+    subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path / "dist")], cwd=src,
+                   check=True, capture_output=True, timeout=600)
+    (archive,) = (tmp_path / "dist").glob("eagle_zoo-*.tar.gz")
+    with tarfile.open(archive) as tar:
+        names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
+    for path in sorted((ROOT / "kernels").glob("*.py")) + [ROOT / "kernels" / "csrc" / "cpu_decode.cpp"]:
+        assert str(path.relative_to(ROOT)) in names
+    assert "registry.yaml" in names
+    site = pip_install(archive, tmp_path / "site")
+    assert (site / "eagle_zoo" / "kernels" / "linear.py").is_file()
+    assert (site / "eagle_zoo" / "registry.yaml").read_text() == (ROOT / "registry.yaml").read_text()
