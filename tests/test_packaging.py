@@ -22,6 +22,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 BUILD_INPUTS = ("pyproject.toml", "setup.py", "README.md", "LICENSE", "registry.yaml",
                 "eagle_zoo", "kernels", "converters")
+# kernels/'s files as paths from kernels/ (a built package must hold each of them)
+KERNEL_FILES = sorted(p.relative_to(ROOT / "kernels") for p in (ROOT / "kernels").glob("*.py"))
+KERNEL_FILES.append(Path("csrc") / "cpu_decode.cpp")
 
 PROBE = textwrap.dedent("""
     import json, converters, eagle_zoo, eagle_zoo.kernels.linear as kernels
@@ -83,8 +86,8 @@ def test_kernels_ship_inside_eagle_zoo_and_not_as_top_level_kernels(installed):
     shipped = installed / "eagle_zoo" / "kernels"
     # The package init is eagle_zoo/kernels/__init__.py (kernels/ has none, on purpose).
     assert (shipped / "__init__.py").read_text() == (ROOT / "eagle_zoo" / "kernels" / "__init__.py").read_text()
-    for path in sorted((ROOT / "kernels").glob("*.py")) + [ROOT / "kernels" / "csrc" / "cpu_decode.cpp"]:
-        assert (shipped / path.relative_to(ROOT / "kernels")).is_file(), path.name
+    for path in KERNEL_FILES:
+        assert (shipped / path).is_file(), path
 
 
 def test_package_data_ships(installed):
@@ -101,8 +104,8 @@ def test_sdist_carries_kernels_and_registry_and_installs(tmp_path):
     (archive,) = (tmp_path / "dist").glob("eagle_zoo-*.tar.gz")
     with tarfile.open(archive) as tar:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
-    for path in sorted((ROOT / "kernels").glob("*.py")) + [ROOT / "kernels" / "csrc" / "cpu_decode.cpp"]:
-        assert str(path.relative_to(ROOT)) in names
+    for path in KERNEL_FILES:
+        assert str("kernels" / path) in names, path
     assert "registry.yaml" in names
     site = pip_install(archive, tmp_path / "site")
     assert (site / "eagle_zoo" / "kernels" / "linear.py").is_file()
