@@ -150,23 +150,40 @@ def expected_acceptance(draft: Optional[str]) -> float:
     return float(entry.acceptance_length)
 
 
-def save_plot(rates: list[float], path: str, title: str) -> None:
+def acceptance_figure(rates: list[float], title: str):
+    """A bar per draft position (1..k, integer ticks) with its rate written above it.
+    The title may hold line breaks: a hub id and a target's name side by side do not fit
+    the figure's width on one line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.bar(range(1, len(rates) + 1), rates, color="#3b7dd8")
+    positions = list(range(1, len(rates) + 1))
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    ax.bar(positions, rates, color="#3b7dd8")
+    ax.set_xticks(positions)
     ax.set_xlabel("draft position")
     ax.set_ylabel("acceptance rate")
     ax.set_ylim(0, 1)
-    ax.set_title(title, fontsize=9)
-    for i, r in enumerate(rates):
-        ax.text(i + 1, r + 0.02, f"{r:.2f}", ha="center", fontsize=8)
+    ax.set_title(title, fontsize=8)
+    for pos, r in zip(positions, rates):
+        ax.text(pos, r + 0.02, f"{r:.2f}", ha="center", fontsize=8)
     fig.tight_layout()
+    return fig
+
+
+def save_plot(rates: list[float], path: str, title: str) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = acceptance_figure(rates, title)
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_title(result: "BenchResult", target: str, k: int) -> str:
+    return (f"{result.draft}\non {target}\n"
+            f"k={k}, mean acceptance length {result.mean_acceptance_length:.3f}")
 
 
 def run(args) -> int:
@@ -203,8 +220,7 @@ def run(args) -> int:
               f"{result.tokens_per_second / max(plain.tokens_per_second, 1e-9):.2f}x  "
               f"identical outputs: {same}/{len(prompts)}")
     if args.plot and result.acceptance_rates:
-        save_plot(result.acceptance_rates, args.plot,
-                  f"{result.draft} on {args.model}, k={args.num_spec_tokens}")
+        save_plot(result.acceptance_rates, args.plot, plot_title(result, args.model, args.num_spec_tokens))
         print(f"plot: {args.plot}")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=2))
