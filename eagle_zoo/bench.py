@@ -181,7 +181,7 @@ def save_plot(rates: list[float], path: str, title: str) -> None:
     plt.close(fig)
 
 
-def plot_title(result: "BenchResult", target: str, k: int) -> str:
+def plot_title(result: BenchResult, target: str, k: int) -> str:
     return (f"{result.draft}\non {target}\n"
             f"k={k}, mean acceptance length {result.mean_acceptance_length:.3f}")
 

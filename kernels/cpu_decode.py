@@ -5,9 +5,9 @@ on first use with torch's C++ extension loader (g++ with OpenMP; about 30 s, the
 cached); where it cannot be built or the CPU lacks AVX2, `available()` is False and
 callers keep torch's ops.
 
-    python -m eagle_zoo.kernels.cpu_decode     builds it now (`make` does, so the first decode
-                                     step does not wait for the compiler) and says whether
-                                     it is in use
+    python -m eagle_zoo.kernels.cpu_decode
+        builds it now (`make` does, so the first decode step does not wait for the
+        compiler) and says whether it is in use
 
 EAGLE_ZOO_CPU_KERNELS=0 keeps torch's ops (A/B runs).
 """

@@ -4,6 +4,7 @@ did not: the shipped plot's title was cut at both edges)."""
 import pytest
 
 pytest.importorskip("matplotlib")
+import matplotlib.pyplot as plt  # noqa: E402
 
 from eagle_zoo.bench import BenchResult, acceptance_figure, plot_title, save_plot  # noqa: E402
 
@@ -16,7 +17,9 @@ def _result():
 
 def test_ticks_are_the_draft_positions():
     fig = acceptance_figure([0.78, 0.62, 0.50], "t")
-    assert list(fig.axes[0].get_xticks()) == [1, 2, 3]
+    ticks = list(fig.axes[0].get_xticks())
+    plt.close(fig)
+    assert ticks == [1, 2, 3]
 
 
 def test_title_fits_the_figure_and_names_the_mean():
@@ -26,6 +29,7 @@ def test_title_fits_the_figure_and_names_the_mean():
     fig.canvas.draw()
     box = fig.axes[0].title.get_window_extent()
     width = fig.bbox.width
+    plt.close(fig)
     assert 0 <= box.x0 and box.x1 <= width, (box, width)
 
 

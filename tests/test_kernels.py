@@ -17,8 +17,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eagle_zoo.kernels import (cache_attention, cache_attention_torch, cache_attention_triton, rejection_sample,
-                     rejection_sample_torch, rejection_sample_triton, write_kv, write_kv_torch, write_kv_triton)
+from eagle_zoo.kernels import (cache_attention, cache_attention_torch, cache_attention_triton,
+                               rejection_sample, rejection_sample_torch, rejection_sample_triton, write_kv,
+                               write_kv_torch, write_kv_triton)
 from eagle_zoo.kernels._triton import HAS_TRITON
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -358,7 +359,7 @@ def test_dispatchers_use_the_reference_on_cpu():
 # the GPU rounds like torch.
 
 from eagle_zoo.kernels import (rms_norm, rms_norm_torch, rms_norm_triton, rope_neox, rope_neox_torch,  # noqa: E402
-                     rope_neox_triton, silu_and_mul, silu_and_mul_torch, silu_and_mul_triton)
+                               rope_neox_triton, silu_and_mul, silu_and_mul_torch, silu_and_mul_triton)
 
 
 def _dtypes(device):
@@ -458,7 +459,7 @@ def test_layer_op_dispatchers_use_the_reference_on_cpu():
 
 from eagle_zoo.kernels._triton import needs_autograd  # noqa: E402
 from eagle_zoo.kernels.linear import (BLOCK_M, fused_linear, fused_linear_torch, fused_linear_triton,  # noqa: E402
-                            use_linear_kernel)
+                                      use_linear_kernel)
 from eagle_zoo.kernels.rope import rope_write_kv, rope_write_kv_torch, rope_write_kv_triton  # noqa: E402
 
 LINEAR_CASES = {  # name: fused_linear keyword arguments besides x and weight
