@@ -58,6 +58,9 @@
 # EAGLE3_LAYERS=N: --head-layers N for the EAGLE-3 head (default: INIT_EAGLE3's layers, three for
 # the shipped head since the fifteenth session; 1 without it); more than INIT_EAGLE3's grows
 # it, its new layers starting as identities.
+# EMA=DECAY: --ema DECAY for the EAGLE-3 head: the head saved (and sent back by every call,
+# paused or not) is the moving average of its weights from INIT_EAGLE3's, not the last step's
+# (eagle_zoo/train/averaging.py); the held-out log measures both at the end.
 # One run split over several time-limited jobs (same WORK each time):
 #   STOP_AFTER=300 ...   steps 0-2, training paused after 300 s of training (state kept);
 #                        the loads and the feature cache before the first step come on top
@@ -201,7 +204,8 @@ trains eagle3 && job eagle3 train_head eagle3 "$WORK/heads/eagle3" "$EAGLE3_TOKE
   --draft-vocab-size "$DRAFT_VOCAB" --ttt-steps "$TTT_STEPS" --format yuhuili-eagle3,speculators-eagle3 \
   --target-name HuggingFaceTB/SmolLM2-135M-Instruct ${INIT_EAGLE3:+--init-from "$INIT_EAGLE3"} \
   $([ "${RESELECT_VOCAB:-0}" = 1 ] && [ -n "$INIT_EAGLE3" ] && echo --reselect-draft-vocab) \
-  ${EAGLE3_LAYERS:+--head-layers "$EAGLE3_LAYERS"} ${LABEL_TEMPERATURE:+--label-temperature "$LABEL_TEMPERATURE"}
+  ${EAGLE3_LAYERS:+--head-layers "$EAGLE3_LAYERS"} ${LABEL_TEMPERATURE:+--label-temperature "$LABEL_TEMPERATURE"} \
+  ${EMA:+--ema "$EMA"}
 wait
 say "training finished: $(for h in $HEADS; do printf '%s exit %s ' "$h" "$(rc "$h")"; done)"
 

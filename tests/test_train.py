@@ -384,6 +384,20 @@ def test_a_training_step_reads_nothing_back_from_the_gpu(tiny, method, cache, mo
     assert float(metrics["tokens"]) > 0 and torch.isfinite(metrics["loss"])
 
 
+def interrupt_after(trainer, steps: int) -> None:
+    """Make the trainer's run stop with a KeyboardInterrupt once it has made `steps` steps."""
+    calls = {"n": 0}
+    real_step = trainer.train_step
+
+    def step_or_interrupt(batch):
+        if calls["n"] == steps:
+            raise KeyboardInterrupt("simulated interruption")
+        calls["n"] += 1
+        return real_step(batch)
+
+    trainer.train_step = step_or_interrupt
+
+
 def test_resume_reproduces_the_uninterrupted_run(tiny, tmp_path):
     quiet = dict(log=lambda *a: None)
     straight = Trainer(_settings(tiny, "eagle", steps=6, token_budget=256, max_len=48), **quiet)
@@ -392,16 +406,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny, tmp_path):
 
     state = str(tmp_path / "state")
     first = Trainer(_settings(tiny, "eagle", steps=6, token_budget=256, max_len=48, state_dir=state), **quiet)
-    calls = {"n": 0}
-    real_step = first.train_step
-
-    def crash_after_three(batch):
-        if calls["n"] == 3:
-            raise KeyboardInterrupt("simulated interruption")
-        calls["n"] += 1
-        return real_step(batch)
-
-    first.train_step = crash_after_three
+    interrupt_after(first, 3)
     with pytest.raises(KeyboardInterrupt):
         first.run()
     resumed = Trainer(_settings(tiny, "eagle", steps=6, token_budget=256, max_len=48, state_dir=state, resume=True),

@@ -103,6 +103,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--ttt-steps", type=int, help="unrolled drafting steps (training-time test; default 7 for "
                                                      "eagle3, 1 for eagle as its published recipe)")
         p.add_argument("--ttt-decay", type=float, default=0.8, help="loss weight of step i: decay**i")
+        p.add_argument("--ema", type=float, metavar="DECAY",
+                       help="save the exponential moving average of the weights instead of the last step's: "
+                            "avg = DECAY * avg + (1 - DECAY) * weights after each step, from the weights training "
+                            "starts from (e.g. 0.9998; --val-share measures both at the end)")
         if method == "eagle":
             p.add_argument("--noise", type=float, default=0.2, help="uniform input-feature noise (0 = off)")
             p.add_argument("--save-embeddings", action="store_true",
@@ -241,7 +245,8 @@ def settings_from_args(args):
         cache_features=getattr(args, "cache_features", False),
         reselect_draft_vocab=getattr(args, "reselect_draft_vocab", False),
         label_temperature=getattr(args, "label_temperature", 1.0),
-        val_share=getattr(args, "val_share", 0.0), val_every=getattr(args, "val_every", 500))
+        val_share=getattr(args, "val_share", 0.0), val_every=getattr(args, "val_every", 500),
+        ema=args.ema)
 
 
 def output_dirs(method: str, formats: str | None, out) -> dict[str, Path]:

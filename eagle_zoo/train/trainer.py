@@ -18,6 +18,7 @@ from typing import Optional
 
 import torch
 
+from .averaging import WeightAverage, check_decay
 from .batching import collate, plan_epoch, usable
 from .build import build_head, default_aux_layers, head_config, init_from_head, load_init_head, trainable_parameters
 from .data import load_data
@@ -74,6 +75,7 @@ class TrainSettings:
     reselect_draft_vocab: bool = False  # EAGLE-3 --init-from: draft vocabulary chosen from this run's data
     val_share: float = 0.0  # share of the prompts held out of training and measured (validation.py)
     val_every: int = 500  # steps between measurements of the held-out prompts (and one at the end)
+    ema: Optional[float] = None  # save the moving average of the weights with this decay (averaging.py)
 
     def __post_init__(self):
         if self.ttt_steps is None:  # resolved here, so the run's record holds the value used
@@ -81,6 +83,8 @@ class TrainSettings:
         if not self.label_temperature > 0:
             raise ValueError(f"--label-temperature {self.label_temperature}: give a temperature > 0 "
                              f"(1 = the target's distribution, smaller sharpens it)")
+        if self.ema is not None:
+            check_decay(self.ema)
 
 
 @dataclass
@@ -199,6 +203,9 @@ class Trainer:
         self.params = trainable_parameters(self.head, s.method)
         self.optimizer = torch.optim.AdamW(list(self.params.values()), lr=s.lr, betas=tuple(s.betas),
                                            weight_decay=s.weight_decay)
+        # from the weights training starts from: a warm start stays anchored to its head
+        self.average = WeightAverage(self.params, s.ema) if s.ema else None
+        self.averaged = False  # the head holds the average (the end of the run), not the last step's weights
         self.noise_gen = torch.Generator(device=self.device).manual_seed(s.seed + 1)
         self.epoch_batches = plan_epoch(self.lengths, s.token_budget, s.seed, 0)
         self.total = s.steps or max(1, round(s.epochs * len(self.epoch_batches)))
@@ -251,6 +258,8 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(list(self.params.values()), self.s.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.average is not None:
+            self.average.update(self.params)
         metrics["grad_norm"] = grad_norm.detach()
         metrics["lr"] = torch.tensor(self.optimizer.param_groups[0]["lr"])
         return metrics
@@ -284,12 +293,15 @@ class Trainer:
                 tokens += n
         return {k: v / max(1, tokens) for k, v in sums.items()}
 
-    def _validate(self) -> None:
+    def _validate(self, weights: Optional[str] = None) -> None:
         metrics = self.evaluate()
         record = {"step": self.step, "seconds": round(self.elapsed, 1), **{k: round(v, 5) for k, v in metrics.items()}}
+        if weights:
+            record["weights"] = weights
         self.val_history.append(record)
         accs = " ".join(f"{k} {v:.3f}" for k, v in sorted(metrics.items()) if k.startswith("acc"))
-        self.log(f"held out | step {self.step} | loss {metrics['loss']:.4f} | {accs} | "
+        which = f" ({weights})" if weights else ""
+        self.log(f"held out{which} | step {self.step} | loss {metrics['loss']:.4f} | {accs} | "
                  f"{self.val_index.numel()} sequences")
 
     # -- the loop ------------------------------------------------------------------------
@@ -361,7 +373,19 @@ class Trainer:
                 self.save_state()
         self.info.update(stop_reason=stop_reason, paused=paused, steps=self.step, seconds=round(self.elapsed, 1))
         self.log(f"done: {self.step} steps in {self.elapsed:.1f} s (stopped by {stop_reason})")
+        if self.average is not None:
+            self.use_average()  # after the state is saved: it keeps the last step's weights to resume from
+            if self.val_batches:  # the same prompts measured just before on the last step's weights
+                self._validate(weights=f"ema {self.s.ema}")
         return self.result()
+
+    def use_average(self) -> None:
+        """--ema: put the moving average into the head (once; the state file keeps the
+        last step's weights and the average apart)."""
+        if self.average is not None and not self.averaged:
+            self.average.copy_to(self.params)
+            self.averaged = True
+            self.log(f"the head holds the moving average of its weights (--ema {self.s.ema}, {self.step} steps)")
 
     def _pause_deadline(self) -> tuple[Optional[float], Optional[str]]:
         """The earlier of --stop-after-seconds (from now: training seconds of this process)
@@ -387,6 +411,7 @@ class Trainer:
         (bar.write if bar is not None and not bar.disable else self.log)(line)
 
     def result(self) -> TrainResult:
+        self.use_average()  # also when a failed run's head is saved as it is
         info = dict(self.info, method=self.s.method, target=str(self.s.target), steps=self.step,
                     sequences=int(self.index.numel()), settings=_jsonable(asdict(self.s)),
                     history=self.history[-20:])
@@ -403,9 +428,12 @@ class Trainer:
                 "sequences": int(self.index.numel()), "tokens": int(self.lengths.sum()),
                 "draft_vocab_size": self.flat_config.get("draft_vocab_size"),
                 **({"head_layers": layers} if layers != 1 else {}),
-                **({"label_temperature": s.label_temperature} if s.label_temperature != 1.0 else {})}
+                **({"label_temperature": s.label_temperature} if s.label_temperature != 1.0 else {}),
+                **({"ema": s.ema} if s.ema else {})}
 
     def save_state(self) -> None:
+        if self.averaged:  # the head's weights are the average now: they must not be resumed from
+            raise RuntimeError("save_state after use_average: the state would hold the average as the weights")
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
         state = {
             "fingerprint": self._fingerprint(), "step": self.step, "epoch": self.epoch,
@@ -415,6 +443,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(), "noise_rng": self.noise_gen.get_state(),
             "history": json.dumps(self.history), "init_from": json.dumps(self.info.get("init_from")),
             "val_history": json.dumps(self.val_history),
+            **({"ema": self.average.state_dict()} if self.average is not None else {}),
         }
         tmp = self.state_path.with_suffix(f".tmp-{os.getpid()}")
         torch.save(state, tmp)
@@ -432,6 +461,8 @@ class Trainer:
         if missing:
             raise ValueError(f"{self.state_path}: no saved values for {missing[:3]}; the file is incomplete")
         self.head.load_state_dict(state["head"], strict=False)
+        if self.average is not None:  # the fingerprint names --ema, so the state has one
+            self.average.load_state_dict(state.get("ema", {}), str(self.state_path))
         self.optimizer.load_state_dict(state["optimizer"])
         self.noise_gen.set_state(state["noise_rng"])
         self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
