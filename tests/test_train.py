@@ -362,16 +362,16 @@ def test_host_memory_for_spilled_features_is_capped_by_the_memory_cgroup(tmp_pat
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])
 def test_a_training_step_reads_nothing_back_from_the_gpu(tiny, method, cache, monkeypatch):
     """The host sets a training step's pace (BENCHMARKS.md, eighth session): the loss,
-    its backward and the optimizer step run without a device->host sync, with the
-    target's forward or with --cache-features (all rows on the GPU, or half of them
-    spilled to host memory). The batch itself (next_batch: host->device copies) is made
+    its backward, the optimizer step and the --ema update run without a device->host
+    sync, with the target's forward or with --cache-features (all rows on the GPU, or
+    half of them spilled to host memory). The batch itself (next_batch: host->device copies) is made
     before the check, as a step's input."""
     from eagle_zoo.train import feature_cache
 
     if cache == "spilled":
         monkeypatch.setattr(feature_cache, "rows_on_device", lambda total, row_bytes, device: total // 2)
-    trainer = Trainer(_settings(tiny, method, steps=2, device="cuda", ttt_steps=3, cache_features=cache != "forward"),
-                      log=lambda *a: None)
+    trainer = Trainer(_settings(tiny, method, steps=2, device="cuda", ttt_steps=3, cache_features=cache != "forward",
+                                ema=0.999), log=lambda *a: None)  # the --ema update inside the step too
     batch = trainer.next_batch()
     assert (batch.hidden is not None) == (cache != "forward")
     trainer.train_step(batch)  # first use: allocations, lazy initialisation

@@ -27,16 +27,18 @@ def check_decay(decay: float) -> None:
 
 
 class WeightAverage:
+    """The average of `params` (the trainer's fp32 master weights; the decay is checked
+    by TrainSettings, before the target loads)."""
+
     def __init__(self, params: dict[str, torch.nn.Parameter], decay: float):
-        check_decay(decay)
         self.decay = decay
         self.values = {n: p.detach().float().clone() for n, p in params.items()}
 
     @torch.no_grad()
     def update(self, params: dict[str, torch.nn.Parameter]) -> None:
-        weight = 1.0 - self.decay
-        for name, avg in self.values.items():
-            avg.lerp_(params[name].detach().float(), weight)
+        # one multi-tensor kernel for all the head's tensors, not a launch per tensor per step
+        torch._foreach_lerp_(list(self.values.values()), [params[n].detach().float() for n in self.values],
+                             1.0 - self.decay)
 
     @torch.no_grad()
     def copy_to(self, params: dict[str, torch.nn.Parameter]) -> None:
