@@ -21,7 +21,12 @@ from .source import LazyTensor, copyable_files, open_checkpoint, read_config, re
 
 
 def parse_weights(text: Optional[str], count: int) -> list[float]:
-    """'0.7,0.3' -> [0.7, 0.3]; None -> equal weights. Normalized to sum to 1."""
+    """'0.7,0.3' -> [0.7, 0.3]; None -> equal weights. Normalized to sum to 1.
+
+    A negative weight extrapolates: '1.5,-0.5' is A + 0.5 (A - B), the step from B to A
+    taken half again (e.g. a head saved with --ema, A, moved away from its start, B,
+    towards the path's own average). The sum must stay positive, else normalizing would
+    flip or blow up every tensor."""
     if text is None:
         return [1.0 / count] * count
     try:
@@ -31,10 +36,14 @@ def parse_weights(text: Optional[str], count: int) -> list[float]:
     if len(weights) != count:
         raise ConvertError(f"--weights {text!r}: {len(weights)} weights for {count} heads (SRC and each --with): "
                            f"give one per head")
-    if any(not (w > 0 and math.isfinite(w)) for w in weights):
-        raise ConvertError(f"--weights {text!r}: every weight must be a finite number > 0 (leave a head out instead "
-                           f"of weighting it 0)")
+    if any(not math.isfinite(w) for w in weights):
+        raise ConvertError(f"--weights {text!r}: every weight must be a finite number")
+    if any(w == 0 for w in weights):
+        raise ConvertError(f"--weights {text!r}: a weight is 0; leave that head out instead of weighting it 0")
     total = sum(weights)
+    if not total > 1e-6 * max(abs(w) for w in weights):
+        raise ConvertError(f"--weights {text!r}: the weights sum to {total:g}; they must sum to more than 0 "
+                           f"(negative weights extrapolate, e.g. 1.5,-0.5; they cannot outweigh the rest)")
     return [w / total for w in weights]
 
 

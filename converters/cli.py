@@ -43,7 +43,9 @@ def _options(p: argparse.ArgumentParser, name: str) -> None:
         p.add_argument("--with", dest="others", nargs="+", required=True, metavar="HEAD",
                        help="the other head(s) to average with SRC (directories or hub ids)")
         p.add_argument("--weights", metavar="W,W,...",
-                       help="one weight per head, SRC first (normalized to sum to 1; default: equal)")
+                       help="one weight per head, SRC first (normalized to sum to 1; default: equal); a "
+                            "negative one extrapolates: 1.5,-0.5 is SRC + 0.5 (SRC - HEAD) (write "
+                            "--weights=-1,2 when the first is negative)")
     elif name == "shard":
         p.add_argument("--max-shard-size", default="5GB", metavar="SIZE",
                        help="largest shard, e.g. 5GB (default), 500MB, 2GiB")

@@ -64,6 +64,20 @@ def test_bf16_heads_are_averaged_in_fp32(tmp_path):
     assert torch.equal(got[w], (0.5 * wa[w].float() + 0.5 * wb[w].float()).bfloat16())
 
 
+def test_a_negative_weight_extrapolates(tmp_path):
+    """--weights 3,-1 (normalized: 1.5, -0.5) is A + 0.5 (A - B): the step from B to A
+    taken half again, computed in fp32 and stored in the heads' dtype."""
+    a, b, wa, wb = write_pair(tmp_path, dtype=torch.bfloat16)
+    out = tmp_path / "ext"
+    assert convert("average", a, "--with", b, "--weights", "3,-1", "-o", out) == 0
+    got = read_dir(out)
+    for name, t in wa.items():
+        if t.is_floating_point():
+            assert torch.equal(got[name], (1.5 * t.float() - 0.5 * wb[name].float()).bfloat16()), name
+    record = json.loads((out / "eagle_zoo_training.json").read_text())["average"]
+    assert [r["weight"] for r in record] == [1.5, -0.5]
+
+
 def test_dry_run_names_the_average(tmp_path, capsys):
     a, b, _, _ = write_pair(tmp_path)
     assert convert("average", a, "--with", b, "-o", tmp_path / "avg", "--dry-run") == 0
@@ -124,19 +138,12 @@ def _given_twice(tmp_path):
     return [a, "--with", a]
 
 
-def _weights_count(tmp_path):
-    a, b, _, _ = write_pair(tmp_path)
-    return [a, "--with", b, "--weights", "1,2,3"]
-
-
-def _weight_zero(tmp_path):
-    a, b, _, _ = write_pair(tmp_path)
-    return [a, "--with", b, "--weights", "1,0"]
-
-
-def _weight_infinite(tmp_path):
-    a, b, _, _ = write_pair(tmp_path)
-    return [a, "--with", b, "--weights", "inf,1"]
+def _weights(text):
+    """A case: the pair of heads averaged with --weights TEXT."""
+    def case(tmp_path):
+        a, b, _, _ = write_pair(tmp_path)
+        return [a, "--with", b, "--weights", text]
+    return case
 
 
 def _missing_tensor(tmp_path):
@@ -152,9 +159,11 @@ def _missing_tensor(tmp_path):
     (_vocab_differs, ["'d2t' differs", "different vocabularies"]),
     (_config_differs, ["config.json", "'rms_norm_eps'"]),
     (_given_twice, ["given twice"]),
-    (_weights_count, ["--weights", "3 weights for 2 heads"]),
-    (_weight_zero, ["--weights", "> 0"]),
-    (_weight_infinite, ["--weights", "finite"]),
+    (_weights("1,2,3"), ["--weights", "3 weights for 2 heads"]),
+    (_weights("1,0"), ["--weights", "a weight is 0", "leave that head out"]),
+    (_weights("1,-1"), ["--weights", "sum to 0", "more than 0"]),
+    (_weights("1,-2"), ["--weights", "sum to -1", "more than 0"]),
+    (_weights("inf,1"), ["--weights", "finite"]),
     (_missing_tensor, ["lacks 'norm.weight'"]),
 ])
 @pytest.mark.parametrize("dry_run", [False, True])
