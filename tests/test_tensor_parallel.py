@@ -260,6 +260,10 @@ def test_torchrun_every_family_and_draft_tp(models):
     (root / "jobs.json").write_text(json.dumps(jobs))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["OMP_NUM_THREADS"] = "1"
+    # A rank aborted twice in ~65 runs on a loaded 2-core CPU (2026-12-04: "terminate
+    # called without an active exception", SIGABRT, no traceback): should it happen again,
+    # each rank's Python stacks go to the stderr this test reports.
+    env["PYTHONFAULTHANDLER"] = "1"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            str(SCRIPT), str(root / "jobs.json"), str(root)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
