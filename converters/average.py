@@ -26,7 +26,7 @@ def parse_weights(text: Optional[str], count: int) -> list[float]:
     A negative weight extrapolates: '1.5,-0.5' is A + 0.5 (A - B), the step from B to A
     taken half again (e.g. a head saved with --ema, A, moved away from its start, B,
     towards the path's own average). The sum must stay positive, else normalizing would
-    flip or blow up every tensor."""
+    divide by 0 or flip the sign of every tensor."""
     if text is None:
         return [1.0 / count] * count
     try:
@@ -41,7 +41,7 @@ def parse_weights(text: Optional[str], count: int) -> list[float]:
     if any(w == 0 for w in weights):
         raise ConvertError(f"--weights {text!r}: a weight is 0; leave that head out instead of weighting it 0")
     total = sum(weights)
-    if not total > 1e-6 * max(abs(w) for w in weights):
+    if not total > 0:
         raise ConvertError(f"--weights {text!r}: the weights sum to {total:g}; they must sum to more than 0 "
                            f"(negative weights extrapolate, e.g. 1.5,-0.5; they cannot outweigh the rest)")
     return [w / total for w in weights]
