@@ -140,10 +140,11 @@ class Attention(nn.Module):
         # Index writes: no host sync, fixed shapes (CUDA-graph friendly).
         k_cache[rows, ctx.cache_positions] = k if k.dtype == k_cache.dtype else k.to(k_cache.dtype)
         v_cache[rows, ctx.cache_positions] = v if v.dtype == v_cache.dtype else v.to(v_cache.dtype)
-        if B == 1 and k.device.type == "cpu":
+        if B == 1 and k.device.type == "cpu" and not k.requires_grad:
             # One sequence (CPU decoding): attend over a view of its row instead of a
             # gathered copy. Its slot is read on the host once per forward (no device sync
-            # on the CPU).
+            # on the CPU). Not in training: the next in-place cache write would invalidate
+            # the view autograd saved.
             slot = ctx.memo.get("slot")
             if slot is None:
                 slot = ctx.memo["slot"] = int(ctx.slot_ids[0])

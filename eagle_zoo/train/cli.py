@@ -1,5 +1,6 @@
 """`eagle-zoo train`: make training data, train an EAGLE-1 or EAGLE-3 head, save it.
 
+    eagle-zoo train mix    --sources DIR --train-out train.jsonl --dev-out dev.jsonl (broad prompts)
     eagle-zoo train prompts --target T --num 20000 --out synth.jsonl   (self-instruct prompts)
     eagle-zoo train data   --target T --prompts prompts.jsonl --out data/
     eagle-zoo train eagle  --target T --data data/ --out heads/eagle
@@ -37,6 +38,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "generation on a GPU)")
     d.add_argument("--max-seconds", type=float, help="start no new batch after this many seconds")
     _common(d)
+
+    m = sub.add_parser("mix", help="broad training prompts and the held-apart dev set from a sources directory",
+                       description="Builds prompts of eleven categories (chat, writing, roleplay, coding, math, "
+                                   "extraction, classification, translation, summarization, closed-book QA, "
+                                   "retrieval QA) from the openly licensed files of a sources directory, split into "
+                                   "training prompts and a dev set that share no source record. Benchmark prompts "
+                                   "are refused. Example: eagle-zoo train mix --sources "
+                                   "plugins/eagle-zoo-smollm2-heads/training-data --train-out train.jsonl "
+                                   "--dev-out dev.jsonl")
+    m.add_argument("--sources", required=True, help="directory with train_prompts, questions, multilingual_sentences "
+                                                    "and long_passages (.jsonl.gz; its README records the licenses)")
+    m.add_argument("--train-out", required=True, help="training prompts (JSON lines with category and sources)")
+    m.add_argument("--dev-out", help="dev set (JSON lines); compare it with the shipped one to check a build")
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--dev-per-category", type=int, default=30)
+    m.add_argument("--cap", action="append", default=[], metavar="CATEGORY=N",
+                   help="at most N training prompts of CATEGORY (repeatable), e.g. --cap translation=8000")
+    m.add_argument("--add", action="append", default=[], metavar="FILE",
+                   help="more training prompts (JSON lines, e.g. `train prompts` output) mixed in evenly; "
+                        "checked against the benchmark like the rest")
+    m.add_argument("--long-out", metavar="FILE",
+                   help="write the long-context categories (summarization, retrieval_qa) here instead of "
+                        "--train-out: they are generated with a smaller batch")
 
     g = sub.add_parser("prompts", help="self-instruct prompts: the target writes user turns (to widen the data)")
     g.add_argument("--target", required=True, help="target model (a chat model with a chat template)")
@@ -156,7 +180,39 @@ def run(args) -> int:
         return _run_data(args)
     if args.train_command == "prompts":
         return _run_prompts(args)
+    if args.train_command == "mix":
+        return _run_mix(args)
     return _run_train(args)
+
+
+def _run_mix(args) -> int:
+    import collections
+
+    from .prompt_mix import CATEGORIES, LONG_CATEGORIES, MixSettings, build_mix, write_jsonl
+
+    caps = {}
+    for item in args.cap:
+        cat, _, n = item.partition("=")
+        if cat not in CATEGORIES or not n.isdigit():
+            raise SystemExit(f"--cap {item}: expected CATEGORY=N with CATEGORY one of {', '.join(CATEGORIES)}")
+        caps[cat] = int(n)
+    from .data import read_prompts
+
+    extra = [read_prompts(path) for path in args.add]  # fail on a bad file before building anything
+    train, dev = build_mix(args.sources, MixSettings(seed=args.seed, dev_per_category=args.dev_per_category),
+                           train_caps=caps, extra=extra)
+    counts = collections.Counter(r.get("category", "other") for r in train)
+    print(f"{len(train)} training prompts: " + ", ".join(f"{c} {n}" for c, n in sorted(counts.items())))
+    if args.long_out:
+        write_jsonl([r for r in train if r.get("category") in LONG_CATEGORIES], args.long_out)
+        train = [r for r in train if r.get("category") not in LONG_CATEGORIES]
+        print(f"{args.long_out}: {sum(counts[c] for c in LONG_CATEGORIES)} long-context prompts")
+    write_jsonl(train, args.train_out)
+    print(f"{args.train_out}: {len(train)} prompts")
+    if args.dev_out:
+        write_jsonl(dev, args.dev_out)
+        print(f"{args.dev_out}: {len(dev)} dev prompts, {args.dev_per_category} per category")
+    return 0
 
 
 def _run_data(args) -> int:

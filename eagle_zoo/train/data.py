@@ -99,7 +99,8 @@ def load_data(directories: Sequence) -> TokenData:
 
 # -- prompts -----------------------------------------------------------------------
 def read_prompts(path, limit: Optional[int] = None) -> list[dict]:
-    """Records with ``prompt`` (text) or ``prompt_token_ids`` from a JSON-lines file."""
+    """Records with ``prompt`` (text), ``messages`` (a chat ending in a user turn) or
+    ``prompt_token_ids`` from a JSON-lines file."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"--prompts {path}: no such file")
@@ -112,8 +113,11 @@ def read_prompts(path, limit: Optional[int] = None) -> list[dict]:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}:{n}: not valid JSON ({exc})") from None
-        if not isinstance(rec, dict) or not ("prompt" in rec or "prompt_token_ids" in rec):
-            raise ValueError(f"{path}:{n}: each line needs a \"prompt\" (text) or \"prompt_token_ids\" field")
+        if not isinstance(rec, dict) or not ("prompt" in rec or "messages" in rec or "prompt_token_ids" in rec):
+            raise ValueError(f"{path}:{n}: each line needs a \"prompt\" (text), \"messages\" (chat) or "
+                             "\"prompt_token_ids\" field")
+        if "messages" in rec:
+            check_messages(rec["messages"], f"{path}:{n}")
         records.append(rec)
         if limit is not None and len(records) >= limit:
             break
@@ -122,15 +126,26 @@ def read_prompts(path, limit: Optional[int] = None) -> list[dict]:
     return records
 
 
+def check_messages(messages, where: str) -> None:
+    """A chat of user / assistant (/ system) turns with string contents, ending in a user turn."""
+    ok = (isinstance(messages, list) and messages
+          and all(isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")
+                  and isinstance(m.get("content"), str) for m in messages)
+          and messages[-1]["role"] == "user")
+    if not ok:
+        raise ValueError(f"{where}: \"messages\" must be a list of {{\"role\": system|user|assistant, \"content\": "
+                         "text}} ending in a user turn")
+
+
 def encode_prompt(record: dict, tokenizer) -> list[int]:
-    """Token ids of a prompt record: text goes through the chat template (as LLM.chat)."""
+    """Token ids of a prompt record: text and chats go through the chat template (as LLM.chat)."""
     if "prompt_token_ids" in record:
         return [int(t) for t in record["prompt_token_ids"]]
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise ValueError("text prompts need a target with a tokenizer and chat template; "
                          "give \"prompt_token_ids\" instead")
-    text = tokenizer.apply_chat_template([{"role": "user", "content": record["prompt"]}], tokenize=False,
-                                         add_generation_prompt=True)
+    messages = record.get("messages") or [{"role": "user", "content": record["prompt"]}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return tokenizer.encode(text, add_special_tokens=False)
 
 
