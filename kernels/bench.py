@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import cache_attention, rejection_sample, rejection_sample_torch, write_kv, write_kv_torch
+from . import cache_attention, write_kv, write_kv_torch
 from .attention import visible_keys
 
 
@@ -72,21 +72,6 @@ def main() -> None:
         t1 = graphed_us(lambda: write_kv(kc, vc, k, k, slots, pos))
         t2 = graphed_us(lambda: write_kv_torch(kc, vc, k, k, slots, pos))
         print(f"write_kv bf16 B={B} T={T}: triton {t1:.1f}  torch {t2:.1f}")
-
-    V = 128256
-    for B, K in [(1, 4), (64, 4), (256, 3)]:
-        tp = torch.softmax(torch.randn(B, K + 1, V, device=dev) * 2, -1)
-        dp = torch.softmax(torch.randn(B, K, V, device=dev) * 2, -1)
-        drafts = torch.multinomial(tp[:, :K].reshape(-1, V), 1).view(B, K)
-        args = (torch.full((B,), K, device=dev), torch.rand(B, device=dev) < 0.5, torch.rand(B, K + 1, device=dev),
-                torch.empty(B, V, device=dev).exponential_())
-        for q in (dp, None):
-            same = all(torch.equal(a, b) for a, b in zip(rejection_sample(drafts, tp, q, *args),
-                                                         rejection_sample_torch(drafts, tp, q, *args)))
-            t1 = graphed_us(lambda: rejection_sample(drafts, tp, q, *args))
-            t2 = graphed_us(lambda: rejection_sample_torch(drafts, tp, q, *args))
-            print(f"rejection V={V} B={B} K={K} draft_probs={q is not None}: triton {t1:.1f}  torch {t2:.1f}  "
-                  f"same tokens: {same}")
 
 
 if __name__ == "__main__":

@@ -46,6 +46,65 @@ def test_shape_errors_name_the_argument():
                          torch.rand(1, 2, 5))
 
 
+# ------------------------------------------- tokens the target gives probability 0
+@pytest.mark.parametrize("q", ["none", "uniform", "one_hot_at_draft", "zero_at_draft"])
+def test_draft_with_zero_target_probability_is_rejected_at_u_zero(q):
+    # Token 3 has p = 0 at both positions; u = 0 exactly (torch.rand returns it with
+    # probability 2**-24) must still reject it: the acceptance test is u * q < p.
+    p = torch.zeros(1, 2, 6)
+    p[..., 0] = 1
+    draft_probs = {"none": None, "uniform": torch.full((1, 1, 6), 1 / 6),
+                   "one_hot_at_draft": one_hot_probs([[3]]),
+                   "zero_at_draft": one_hot_probs([[1]])}[q]
+    out, na = rejection_sample(torch.tensor([[3]]), p, torch.ones(1), draft_probs,
+                               uniforms=torch.zeros(1, 1), exponentials=torch.ones(1, 2, 6))
+    assert out.tolist() == [[0, -1]] and na.tolist() == [0]
+
+
+@pytest.mark.parametrize("with_q", [True, False])
+def test_no_emitted_token_has_zero_target_probability(with_q):
+    # Targets with many zeros, drafts from a draft distribution that puts mass there,
+    # every uniform exactly 0: every draft with p(x) > 0 is accepted, every other one
+    # is rejected, and recovered / bonus tokens come from where p > 0.
+    g = torch.Generator().manual_seed(5)
+    B, K, vocab = 2000, 3, 8
+    p = torch.rand(B, K + 1, vocab, generator=g) * (torch.rand(B, K + 1, vocab, generator=g) < 0.4)
+    p[..., 0] += 1e-3  # every position keeps some mass
+    p = p / p.sum(-1, keepdim=True)
+    q = torch.softmax(torch.randn(B, K, vocab, generator=g), -1)
+    drafts = torch.multinomial(q.view(-1, vocab), 1, generator=g).view(B, K)
+    out, na = rejection_sample(drafts, p, torch.ones(B), q if with_q else None, uniforms=torch.zeros(B, K),
+                               exponentials=torch.empty(B, K + 1, vocab).exponential_(generator=g))
+    emitted = out >= 0
+    assert (emitted.sum(1) == na + 1).all()
+    p_emitted = p.gather(-1, out.clamp_min(0).unsqueeze(-1)).squeeze(-1)
+    assert (p_emitted[emitted] > 0).all()
+    zero_at_draft = p[:, :K].gather(-1, drafts.unsqueeze(-1)).squeeze(-1) == 0
+    assert zero_at_draft[:, 0].any() and (na > 0).any()  # both cases occur
+    assert (na == (~zero_at_draft).long().cumprod(1).sum(1)).all()
+
+
+# ------------------------------------------------------------------ invalid draft ids
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_padding_draft_id_is_never_accepted(temperature):
+    # -1 inside num_draft_tokens ends the drafts: it is not read as token 0 (which the
+    # target would accept with certainty), and the next token comes from position 0.
+    p = one_hot_probs([[0, 5]])
+    out, na = rejection_sample(torch.tensor([[-1]]), p, torch.tensor([temperature]),
+                               num_draft_tokens=torch.tensor([1]),
+                               uniforms=torch.zeros(1, 1), exponentials=torch.ones(1, 2, 6))
+    assert out.tolist() == [[0, -1]] and na.tolist() == [0]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("bad", [6, 1000])
+def test_out_of_vocabulary_draft_id_raises(bad, temperature):
+    p = one_hot_probs([[0, 5, 2]])
+    with pytest.raises(RuntimeError, match=r"draft token id is outside the vocabulary \[0, 6\)"):
+        rejection_sample(torch.tensor([[0, bad]]), p, torch.tensor([temperature]),
+                         uniforms=torch.zeros(1, 2), exponentials=torch.ones(1, 3, 6))
+
+
 # ------------------------------------------------- the output distribution is the target's
 # A first-order Markov "target" P[prev] and a "draft" Q[prev] over V=5 tokens, far
 # apart. The exact law of the first two emitted tokens after context token C is

@@ -509,6 +509,25 @@ def test_accept_sampled_distribution():
     assert torch.equal(g_tokens, w_tokens) and torch.equal(g_acc, w_acc)
 
 
+def test_accept_sampled_never_takes_a_zero_probability_child_at_u_zero():
+    """u = 0 exactly: every child with p > 0 is taken, a child with p = 0 never is."""
+    from eagle_zoo.engine.tree import TreeDraft
+    from eagle_zoo.engine.tree_verify import accept_sampled
+
+    parents = [-1, 0, 1, 1]  # root -> node 1 (token 2) -> {node 2 (token 1, p = 0), node 3 (token 3)}
+    node_tokens = [0, 2, 1, 3]
+    probs = torch.tensor([
+        [0.2, 0.2, 0.6, 0.0],
+        [0.5, 0.0, 0.0, 0.5],  # at node 1: token 1 impossible
+        [0.25] * 4,
+        [0.0, 0.0, 0.0, 1.0],
+    ]).unsqueeze(0)
+    depth, anc, mask = build_tree(torch.tensor([parents]), 2)
+    tree = TreeDraft(torch.tensor([node_tokens]), torch.tensor([parents]), depth, anc, mask)
+    tokens, accepted, _ = accept_sampled(probs, tree, 2, torch.zeros(1, 3, 2), torch.ones(1, 4))
+    assert tokens.tolist() == [[2, 3, 3]] and accepted.tolist() == [2]
+
+
 def test_sampled_tree_distribution_matches_target(bigram):
     """Three sampled tokens (temperature 1, top-k 2: eight outcomes) through trees of the
     bigram head (often right, sometimes wrong): their joint frequency over many requests

@@ -17,7 +17,9 @@ Contract
   argmax of ``target_probs``.
 - Fewer drafts for some requests: pad ``draft_token_ids`` with -1 and/or pass
   ``num_draft_tokens`` [B]; request b then verifies only its first n_b drafts and
-  its bonus token comes from position n_b.
+  its bonus token comes from position n_b. A negative id ends the row's drafts (it is
+  never accepted or emitted); an id >= V raises (``torch._assert_async``: no host
+  sync; on the CPU a RuntimeError naming the vocabulary, on CUDA a device-side assert).
 - Randomness: ``uniforms`` [B, K] (U[0,1)) and ``exponentials`` [B, K+1, V] (Exp(1)),
   or drawn here with ``sampler.draw`` from per-request ``generators`` (seeded
   requests: reproducible and independent of the batch), uniforms first.
@@ -75,13 +77,17 @@ def rejection_sample(
     _check_shape("uniforms", uniforms, (B, K))
     _check_shape("exponentials", exponentials, (B, K + 1, V))
 
+    torch._assert_async((draft_token_ids < V).all(),
+                        f"rejection_sample: a draft token id is outside the vocabulary [0, {V}) "
+                        "(-1 pads; anything else must be a token of target_probs' last dimension)")
     pos = torch.arange(K + 1, device=device)
     n = torch.full((B, 1), K, device=device) if num_draft_tokens is None else num_draft_tokens.view(B, 1)
     has_draft = (pos[:K] < n) & (draft_token_ids >= 0)  # [B, K]
     drafts = draft_token_ids.clamp_min(0).long()
     p = target_probs.float()
 
-    # Random rows: accept x with probability min(1, p(x) / q(x)); u * q < p avoids 0/0.
+    # Random rows: accept x with probability min(1, p(x) / q(x)). The strict u * q < p
+    # avoids 0/0 and never accepts a draft with p(x) = 0, not even at u = 0 exactly.
     p_x = p[:, :K].gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
     q_x = 1.0 if draft_probs is None else draft_probs.float().gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
     accept_random = uniforms * q_x < p_x
