@@ -101,13 +101,15 @@ class EngineCore:
         # greedy verification in one CUDA graph.
         self.greedy_target_graph = None
         # Greedy tree steps: drafting, the target's tree pass, acceptance, compaction and
-        # the head's catch-up in one CUDA graph (tree_verify.whole_row_greedy_step).
+        # the head's catch-up in one CUDA graph (tree_verify.whole_row_greedy_step); only
+        # when the head's runner has graphs too (not with speculative_config enforce_eager).
         self.tree_step_graph = None
-        if graphed and self.strategy == "tree":
-            from .tree_verify import whole_row_greedy_step
+        if self.strategy == "tree":
+            if graphed and proposer.runner.graphed is not None:
+                from .tree_verify import whole_row_greedy_step
 
-            self.tree_step_graph = GraphedForward(whole_row_greedy_step(self), max_num_seqs,
-                                                  self.runner.scratch_slot, graph_pool)
+                self.tree_step_graph = GraphedForward(whole_row_greedy_step(self), max_num_seqs,
+                                                      self.runner.scratch_slot, graph_pool)
         elif graphed:
             self.greedy_target_graph = GraphedForward(self.greedy_target_pass, max_num_seqs,
                                                       self.runner.scratch_slot, graph_pool)
