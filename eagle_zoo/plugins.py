@@ -4,7 +4,7 @@ Built-in families, formats, proposers and the catalog are registered as plugins
 through exactly the hooks a third-party package uses. Third-party packages are
 found through the ``eagle_zoo`` entry-point group.
 
-Environment:
+Environment (eagle_zoo/envs.py):
   EAGLE_ZOO_DISABLE_PLUGIN_AUTOLOAD=1  do not load entry-point plugins at all.
   EAGLE_ZOO_PLUGINS=name1,name2        load only these entry-point plugins.
 """
@@ -13,19 +13,18 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
-import os
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Callable, Optional, Sequence
 
 import pluggy
 
-from . import hookspecs
+from . import envs, hookspecs
 from .specs import CheckpointFormat, FamilySpec, ProposerSpec
 
 ENTRY_POINT_GROUP = "eagle_zoo"
-DISABLE_AUTOLOAD_ENV = "EAGLE_ZOO_DISABLE_PLUGIN_AUTOLOAD"
-ALLOW_LIST_ENV = "EAGLE_ZOO_PLUGINS"
+DISABLE_AUTOLOAD_ENV = envs.DISABLE_PLUGIN_AUTOLOAD
+ALLOW_LIST_ENV = envs.PLUGINS
 
 # One module per built-in contribution; each defines @hookimpl functions.
 DEFAULT_PLUGINS = (
@@ -168,7 +167,7 @@ class PluginHost:
                 self._meta[modname] = (__version__, "builtin")
         autoload = self._autoload
         if autoload is None:
-            autoload = os.environ.get(DISABLE_AUTOLOAD_ENV, "").lower() not in ("1", "true", "yes")
+            autoload = not envs.plugin_autoload_disabled()
         if autoload:
             self._load_entry_points()
         self.check_pending()
@@ -193,7 +192,7 @@ class PluginHost:
                 )
 
     def _load_entry_points(self) -> None:
-        allow = os.environ.get(ALLOW_LIST_ENV)
+        allow = envs.plugin_allow_list()
         allowed = None if allow is None else {n.strip() for n in allow.split(",") if n.strip()}
         for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
             if allowed is not None and ep.name not in allowed:

@@ -60,10 +60,8 @@ _PDL_DEVICES: dict = {}
 def pdl_launch(t: torch.Tensor) -> dict:
     """Launch keywords for a kernel with a PDL constexpr: {"PDL": True, "launch_pdl": True}
     on a CUDA device of compute capability 9 or more (where griddepcontrol exists) with a
-    triton that has it, {"PDL": False} otherwise (CPU, the interpreter, older GPUs).
-    EAGLE_ZOO_PDL=0 turns it off (A/B runs)."""
-    if (not HAS_PDL or not t.is_cuda or os.environ.get("EAGLE_ZOO_PDL", "1") == "0"
-            or os.environ.get("TRITON_INTERPRET", "0") == "1"):
+    triton that has it, {"PDL": False} otherwise (CPU, the interpreter, older GPUs)."""
+    if not HAS_PDL or not t.is_cuda or os.environ.get("TRITON_INTERPRET", "0") == "1":
         return {"PDL": False}
     index = t.device.index if t.device.index is not None else torch.cuda.current_device()
     if index not in _PDL_DEVICES:
@@ -73,8 +71,7 @@ def pdl_launch(t: torch.Tensor) -> dict:
 
 def use_triton(*tensors: torch.Tensor) -> bool:
     """Triton for CUDA tensors when it imports, outside autograd (the kernels have no
-    backward: training on the GPU takes the torch references, which have one);
-    EAGLE_ZOO_KERNELS=torch forces the references."""
-    if not HAS_TRITON or os.environ.get("EAGLE_ZOO_KERNELS", "auto").lower() == "torch":
+    backward: training on the GPU takes the torch references, which have one)."""
+    if not HAS_TRITON:
         return False
     return all(t.is_cuda for t in tensors) and not needs_autograd(*tensors)

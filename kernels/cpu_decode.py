@@ -8,8 +8,6 @@ callers keep torch's ops.
     python -m eagle_zoo.kernels.cpu_decode
         builds it now (`make` does, so the first decode step does not wait for the
         compiler) and says whether it is in use
-
-EAGLE_ZOO_CPU_KERNELS=0 keeps torch's ops (A/B runs).
 """
 from __future__ import annotations
 
@@ -58,8 +56,6 @@ def _load():
 
 def available() -> bool:
     """Whether the compiled kernels run (built on the first call)."""
-    if os.environ.get("EAGLE_ZOO_CPU_KERNELS", "1") == "0":
-        return False
     return _load() is not None
 
 
@@ -103,6 +99,6 @@ def llama_layer_rows(h, norm1, eps1, w_qkv, w_o, norm2, eps2, w_gate_up, w_down,
 
 
 if __name__ == "__main__":
-    state = "built, in use" if available() else f"not in use: {_failure or 'EAGLE_ZOO_CPU_KERNELS=0'}"
+    state = "built, in use" if available() else f"not in use: {_failure}"
     print(f"kernels/cpu_decode.py: {state} ({build_directory()})")
     sys.exit(0)  # a failed build is not an error: torch's ops stay

@@ -23,7 +23,6 @@ speculative decoding prefill alike, so they still agree.
 """
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
@@ -174,9 +173,9 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[to
 
 def use_linear_kernel(x: torch.Tensor, weight: torch.Tensor, *others: Optional[torch.Tensor]) -> bool:
     """The kernel's case: CUDA, at most MAX_ROWS rows of unit stride and at most MAX_K
-    columns, a contiguous 2-D weight and every tensor of x's dtype. EAGLE_ZOO_TRITON_LINEAR=0 keeps cuBLAS (for A/B runs)."""
+    columns, a contiguous 2-D weight and every tensor of x's dtype."""
     present = [t for t in others if t is not None]
-    if os.environ.get("EAGLE_ZOO_TRITON_LINEAR", "1") == "0" or not use_triton(x, weight, *present):
+    if not use_triton(x, weight, *present):
         return False
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32) or weight.dim() != 2:
         return False

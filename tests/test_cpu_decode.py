@@ -57,7 +57,7 @@ def test_layers_linear_uses_it_for_few_rows_and_keeps_autograd(monkeypatch):
     wg = w.clone().requires_grad_(True)
     layers.linear(x, wg).sum().backward()  # training: torch's matmul, which has a backward
     assert len(calls) == 1 and wg.grad is not None
-    monkeypatch.setenv("EAGLE_ZOO_CPU_KERNELS", "0")
+    monkeypatch.setattr(cpu_decode, "available", lambda: False)  # not built here: torch's matmul
     layers.linear(x, w)
     assert len(calls) == 1
 

@@ -23,6 +23,8 @@ from eagle_zoo.models.attention import Attention, AttentionContext, use_context
 from eagle_zoo.models.layers import RotaryEmbedding, get_rope, linear
 from eagle_zoo.kernels import cpu_decode
 
+CPU_KERNEL_AVAILABLE = cpu_decode.available  # the real check, for tests that patch it
+
 
 @pytest.mark.parametrize("rows", range(0, layers.CPU_FEW_ROWS + 3))
 @pytest.mark.parametrize("bias", [False, True])
@@ -162,7 +164,7 @@ def test_memoised_masks_per_window():
 @pytest.fixture
 def without_cpu_kernel(monkeypatch):
     """The column-major copies are the path without kernels/cpu_decode.py (no g++)."""
-    monkeypatch.setenv("EAGLE_ZOO_CPU_KERNELS", "0")
+    monkeypatch.setattr(cpu_decode, "available", lambda: False)
 
 
 def one_row_model():
@@ -184,10 +186,10 @@ def test_one_row_copies_give_f_linear_results(monkeypatch, without_cpu_kernel):
     assert layers.prepare_one_row_copies(m) == (64 * 16 + 100 * 16) * 4
     assert getattr(m.down.weight, "_one_row_copy", None) is None
     assert layers.prepare_one_row_copies(m) == 0  # already there
-    monkeypatch.setenv("EAGLE_ZOO_CPU_KERNELS", "1")
-    if cpu_decode.available():  # the kernel reads the row-major parameter: no copies
-        assert layers.prepare_one_row_copies(one_row_model()) == 0
-    monkeypatch.setenv("EAGLE_ZOO_CPU_KERNELS", "0")
+    with monkeypatch.context() as built:
+        built.setattr(cpu_decode, "available", CPU_KERNEL_AVAILABLE)
+        if cpu_decode.available():  # the kernel reads the row-major parameter: no copies
+            assert layers.prepare_one_row_copies(one_row_model()) == 0
     with torch.inference_mode():
         for mod, x in ((m.up, torch.randn(1, 1, 16)), (m.head, torch.randn(1, 16)), (m.down, torch.randn(1, 64))):
             torch.testing.assert_close(mod(x), F.linear(x, mod.weight), rtol=1e-5, atol=1e-5)

@@ -58,16 +58,6 @@ def test_full_length_draft_chain_and_catch_up_match_the_runner_path(method, tmp_
     assert full_state.abs().sum() > 0
 
 
-def test_whole_step_graphs_switch(monkeypatch):
-    """EAGLE_ZOO_STEP_GRAPHS=0 keeps graphs pass by pass (for before / after runs)."""
-    from eagle_zoo.engine.graphs import whole_step_graphs
-
-    monkeypatch.delenv("EAGLE_ZOO_STEP_GRAPHS", raising=False)
-    assert whole_step_graphs()
-    monkeypatch.setenv("EAGLE_ZOO_STEP_GRAPHS", "0")
-    assert not whole_step_graphs()
-
-
 @pytest.mark.parametrize("k", [0, 3])
 @torch.inference_mode()
 def test_greedy_target_pass_matches_the_eager_verification(k, tmp_path):

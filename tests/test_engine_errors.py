@@ -133,6 +133,18 @@ def test_unpadded_drafter_batch_needs_an_eagle_head(target):
         LLM(str(target), speculative_config={"method": "ngram", "disable_padded_drafter_batch": True}, device="cpu")
 
 
+def test_draft_max_model_len_caps_the_default_and_refuses_a_longer_one(target):
+    """speculative_config max_model_len is the longest context the draft serves: the
+    engine's default max_model_len fits in it, and a longer explicit one is refused."""
+    spec = {"method": "ngram", "max_model_len": 20}
+    llm = LLM(str(target), speculative_config=spec, device="cpu", max_num_seqs=1)
+    assert llm.engine.max_model_len == 20
+    assert LLM(str(target), speculative_config=spec, device="cpu", max_model_len=16,
+               max_num_seqs=1).engine.max_model_len == 16
+    with pytest.raises(ValueError, match=r"max_model_len=24 exceeds speculative_config.max_model_len=20.*lower"):
+        LLM(str(target), speculative_config=spec, device="cpu", max_model_len=24)
+
+
 # -- prompts ---------------------------------------------------------------------------------
 def test_prompt_longer_than_max_model_len(llm):
     with pytest.raises(ValueError, match=f"prompt of {MAX_MODEL_LEN} tokens does not fit max_model_len={MAX_MODEL_LEN}"):

@@ -56,6 +56,26 @@ def test_graphs_give_the_eager_tokens(checkpoints, name):
         assert graphed == plain
 
 
+@pytest.mark.parametrize("name", ["eagle k=3", "eagle3 tree"])
+def test_draft_enforce_eager_keeps_the_target_graphs(checkpoints, name):
+    """speculative_config enforce_eager: the head runs without graphs (a tree step, whose
+    one graph holds the head's passes, then runs eagerly), the target's graphs stay;
+    the eager engine's tokens."""
+    target, heads = checkpoints
+    method, extra = SPECS[name]
+    spec = {"method": method, "model": str(heads[method]), **extra}
+    eager, accepted_eager = _generate(target, spec, eager=True)
+    llm = LLM(str(target), speculative_config={**spec, "enforce_eager": True}, device="cuda", dtype="float32",
+              max_model_len=256, max_num_seqs=4)
+    assert llm.engine.runner.graphed is not None and llm.engine.proposer.runner.graphed is None
+    assert llm.engine.tree_step_graph is None
+    prompts = ef.random_prompts((20, 31, 44, 25), cf.TINY["vocab_size"], seed=5)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0, max_tokens=96, ignore_eos=True))
+    assert [o.outputs[0].token_ids for o in outs] == eager
+    assert llm.engine.metrics.num_accepted_tokens == accepted_eager
+
+
 @pytest.mark.parametrize("name", ["plain", "eagle k=3", "eagle3 k=3", "eagle3 tree"])
 def test_async_scheduling_with_graphs_gives_the_same_tokens(checkpoints, name):
     """Run-ahead steps (engine/core.py) replay the same graphs from device-side inputs."""
@@ -71,23 +91,3 @@ def test_async_scheduling_with_graphs_gives_the_same_tokens(checkpoints, name):
         got = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
         outs.append(([o.outputs[0].token_ids for o in got], llm.engine.metrics.num_accepted_tokens))
     assert outs[0] == outs[1]
-
-
-@pytest.mark.parametrize("name", ["eagle k=3", "eagle3 k=3"])
-@pytest.mark.parametrize("async_scheduling", [False, True])
-def test_chain_step_as_one_graph_gives_the_eager_tokens(checkpoints, name, async_scheduling, monkeypatch):
-    """EAGLE_ZOO_CHAIN_STEP_GRAPH=1 (engine/chain_step.py): drafting, the target's pass
-    and the catch-up replay as one graph; the tokens and counts of the eager engine."""
-    target, heads = checkpoints
-    method, extra = SPECS[name]
-    spec = {"method": method, "model": str(heads[method]), **extra}
-    eager, accepted_eager = _generate(target, spec, eager=True)
-    monkeypatch.setenv("EAGLE_ZOO_CHAIN_STEP_GRAPH", "1")
-    llm = LLM(str(target), speculative_config=spec, device="cuda", dtype="float32", max_model_len=256,
-              max_num_seqs=4, async_scheduling=async_scheduling)
-    prompts = ef.random_prompts((20, 31, 44, 25), cf.TINY["vocab_size"], seed=5)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                        SamplingParams(temperature=0, max_tokens=96, ignore_eos=True))
-    assert [o.outputs[0].token_ids for o in outs] == eager
-    assert llm.engine.metrics.num_accepted_tokens == accepted_eager
-    assert llm.engine._chain_step_graph.graphs  # the steps went through the captured graph

@@ -503,10 +503,12 @@ def test_fused_decoder_layer_matches_the_module_path(device):
 
 
 def patch_kernels_off():
-    """EAGLE_ZOO_KERNELS=torch for the duration: the module path on the references."""
+    """Triton treated as absent for the duration: the module path on the references."""
     from unittest import mock
 
-    return mock.patch.dict(os.environ, {"EAGLE_ZOO_KERNELS": "torch"})
+    from eagle_zoo.kernels import _triton
+
+    return mock.patch.object(_triton, "HAS_TRITON", False)
 
 
 # --- tree passes in position order (EAGLE-2 trees get plain decoding's bits) ------------------
@@ -565,12 +567,11 @@ def test_attention_tree_mode_matches_reference_and_plain_decoding_bits(device):
 
 # --- programmatic dependent launch (kernels/_triton.py) ---
 
+from eagle_zoo.kernels import _triton  # noqa: E402
 from eagle_zoo.kernels._triton import pdl_launch  # noqa: E402
 
 
-def test_pdl_is_off_for_cpu_tensors_and_by_switch(monkeypatch):
-    assert pdl_launch(torch.zeros(1)) == {"PDL": False}
-    monkeypatch.setenv("EAGLE_ZOO_PDL", "0")
+def test_pdl_is_off_for_cpu_tensors():
     assert pdl_launch(torch.zeros(1)) == {"PDL": False}
 
 
@@ -599,7 +600,6 @@ def test_pdl_chain_in_a_cuda_graph_gives_the_bits_of_serial_launches(monkeypatch
     nw = (1 + 0.1 * torch.randn(K, generator=g)).to(dev, dt)
     x = torch.randn(3, K, generator=g).to(dev, dt)
     res = torch.randn(3, K, generator=g).to(dev, dt)
-    monkeypatch.setenv("EAGLE_ZOO_PDL", "1")
     assert pdl_launch(x)["PDL"]
     _layer_chain(x, ws, nw, res)  # compile outside the capture
     graph = torch.cuda.CUDAGraph()
@@ -608,8 +608,8 @@ def test_pdl_chain_in_a_cuda_graph_gives_the_bits_of_serial_launches(monkeypatch
     for step in range(3):
         x.copy_(torch.randn(3, K, generator=g).to(dev, dt))
         graph.replay()
-        monkeypatch.setenv("EAGLE_ZOO_PDL", "0")
-        want = _layer_chain(x, ws, nw, res)
-        monkeypatch.setenv("EAGLE_ZOO_PDL", "1")
+        with monkeypatch.context() as serial:  # the same kernels launched without PDL
+            serial.setattr(_triton, "HAS_PDL", False)
+            want = _layer_chain(x, ws, nw, res)
         torch.cuda.synchronize()
         assert torch.equal(out, want), step

@@ -245,10 +245,18 @@ def test_all_user_fields_accepted():
     cfg = parse({
         "method": "eagle3", "model": "x", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 1,
         "disable_padded_drafter_batch": True, "parallel_drafting": True, "max_model_len": 2048,
-        "revision": "main", "quantization": "fp8", "enforce_eager": True, "tree": {"depth": 4},
+        "revision": "main", "quantization": None, "enforce_eager": True, "tree": {"depth": 4},
     })
     assert cfg.tree == TreeConfig(top_k=10, depth=4, total_tokens=60)
-    assert cfg.quantization == "fp8" and cfg.revision == "main" and cfg.max_model_len == 2048
+    assert cfg.quantization is None and cfg.revision == "main" and cfg.max_model_len == 2048
+    assert cfg.enforce_eager is True
+
+
+@pytest.mark.parametrize("value", ["fp8", "awq", ""])
+def test_quantization_is_refused_by_name(value):
+    """Drafts run unquantized: any quantization is an error naming the key and the fix."""
+    with pytest.raises(SpeculativeConfigError, match=rf"quantization={value!r}.*remove 'quantization'"):
+        parse({"method": "ngram", "quantization": value})
 
 
 @pytest.mark.parametrize("tree", [True, {}])

@@ -239,9 +239,14 @@ class SpeculativeConfig(BaseModel):
     parallel_drafting: bool = False
     prompt_lookup_min: Optional[int] = None
     prompt_lookup_max: Optional[int] = None
+    # The longest context the draft serves; the engine's max_model_len must fit in it
+    # (LLM: it caps the default, and a larger explicit one is an error).
     max_model_len: Optional[int] = None
     revision: Optional[str] = None
+    # Accepted for vLLM's configs; only None: drafts run unquantized in the engine's dtype.
     quantization: Optional[str] = None
+    # True: the draft's passes run eagerly (no CUDA graphs) while the target keeps its;
+    # None / False: the draft follows the engine's enforce_eager.
     enforce_eager: Optional[bool] = None
     tree: Optional[TreeConfig] = None
     # Adaptive depth: "auto" or {"<smallest batch size>": K}; config/depth_schedule.py.
@@ -353,6 +358,11 @@ class SpeculativeConfig(BaseModel):
     # -- after: combinations ----------------------------------------------------------
     @model_validator(mode="after")
     def _check_combinations(self) -> "SpeculativeConfig":
+        if self.quantization is not None:
+            raise _error(
+                f"quantization={self.quantization!r}: this engine runs drafts unquantized, in the "
+                f"engine's dtype (LLM dtype=...): remove 'quantization' from speculative_config"
+            )
         if self.method in NEEDS_MODEL and not self.model:
             raise _error(f"method {self.method!r} needs 'model': the draft checkpoint's id or directory")
         if self.parallel_drafting and self.method not in PARALLEL_DRAFTING_METHODS:

@@ -25,9 +25,8 @@ from typing import Iterable, Optional
 
 import torch
 
-from . import chain_step
 from .detokenizer import update_sequence_text
-from .graphs import GraphedForward, whole_step_graphs
+from .graphs import GraphedForward
 from .host_tensors import device_tensor
 from .metrics import SpecDecodingMetrics
 from .outputs import CompletionOutput, RequestOutput
@@ -37,6 +36,12 @@ from .verify import SamplingBatch, verify_drafts, verify_greedy
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
+
+
+def step_strategy(proposer: Optional[Proposer]) -> str:
+    """The engine's one step strategy for ``proposer``: "plain" without one, else the
+    proposer's ``step_strategy`` ("chain", "tree" or "parallel"; Proposer)."""
+    return "plain" if proposer is None else getattr(proposer, "step_strategy", "chain")
 
 
 @dataclass
@@ -85,13 +90,29 @@ class EngineCore:
         # proposer: up to its total_tokens - 1 nodes, tree_verify.py).
         self.max_len = max_model_len + max(self.k, getattr(proposer, "max_verify_tokens", 0)) + 1
         self.runner = ModelRunner(target, max_num_seqs, self.max_len, dtype, device, graph_pool)
-        # Greedy steps: the target's pass, its lm_head and the greedy verification in one
-        # CUDA graph (the lm_head and the handful of small verification kernels otherwise
-        # launch one by one after the forward's graph).
-        self._greedy_target_graph = None
-        if self.runner.graphed is not None and whole_step_graphs():
-            self._greedy_target_graph = GraphedForward(self.greedy_target_pass, max_num_seqs,
-                                                       self.runner.scratch_slot, graph_pool)
+        # The step strategy, chosen once: "plain" (no proposer), "tree" (EAGLE-2 trees,
+        # tree_verify.launch_tree_step), "parallel" (P-EAGLE drafts from one head pass) or
+        # "chain" (EAGLE chains, n-gram, a draft model); plain, chain and parallel steps
+        # share _launch. CUDA form: captured graphs (graph_pool given); CPU form (or
+        # enforce_eager): the same functions run eagerly.
+        self.strategy = step_strategy(proposer)
+        graphed = self.runner.graphed is not None
+        # Greedy plain / chain / parallel steps: the target's pass, its lm_head and the
+        # greedy verification in one CUDA graph.
+        self.greedy_target_graph = None
+        # Greedy tree steps: drafting, the target's tree pass, acceptance, compaction and
+        # the head's catch-up in one CUDA graph (tree_verify.whole_row_greedy_step); only
+        # when the head's runner has graphs too (not with speculative_config enforce_eager).
+        self.tree_step_graph = None
+        if self.strategy == "tree":
+            if graphed and proposer.runner.graphed is not None:
+                from .tree_verify import whole_row_greedy_step
+
+                self.tree_step_graph = GraphedForward(whole_row_greedy_step(self), max_num_seqs,
+                                                      self.runner.scratch_slot, graph_pool)
+        elif graphed:
+            self.greedy_target_graph = GraphedForward(self.greedy_target_pass, max_num_seqs,
+                                                      self.runner.scratch_slot, graph_pool)
         self.scheduler = Scheduler(max_num_seqs)
         self.metrics = SpecDecodingMetrics(num_speculative_tokens=self.k)
         self.seed = seed
@@ -203,7 +224,7 @@ class EngineCore:
         """Queue one decode step on the device (no host sync): a chain step (_launch) or an
         EAGLE-2 tree step (tree_verify.launch_tree_step, whose max_base is the bound on the
         sequences' cached lengths that kv_len carries). base [B]; last [B, 1]."""
-        if hasattr(self.proposer, "propose_tree"):
+        if self.strategy == "tree":
             from . import tree_verify  # looked up per step: tests wrap launch_tree_step
 
             return tree_verify.launch_tree_step(self, seqs, slots, base, last[:, 0], kv_len - (k + 1))
@@ -236,11 +257,6 @@ class EngineCore:
         history = [s.all_token_ids for s in seqs] if reads else []
         batch = StepBatch(slots, base, history, kv_len,
                           all_greedy=all(s.params.greedy for s in seqs), depth=k)
-        if k and batch.all_greedy:
-            graphed = chain_step.graphed_chain_step(self)
-            if graphed is not None and graphed.eligible(last):
-                tokens, accepted = graphed(last, base.unsqueeze(1), slots, k)
-                return self.launched_step(seqs, k, tokens, accepted, torch.full_like(accepted, k), slots, base)
         drafts = num_draft = None
         if k:
             drafts, num_draft = self.proposer.propose(batch)
@@ -253,7 +269,7 @@ class EngineCore:
         else:
             input_ids = last
         positions = base.unsqueeze(1) + torch.arange(k + 1, device=dev)
-        graph = self._greedy_target_graph
+        graph = self.greedy_target_graph
         if batch.all_greedy and num_draft is None and graph is not None and graph.eligible(input_ids):
             # A plain step verifies [B, 0] drafts.
             tokens, accepted, hidden, aux = graph(input_ids, positions, slots, drafts if k else input_ids[:, :0])
@@ -271,7 +287,7 @@ class EngineCore:
     def greedy_target_pass(self, input_ids, positions, slots, drafts):
         """The target over [B, K+1] tokens (whole cache rows) and greedy verification of
         the K drafts: -> (tokens, accepted, hidden, aux), what the eager path computes with
-        runner.run + compute_logits + verify_drafts; the form _greedy_target_graph captures."""
+        runner.run + compute_logits + verify_drafts; the form greedy_target_graph captures."""
         hidden, aux = self.runner.forward_full_length(input_ids, positions, slots, self.aux_layer_ids)
         tokens, accepted = verify_greedy(self.target.compute_logits(hidden), drafts, None)
         return tokens, accepted, hidden, aux

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import bisect
 import gc
-import os
 import weakref
 from typing import Any, Callable
 
@@ -21,14 +20,6 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 MAX_GRAPH_TOKENS = 16  # T above this (prefill) runs eagerly
-
-
-def whole_step_graphs() -> bool:
-    """Whether the EAGLE drafting loop, its catch-up, greedy tree steps and greedy target
-    steps (forward + lm_head + verification) are captured whole (default) rather than pass
-    by pass: EAGLE_ZOO_STEP_GRAPHS=0 turns that off, for before / after measurements in
-    one run."""
-    return os.environ.get("EAGLE_ZOO_STEP_GRAPHS", "1") != "0"
 
 
 _live_pools: "weakref.WeakSet[GraphPool]" = weakref.WeakSet()

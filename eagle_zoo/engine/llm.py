@@ -7,13 +7,13 @@
 from __future__ import annotations
 
 import json
-import os
 import operator
 from pathlib import Path
 from typing import Any, Optional, Sequence as Seq, Union
 
 import torch
 
+from .. import envs
 from ..config.depth_schedule import DepthSchedule
 from ..config.speculative import SpeculativeConfig
 from .core import EngineCore
@@ -51,16 +51,14 @@ def resolve_dtype(dtype: Union[str, torch.dtype, None], device: torch.device) ->
 
 def default_async_scheduling(device: torch.device, tensor_parallel_size: int) -> bool:
     """async_scheduling when the caller leaves it unset: EAGLE_ZOO_ASYNC_SCHEDULING=0/1 for
-    a whole process (benchmarks, servers), else on for one CUDA device. On a GPU it hides
+    a whole process (eagle_zoo/envs.py), else on for one CUDA device. On a GPU it hides
     the host's work of a step behind the device's (measured on an H200: +16% tokens/s for
     plain decoding and EAGLE-3 chains, BENCHMARKS.md); on the CPU nothing runs in the
     background, so running ahead only costs a discarded step per finished request."""
-    env = os.environ.get("EAGLE_ZOO_ASYNC_SCHEDULING", "").strip().lower()
-    if env in ("0", "false", "no", "off"):
+    env = envs.async_scheduling()
+    if env is False or tensor_parallel_size > 1:
         return False
-    if tensor_parallel_size > 1:
-        return False
-    return env in ("1", "true", "yes", "on") or device.type == "cuda"
+    return env is True or device.type == "cuda"
 
 
 class LLM:
@@ -107,17 +105,22 @@ class LLM:
 
             self.tokenizer = AutoTokenizer.from_pretrained(tokenizer)
         limit = getattr(loaded.config, "max_position_embeddings", None) or 2048
+        draft_limit = self.speculative_config.max_model_len if self.speculative_config else None
         if max_model_len is None:
-            max_model_len = min(limit, 2048)
+            max_model_len = min(limit, 2048, draft_limit or limit)
         elif max_model_len > limit:
             raise ValueError(
                 f"max_model_len={max_model_len} exceeds the model's max_position_embeddings={limit}: lower it"
             )
+        elif draft_limit is not None and max_model_len > draft_limit:
+            raise ValueError(
+                f"max_model_len={max_model_len} exceeds speculative_config.max_model_len={draft_limit}, the "
+                f"longest context the draft serves: lower max_model_len to {draft_limit}, or raise or "
+                f"remove speculative_config's max_model_len"
+            )
         if max_num_seqs is None:
             max_num_seqs = 64 if self.device.type == "cuda" else 8
         # CUDA graphs for decode-shaped steps unless eager mode is asked for.
-        # EAGLE_ZOO_ENFORCE_EAGER=1 turns graphs off for a whole process (benchmarks, debugging).
-        enforce_eager = enforce_eager or os.environ.get("EAGLE_ZOO_ENFORCE_EAGER", "") in ("1", "true")
         self.graph_pool = GraphPool() if self.device.type == "cuda" and not enforce_eager else None
         with draft_scope(self.parallel):
             proposer = self._build_proposer(loaded, max_model_len, max_num_seqs)
@@ -152,6 +155,8 @@ class LLM:
         k = spec.num_speculative_tokens or DEFAULT_NUM_SPECULATIVE_TOKENS
         max_len = max_model_len + k + 1
         args = (max_num_seqs, max_len, self.dtype, self.device)
+        # speculative_config enforce_eager: the draft's passes without CUDA graphs.
+        graph_pool = None if spec.enforce_eager else self.graph_pool
         if spec.method == "ngram":
             return NgramProposer(k, spec.prompt_lookup_min, spec.prompt_lookup_max, self.device)
         if spec.method in ("eagle", "eagle3"):
@@ -168,16 +173,16 @@ class LLM:
                 from .tree_proposer import build_tree_proposer
 
                 return build_tree_proposer(spec, head.head, loaded.model, max_num_seqs, max_model_len, self.dtype,
-                                           self.device, n_layers, self.graph_pool)
+                                           self.device, n_layers, graph_pool)
             if spec.parallel_drafting:  # P-EAGLE: all K drafts from one head pass
                 from .parallel_drafting import ParallelEagleProposer
 
                 return ParallelEagleProposer(head.head, k, *args, target_num_layers=n_layers,
-                                             graph_pool=self.graph_pool,
+                                             graph_pool=graph_pool,
                                              padded_drafter_batch=not spec.disable_padded_drafter_batch,
                                              source=str(spec.model))
             return EagleProposer(head.head, head.method, k, *args, target_num_layers=n_layers,
-                                 graph_pool=self.graph_pool,
+                                 graph_pool=graph_pool,
                                  padded_drafter_batch=not spec.disable_padded_drafter_batch)
         if spec.method == "draft_model":
             draft = load_model(spec.model, self.dtype, self.device, revision=spec.revision)
@@ -186,7 +191,7 @@ class LLM:
                     f"draft model {spec.model!r} has vocab_size {draft.config.vocab_size}, the target "
                     f"{loaded.config.vocab_size}: a draft model must share the target's vocabulary"
                 )
-            return DraftModelProposer(draft.model, k, *args, graph_pool=self.graph_pool)
+            return DraftModelProposer(draft.model, k, *args, graph_pool=graph_pool)
         raise ValueError(
             f"speculative method {spec.method!r} is not supported by this engine; use eagle, eagle3, ngram or draft_model"
         )

@@ -42,6 +42,7 @@ from typing import Any, Optional
 
 import torch
 
+from .. import envs
 from ..models import parallel_state as ps
 
 # Options a user can reach this module through (error messages name them).
@@ -56,7 +57,6 @@ KV_HEADS_KEY = "num_key_value_heads"
 
 # distributed_executor_backend values (vLLM's names): None picks by how the process started.
 BACKENDS = (None, "mp", "external_launcher")
-START_TIMEOUT_S = float(os.environ.get("EAGLE_ZOO_TP_START_TIMEOUT", "900"))
 # Workers wait for the driver's next engine call for as long as the driver lives (a
 # server may idle for days): the control group must not time out.
 CONTROL_TIMEOUT = datetime.timedelta(days=365)
@@ -231,7 +231,8 @@ class WorkerPool:
     def wait_for(self, key: str, phase: str) -> None:
         """Waits until every worker has set ``key/<rank>`` (or reported an error)."""
         keys = [f"{STORE_PREFIX}{key}/{rank}" for rank in range(1, len(self.procs) + 1)]
-        deadline = time.monotonic() + START_TIMEOUT_S
+        timeout = envs.tp_start_timeout_s()
+        deadline = time.monotonic() + timeout
         while not self.store.check(keys):
             for rank in range(1, len(self.procs) + 1):
                 error_key = f"{STORE_PREFIX}error/{rank}"
@@ -241,8 +242,8 @@ class WorkerPool:
             self.check_alive(phase)
             if time.monotonic() > deadline:
                 raise RuntimeError(
-                    f"tensor-parallel workers did not finish {phase} within {START_TIMEOUT_S:.0f} s "
-                    f"(EAGLE_ZOO_TP_START_TIMEOUT)"
+                    f"tensor-parallel workers did not finish {phase} within {timeout:.0f} s "
+                    f"({envs.TP_START_TIMEOUT})"
                 )
             time.sleep(0.02)
 
@@ -298,7 +299,7 @@ def _launch_workers(tp: int, device: torch.device, llm_kwargs: dict) -> WorkerPo
             f"{TP_OPTION}={tp}: the LLM's arguments must be picklable to start the workers ({exc})"
         ) from None
     for rank in range(1, tp):
-        env = dict(os.environ, EAGLE_ZOO_TP_RANK=str(rank))
+        env = dict(os.environ, **{envs.TP_RANK: str(rank)})
         proc = subprocess.Popen([sys.executable, "-m", "eagle_zoo.engine.tp_worker"], stdin=subprocess.PIPE, env=env)
         pool.procs.append(proc)
         # The pipe stays open: a worker sees end-of-file when this process goes away.
@@ -436,9 +437,10 @@ def _local_rank() -> int:
     """This rank's GPU: torchrun's LOCAL_RANK, a spawned worker's rank, else the global rank."""
     import torch.distributed as dist
 
-    for key in ("LOCAL_RANK", "EAGLE_ZOO_TP_RANK"):
-        if os.environ.get(key):
-            return int(os.environ[key])
+    if os.environ.get("LOCAL_RANK"):
+        return int(os.environ["LOCAL_RANK"])
+    if envs.tp_rank() is not None:
+        return envs.tp_rank()
     return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
 
 

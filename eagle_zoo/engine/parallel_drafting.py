@@ -51,6 +51,8 @@ def mask_token_id(config, source: str) -> int:
 
 
 class ParallelEagleProposer(EagleProposer):
+    step_strategy = "parallel"
+
     def __init__(self, head, k: int, num_slots: int, max_len: int, dtype, device, target_num_layers: int,
                  graph_pool=None, padded_drafter_batch: bool = True, source: str = "the draft head"):
         # Room for the moved writes of rejected positions: up to 2K past the last verified one

@@ -28,7 +28,7 @@ import torch
 from ..hookspecs import hookimpl
 from ..specs import ProposerSpec
 from .drafter_batch import catch_up_unpadded
-from .graphs import GraphedForward, whole_step_graphs
+from .graphs import GraphedForward
 from .host_tensors import device_tensor
 from .runner import ModelRunner
 
@@ -66,6 +66,10 @@ class Proposer:
     # Whether propose / on_verify / on_plain_step do device work only (no host inputs, no
     # syncs), so async scheduling may launch a step before the previous one is read back.
     device_only_steps = False
+    # The engine's step for this proposer (EngineCore.strategy): "chain" (propose, one
+    # target pass over [last, drafts], on_verify), "tree" (propose_tree, tree_verify.py)
+    # or "parallel" (a chain step whose drafts come from one head pass).
+    step_strategy = "chain"
 
     def on_prefill(self, slot: int, out: TargetOutput) -> None:
         pass
@@ -104,7 +108,7 @@ class EagleProposer(Proposer):
         # catch-up each replay as one graph: a step's head passes, lm_heads, argmaxes and
         # index arithmetic, which eagerly cost more launches and Python than the head itself.
         self._graphed_drafts = self._graphed_catch_up = None
-        if self.runner.graphed is not None and whole_step_graphs():
+        if self.runner.graphed is not None:
             self._graphed_drafts = GraphedForward(self._draft_chain, num_slots, num_slots, graph_pool)
             self._graphed_catch_up = GraphedForward(self._catch_up, num_slots, num_slots, graph_pool)
         if method == "eagle3":

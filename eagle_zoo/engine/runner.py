@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..models.attention import AttentionContext, use_context
+from ..models.fused_layer import choose_decode_paths
 from ..models.layers import prepare_one_row_copies
 from .cache import allocate_kv_caches
 from .graphs import GraphedForward, GraphPool
@@ -34,6 +35,7 @@ class ModelRunner:
         # One extra slot: padding rows of a graphed batch write there.
         self.scratch_slot = num_slots
         self.kv_caches = allocate_kv_caches(model, num_slots + 1, max_len, dtype, device)
+        choose_decode_paths(model)  # fused or module decoder layers, once (models/fused_layer.py)
         if torch.device(device).type == "cpu":
             # Faster one-row (decode / draft) matmuls from column-major weight copies,
             # within a memory budget (models/layers.py, CPU_ONE_ROW_COPY_BYTES).

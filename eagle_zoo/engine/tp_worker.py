@@ -16,6 +16,8 @@ import sys
 import threading
 import traceback
 
+from .. import envs
+
 log = logging.getLogger("eagle_zoo.tp_worker")
 
 
@@ -72,7 +74,7 @@ def main() -> int:
     for entry in reversed(start["sys_path"]):  # what rank 0 could import, this rank can
         if entry not in sys.path:
             sys.path.insert(1, entry)
-    rank, world = int(os.environ["EAGLE_ZOO_TP_RANK"]), start["world_size"]
+    rank, world = envs.tp_rank(), start["world_size"]
     if start["backend"] == "gloo":  # ranks share the CPU cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     else:

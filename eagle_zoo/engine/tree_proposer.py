@@ -42,6 +42,8 @@ class TreeEagleProposer(EagleProposer):
     """EagleProposer whose steps draft trees (engine/tree_verify.py runs them);
     num_speculative_tokens is the tree's deepest level (the metrics' positions)."""
 
+    step_strategy = "tree"
+
     def __init__(self, head, method: str, tree, num_slots: int, max_model_len: int, dtype, device,
                  target_num_layers: int, graph_pool=None):
         self.top_k, self.total_tokens = tree.top_k, tree.total_tokens

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import torch
 
-from .graphs import GraphedForward, whole_step_graphs
 from .sampler import apply_sampling_params, draw, sample_from_probs
 from .tree import TreeDraft, cache_mask
 from .verify import SamplingBatch
@@ -139,7 +138,7 @@ def launch_tree_step(engine, seqs, slots, base, last, max_base: int):
     B = len(seqs)
     sampling = SamplingBatch.from_sequences(seqs, dev)
     if sampling.all_greedy:
-        graphed = _graphed_greedy_step(engine)
+        graphed = engine.tree_step_graph
         if graphed is not None and graphed.eligible(last.view(B, 1)):
             tokens, accepted = graphed(last.view(B, 1), base.view(B, 1), slots)
         else:
@@ -189,7 +188,7 @@ def finish_tree_step(engine, tree, slots, base, max_base, tokens, accepted, path
 def greedy_tree_step(engine, last, base, slots, max_base) -> tuple[torch.Tensor, torch.Tensor]:
     """A greedy tree step on the device, no host sync: last, base, slots [B]; returns
     what finish_tree_step returns. With max_base None it is the whole-row form that
-    _graphed_greedy_step captures; a host int bounds the attention instead."""
+    EngineCore.tree_step_graph captures; a host int bounds the attention instead."""
     tree, hidden, aux, logits = _draft_and_verify(engine, last, base, slots, max_base)
     tokens, accepted, path = accept_greedy(logits.argmax(-1), tree)
     return finish_tree_step(engine, tree, slots, base, max_base, tokens, accepted, path, hidden, aux)
@@ -209,21 +208,11 @@ def _sampled_tree_step(engine, last, base, slots, max_base, sampling) -> tuple[t
     return finish_tree_step(engine, tree, slots, base, max_base, tokens, accepted, path, hidden, aux)
 
 
-def _graphed_greedy_step(engine):
-    """The whole greedy tree step (drafting rounds, target pass, acceptance, cache
-    compaction, the head's catch-up) as one CUDA graph per batch bucket, or None without
-    graphs. Eagerly a step launches hundreds of small kernels from Python."""
-    graphed = getattr(engine, "_tree_step_graph", None)
-    if graphed is None and engine.runner.graphed is not None and whole_step_graphs():
-        target = engine.runner.graphed
-        graphed = engine._tree_step_graph = GraphedForward(whole_row_greedy_step(engine), target.buckets[-1],
-                                                           target.scratch_slot, target.pool)
-    return graphed
-
-
 def whole_row_greedy_step(engine):
-    """What _graphed_greedy_step captures: greedy_tree_step in its whole-row form, taking
-    GraphedForward's (input_ids, positions, slot_ids) = (last [B,1], base [B,1], slots [B])."""
+    """What EngineCore.tree_step_graph captures, one CUDA graph per batch bucket (eagerly a
+    step launches hundreds of small kernels from Python): greedy_tree_step in its
+    whole-row form, taking GraphedForward's (input_ids, positions, slot_ids) =
+    (last [B,1], base [B,1], slots [B])."""
     def step(last, base, slots):
         return greedy_tree_step(engine, last[:, 0], base[:, 0], slots, None)
     return step

@@ -1,7 +1,7 @@
 """Triton kernels, each next to a plain-torch reference of the same function.
 
 Every public function here is a dispatcher: Triton on CUDA tensors when triton
-imports, the torch reference otherwise (CPU, no triton, or EAGLE_ZOO_KERNELS=torch).
+imports, the torch reference otherwise (CPU, no triton, autograd).
 See kernels/README.md.
 
 The code lives in the repository's top-level kernels/ directory; its import name is

@@ -15,9 +15,11 @@ small model costs per kernel, not per byte, so the same layer is regrouped here:
 Roundings as kernels/linear.py says (the norm folded into the product, so in bf16 not the
 module path's bits), and every kernel is batch invariant, so plain decoding, chain
 verification and tree verification agree bit for bit.
-Used when the layer is exactly the Llama layer (Llama, SmolLM2, Mistral-style targets and
-EAGLE-1 heads built on it), on one rank, without biases, under an engine step's
-AttentionContext; otherwise LlamaDecoderLayer runs its modules.
+Whether a layer can take this path is decided once, when an engine's ModelRunner takes
+the model (choose_decode_paths: exactly the Llama layer, as in Llama, SmolLM2,
+Mistral-style targets and EAGLE-1 heads built on it, on one rank, without biases); per
+call only the step decides (decode-shaped, under an engine step's AttentionContext).
+Otherwise LlamaDecoderLayer runs its modules.
 """
 from __future__ import annotations
 
@@ -36,33 +38,37 @@ from .layers import RMSNorm
 
 
 def layer_supports_fusion(layer) -> bool:
-    """Static part of the check, cached on the layer: exact module types, one rank, no
-    biases, whole-head neox rope, no chunked attention."""
-    ok = getattr(layer, "_fusable", None)
-    if ok is None:
-        from .llama import LlamaAttention, LlamaMLP  # the classes the regrouping reproduces
+    """The layer's structure allows the regrouped kernels: exact module types, one rank,
+    no biases, whole-head neox rope, no chunked attention."""
+    from .llama import LlamaAttention, LlamaMLP  # the classes the regrouping reproduces
 
-        attn, mlp = layer.self_attn, layer.mlp
-        ok = (type(attn) is LlamaAttention and type(mlp) is LlamaMLP
-              and type(layer.input_layernorm) is RMSNorm and type(layer.post_attention_layernorm) is RMSNorm
-              and attn.qkv_proj.tp_size == 1 and attn.o_proj.tp_size == 1
-              and mlp.gate_up_proj.tp_size == 1 and mlp.down_proj.tp_size == 1
-              and all(m.bias is None for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))
-              and not attn.rotary_emb.interleaved and attn.rotary_emb.rotary_dim == attn.qkv_proj.head_size
-              and attn.attn.attention_chunk_size is None)
-        layer._fusable = ok
-    return ok
+    attn, mlp = layer.self_attn, layer.mlp
+    return (type(attn) is LlamaAttention and type(mlp) is LlamaMLP
+            and type(layer.input_layernorm) is RMSNorm and type(layer.post_attention_layernorm) is RMSNorm
+            and attn.qkv_proj.tp_size == 1 and attn.o_proj.tp_size == 1
+            and mlp.gate_up_proj.tp_size == 1 and mlp.down_proj.tp_size == 1
+            and all(m.bias is None for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))
+            and not attn.rotary_emb.interleaved and attn.rotary_emb.rotary_dim == attn.qkv_proj.head_size
+            and attn.attn.attention_chunk_size is None)
+
+
+def choose_decode_paths(model) -> None:
+    """Once per loaded model (engine/runner.py): every layer with a regrouped decode path
+    (LlamaDecoderLayer.choose_decode_path) decides whether it takes it."""
+    for module in model.modules():
+        choose = getattr(module, "choose_decode_path", None)
+        if choose is not None:
+            choose()
 
 
 def fused_decoder_layer(layer, positions: torch.Tensor, h: torch.Tensor) -> Optional[torch.Tensor]:
-    """The layer's output through the regrouped kernels, or None when they do not apply
-    (prefill-sized steps, no engine context, another layer type). On the CPU: the whole
-    layer in one C++ call (cpu_decoder_layer)."""
+    """The output of a layer that chose this path (layer_supports_fusion) through the
+    regrouped kernels, or None when they do not apply to this call (prefill-sized steps,
+    no engine context). On the CPU: the whole layer in one C++ call (cpu_decoder_layer)."""
     if not h.is_cuda:
         return cpu_decoder_layer(layer, positions, h)
     ctx = get_context()
-    if (ctx is None or not h.is_cuda or h.dim() != 3 or h.shape[1] > KERNEL_MAX_T
-            or not layer_supports_fusion(layer)):
+    if ctx is None or h.dim() != 3 or h.shape[1] > KERNEL_MAX_T:
         return None
     attn, mlp = layer.self_attn, layer.mlp
     norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
@@ -96,16 +102,16 @@ def fused_layer_kernels(layer, positions: torch.Tensor, h: torch.Tensor, ctx) ->
 
 
 def cpu_decoder_layer(layer, positions: torch.Tensor, h: torch.Tensor) -> Optional[torch.Tensor]:
-    """The layer for up to 8 float32 tokens of one sequence in one C++ call
-    (kernels/cpu_decode.py llama_layer_rows: norm, qkv, rope, KV write, causal attention,
-    o_proj, norm, gate_up, silu, down_proj), or None where it does not apply: another
-    layer type, a mask other than causal (trees), a sliding window, several sequences,
+    """The layer (one that chose this path, layer_supports_fusion) for up to 8 float32
+    tokens of one sequence in one C++ call (kernels/cpu_decode.py llama_layer_rows: norm,
+    qkv, rope, KV write, causal attention, o_proj, norm, gate_up, silu, down_proj), or
+    None where it does not apply: a mask other than causal (trees), a sliding window, several sequences,
     prefill-sized steps, autograd, or the kernels not built. Plain decoding and chain
     verification both take it, so a verified token gets plain decoding's bits."""
     ctx = get_context()
     if (ctx is None or ctx.attn_mask is not None or ctx.tree_keys is not None or h.dim() != 3 or h.shape[0] != 1
             or not 0 < h.shape[1] <= cpu_decode.MAX_ROWS or h.dtype != torch.float32
-            or not layer_supports_fusion(layer) or layer.self_attn.attn.sliding_window is not None
+            or layer.self_attn.attn.sliding_window is not None
             or needs_autograd(h, layer.self_attn.qkv_proj.weight) or not cpu_decode.available()):
         return None
     attn, mlp, core = layer.self_attn, layer.mlp, layer.self_attn.attn

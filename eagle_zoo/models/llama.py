@@ -14,7 +14,7 @@ from torch import nn
 from ..hookspecs import hookimpl
 from ..specs import FamilySpec, WeightMapping
 from .attention import Attention
-from .fused_layer import fused_decoder_layer
+from .fused_layer import fused_decoder_layer, layer_supports_fusion
 from .heads import Eagle3Head, EagleHead, cfg, rms_norm
 from .layers import (
     MergedColumnParallelLinear,
@@ -89,10 +89,19 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = self.make_norm(config, config.hidden_size)
         self.mlp = self.mlp_cls(config)
 
+    # Whether decode-shaped engine steps take models/fused_layer.py's regrouped kernels
+    # (6 launches on CUDA, one C++ call on the CPU): chosen once, when an engine's runner
+    # takes the loaded model (choose_decode_path); the module path until then.
+    fused_decode = False
+
+    def choose_decode_path(self) -> None:
+        self.fused_decode = layer_supports_fusion(self)
+
     def forward(self, positions: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        fused = fused_decoder_layer(self, positions, h)  # decode-shaped CUDA steps: 6 launches
-        if fused is not None:
-            return fused
+        if self.fused_decode:
+            fused = fused_decoder_layer(self, positions, h)  # None: not a decode-shaped step
+            if fused is not None:
+                return fused
         h = h + self.self_attn(positions, self.input_layernorm(h))
         return h + self.mlp(self.post_attention_layernorm(h))
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 
-API_KEY_ENV = "EAGLE_ZOO_API_KEY"
+from .. import envs
+
+API_KEY_ENV = envs.API_KEY
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -20,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--max-num-seqs", type=int, help="requests decoded together (default 64 on CUDA, 8 on CPU)")
     p.add_argument("--max-model-len", type=int, help="context length: prompt + output (default min(model's, 2048))")
-    p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+    p.add_argument("--api-key", default=envs.api_key(),
                    help=f"require 'Authorization: Bearer KEY' on every route but /health (default ${API_KEY_ENV})")
     p.add_argument("--served-model-name", nargs="+", metavar="NAME",
                    help="names clients use for the model (default: MODEL); the first is reported")

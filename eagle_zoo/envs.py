@@ -1,0 +1,71 @@
+"""Every EAGLE_ZOO_* environment variable eagle-zoo reads. No other module reads one.
+
+Each variable is read when its function is called, not at import, so a process (or a
+test) may set it after importing eagle_zoo. What a user sets for one engine is an
+``LLM(...)`` / command-line argument (``async_scheduling``, ``enforce_eager``, ...);
+the variables here are process-wide settings and the plumbing between processes.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+# Process-wide default of LLM(async_scheduling=None) and `eagle-zoo serve`'s
+# --async-scheduling: 0 / false / no / off or 1 / true / yes / on. Unset (or any other
+# value): on for one CUDA device, off on the CPU; never on with tensor parallelism.
+ASYNC_SCHEDULING = "EAGLE_ZOO_ASYNC_SCHEDULING"
+# Directory of the default target's converted checkpoint (SmolLM2-135M-Instruct from its
+# GGUF, default_target.py); default ~/.cache/eagle_zoo.
+CACHE = "EAGLE_ZOO_CACHE"
+# `eagle-zoo serve`'s default --api-key: every route but /health then needs
+# "Authorization: Bearer <key>".
+API_KEY = "EAGLE_ZOO_API_KEY"
+# 1 / true / yes: load no entry-point plugins at all (the built-in families still load).
+DISABLE_PLUGIN_AUTOLOAD = "EAGLE_ZOO_DISABLE_PLUGIN_AUTOLOAD"
+# name1,name2: load only these entry-point plugins.
+PLUGINS = "EAGLE_ZOO_PLUGINS"
+# Seconds a tensor-parallel driver waits for the worker processes it started to load
+# their models and join (default 900).
+TP_START_TIMEOUT = "EAGLE_ZOO_TP_START_TIMEOUT"
+# Internal: set by the tensor-parallel driver in the environment of each worker it
+# starts (engine/parallel.py), the worker's rank; not a user setting.
+TP_RANK = "EAGLE_ZOO_TP_RANK"
+
+VARIABLES = (ASYNC_SCHEDULING, CACHE, API_KEY, DISABLE_PLUGIN_AUTOLOAD, PLUGINS, TP_START_TIMEOUT, TP_RANK)
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def async_scheduling() -> Optional[bool]:
+    """EAGLE_ZOO_ASYNC_SCHEDULING as a bool, None when unset or not a yes / no value."""
+    value = os.environ.get(ASYNC_SCHEDULING, "").strip().lower()
+    return True if value in _TRUE else False if value in _FALSE else None
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get(CACHE) or Path.home() / ".cache" / "eagle_zoo")
+
+
+def api_key() -> Optional[str]:
+    return os.environ.get(API_KEY)
+
+
+def plugin_autoload_disabled() -> bool:
+    return os.environ.get(DISABLE_PLUGIN_AUTOLOAD, "").lower() in ("1", "true", "yes")
+
+
+def plugin_allow_list() -> Optional[str]:
+    """EAGLE_ZOO_PLUGINS as given (comma-separated names), None when unset."""
+    return os.environ.get(PLUGINS)
+
+
+def tp_start_timeout_s() -> float:
+    return float(os.environ.get(TP_START_TIMEOUT, "900"))
+
+
+def tp_rank() -> Optional[int]:
+    """The rank a tensor-parallel driver gave this worker process, None elsewhere."""
+    value = os.environ.get(TP_RANK)
+    return int(value) if value else None

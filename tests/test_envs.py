@@ -1,0 +1,51 @@
+"""eagle_zoo/envs.py is the one place that reads EAGLE_ZOO_* environment variables, and
+documents each of them."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from eagle_zoo import envs
+
+ROOT = Path(__file__).resolve().parents[1]
+# EAGLE_ZOO_-prefixed strings in the package that are not environment variables.
+NOT_VARIABLES = {"EAGLE_ZOO_USER_TURN"}  # train/synthesize.py: a chat-template sentinel
+
+
+def test_no_other_module_names_an_eagle_zoo_variable():
+    found = []
+    for path in sorted([*(ROOT / "eagle_zoo").rglob("*.py"), *(ROOT / "kernels").glob("*.py")]):
+        if path == ROOT / "eagle_zoo" / "envs.py":
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            for name in set(re.findall(r"EAGLE_ZOO_[A-Z_]+", line)) - NOT_VARIABLES:
+                # Docstrings and comments may name a variable; code reads it through envs.
+                if "environ" in line or "getenv" in line or re.search(rf"[\"']{name}[\"']", line):
+                    found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not found, "read EAGLE_ZOO_* variables through eagle_zoo/envs.py:\n" + "\n".join(found)
+
+
+def test_every_variable_is_documented_above_its_name():
+    lines = (ROOT / "eagle_zoo" / "envs.py").read_text().splitlines()
+    assert len(envs.VARIABLES) == len(set(envs.VARIABLES)) >= 7
+    for name in envs.VARIABLES:
+        (n,) = [i for i, line in enumerate(lines) if re.match(rf'[A-Z_]+ = "{name}"$', line)]
+        assert lines[n - 1].startswith("# "), f"{name} has no comment saying what it does"
+
+
+@pytest.mark.parametrize("value, want", [("1", True), ("on", True), ("TRUE", True), ("0", False), ("no", False),
+                                         ("", None), ("maybe", None)])
+def test_async_scheduling_values(monkeypatch, value, want):
+    monkeypatch.setenv(envs.ASYNC_SCHEDULING, value)
+    assert envs.async_scheduling() is want
+
+
+def test_read_when_asked_not_at_import(monkeypatch, tmp_path):
+    monkeypatch.setenv(envs.CACHE, str(tmp_path))
+    monkeypatch.setenv(envs.TP_START_TIMEOUT, "12.5")
+    monkeypatch.delenv(envs.TP_RANK, raising=False)
+    assert envs.cache_dir() == tmp_path and envs.tp_start_timeout_s() == 12.5 and envs.tp_rank() is None
+    monkeypatch.setenv(envs.TP_RANK, "3")
+    assert envs.tp_rank() == 3
