@@ -12,7 +12,7 @@ RESUME=1 TRAIN_SECONDS=${TRAIN_SECONDS:-540} TTT_STEPS=${TTT_STEPS:-4} \
 cp -r /root/m/heads/. "$OUT"/
 for m in eagle eagle3; do
   timeout ${BENCH_TIMEOUT:-110} python3 -m eagle_zoo.cli bench --model "$TARGET" --draft "/root/m/heads/$m" \
-    --num-spec-tokens 3 --num-prompts 80 --max-tokens 256 --max-num-seqs 80 --dtype float32 --compare-plain \
+    --num-spec-tokens 3 --num-prompts 80 --max-tokens 256 --max-num-seqs 80 --dtype float32 \
     --json "$OUT/accept_$m.json" --plot "$OUT/accept_$m.png" 2>&1 | grep -v "it/s\]" | tail -25 \
     || echo "acceptance bench $m failed"
 done
