@@ -340,12 +340,18 @@ def category_table(comparison: dict) -> str:
                      for line in lines)
 
 
+def catalog_entry(draft: Optional[str]):
+    """The catalog entry of a draft id, or None."""
+    from .plugins import get_registry
+
+    return get_registry().catalog.get(draft) if draft else None
+
+
 def catalog_check(draft: Optional[str], setting: dict) -> tuple[Optional[object], str]:
     """(the measured record matching ``setting``, "") or (None, why there is none)."""
     from .catalog import format_setting
-    from .plugins import get_registry
 
-    entry = get_registry().catalog.get(draft) if draft else None
+    entry = catalog_entry(draft)
     if entry is None:
         return None, (f"--test: {draft!r} is not a catalog id, so nothing is recorded for it; "
                       f"pass a catalogued head as --draft or drop --test")
