@@ -92,12 +92,19 @@ def dataset_name(dataset: Optional[str]) -> str:
     return DEFAULT_DATASET if dataset is None else dataset
 
 
+def shipped_dataset(name: str):
+    """The package's file of a shipped prompt set (see DATASETS), or None where this
+    installation does not have it."""
+    resource = resources.files("eagle_zoo").joinpath(DATASETS[name])
+    return resource if resource.is_file() else None
+
+
 def _read_dataset(dataset: Optional[str]) -> tuple[str, str]:
     """(text, source) of a prompt set: a shipped one by name, else a jsonl file."""
     name = dataset_name(dataset)
     if name in DATASETS:
-        resource = resources.files("eagle_zoo").joinpath(DATASETS[name])
-        if not resource.is_file():
+        resource = shipped_dataset(name)
+        if resource is None:
             raise SystemExit(f"--dataset {name}: eagle_zoo/{DATASETS[name]} is not in this installation; "
                              f"pass the path of a jsonl prompt set instead")
         return resource.read_text(encoding="utf-8"), f"{name} (eagle_zoo/{DATASETS[name]})"

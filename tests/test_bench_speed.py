@@ -213,3 +213,53 @@ def test_measure_sends_messages_whole_and_times_each_category_as_a_batch(tmp_pat
     assert total.mean_acceptance_length == 2.0 and total.acceptance_rates == [1.0, 0.0]
     one = bench.measure(ScriptedLLM(), bench.group_rows(rows, by_category=False), params=None)
     assert len(one) == 1 and one[0].category is None and one[0].generated_tokens == 8
+
+
+# -- make demo -------------------------------------------------------------------------------
+def _dev(monkeypatch, tmp_path, rows):
+    """A placeholder for eagle_zoo/data/dev.jsonl (None: the package has none)."""
+    data = tmp_path / "eagle_zoo" / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    if rows is not None:
+        (data / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setattr(bench.resources, "files", lambda package: tmp_path / package)
+
+
+def test_demo_takes_one_prompt_of_each_dev_category(monkeypatch, tmp_path):
+    from eagle_zoo import demo
+
+    _dev(monkeypatch, tmp_path, ROWS + [{"prompt": "2 + 2?", "category": "math"}])
+    source, rows = demo.demo_rows()
+    assert "dev set" in source
+    assert [(r["category"], r["prompt"]) for r in rows] == [
+        ("writing", "Write a poem about the sea."), ("chat", "Another one?"), ("math", "2 + 2?")]
+    assert rows[1]["messages"] == CHAT
+    assert len(demo.demo_rows(limit=2)[1]) == 2
+
+
+def test_demo_falls_back_to_built_in_prompts_of_six_kinds(monkeypatch, tmp_path):
+    from eagle_zoo import demo
+
+    _dev(monkeypatch, tmp_path, None)
+    source, rows = demo.demo_rows()
+    assert source == "built-in prompts of different kinds"
+    assert [r["category"] for r in rows] == ["chat", "writing", "code", "math", "translation", "summarization"]
+    assert len(rows[0]["messages"]) == 3 and rows[0]["prompt"] == rows[0]["messages"][-1]["content"]
+    assert all(r["messages"][-1] == {"role": "user", "content": r["prompt"]} for r in rows)
+
+
+def test_demo_prints_per_prompt_and_overall_speed_up(tiny, monkeypatch, tmp_path, capsys):
+    from eagle_zoo import demo
+
+    _dev(monkeypatch, tmp_path, ROWS)
+    monkeypatch.setattr(demo, "DEFAULT_TARGET", tiny.target)
+    monkeypatch.setattr(demo, "speculative_config",
+                        lambda draft, k: {"model": draft, "method": "eagle", "num_speculative_tokens": k})
+    args = SimpleNamespace(num_prompts=None, max_tokens=8, num_speculative_tokens=2, draft=tiny.head)
+    assert demo.run(args) == 0  # every output identical to plain decoding's
+    out = capsys.readouterr().out
+    table = out[out.index("== results (k=2)"):].splitlines()[1:]
+    assert table[0].split() == ["category", "accept", "spec", "tok/s", "plain", "tok/s", "speed-up", "identical"]
+    assert [line.split()[0] for line in table[1:4]] == ["writing", "chat", "overall"]
+    assert [line.split()[-1] for line in table[1:4]] == ["y", "y", "2/2"]
+    assert all(line.split()[-2].endswith("x") for line in table[1:4])
