@@ -278,11 +278,9 @@ def build_llm(args, speculative_config):
     return LLM(model=args.model, speculative_config=speculative_config, **kwargs)
 
 
-def release(llm) -> None:
-    """Free an engine before the next is built (two targets need not fit together)."""
-    llm.shutdown()
-    device = llm.device
-    del llm
+def free_memory(device) -> None:
+    """Collect a dropped engine before the next is built (two targets need not fit
+    together); the caller deletes its last reference first."""
     gc.collect()
     if device.type == "cuda":
         import torch
@@ -451,13 +449,17 @@ def run(args) -> int:
         measure(llm, groups, params, use_tqdm=True),
         method=llm.speculative_config.method if spec else None,
         draft=llm.speculative_config.model if spec else None)
-    release(llm)
+    device = llm.device
+    llm.shutdown()
+    del llm
+    free_memory(device)
     plain = None
     if spec is not None:
         llm = build_llm(args, None)
         warm_up(llm)
         plain = BenchResult.from_groups(measure(llm, groups, params, use_tqdm=True))
-        release(llm)
+        llm.shutdown()
+        del llm
 
     print(f"target: {args.model}  dataset: {setting['dataset']}  prompts: {len(rows)}  "
           f"max_tokens: {args.max_tokens}  temperature: {args.temperature}  device: {setting['device']}  "
@@ -470,11 +472,18 @@ def run(args) -> int:
         report["plain"] = first.summary()
         print(f"plain decoding: {first.generated_tokens} tokens in {first.seconds:.2f}s, "
               f"{first.tokens_per_second:.1f} tokens/s")
+        if args.by_category:
+            report["by_category"] = [{"category": g.category, "num_prompts": g.num_prompts,
+                                      "plain_tokens_per_second": g.tokens_per_second,
+                                      "plain_generated_tokens": g.generated_tokens, "plain_seconds": g.seconds}
+                                     for g in first.groups]
+            for g in first.groups:
+                print(f"  {g.category}: {g.num_prompts} prompts, {g.tokens_per_second:.1f} tokens/s")
     else:
         comparison = compare(first, plain)
         report |= {"speculative": first.summary(), "plain": plain.summary()} | comparison
         print(f"method: {first.method}  draft: {first.draft}  k: {setting['k']}")
-        print(f"mean acceptance length: {first.mean_acceptance_length:.3f}  (per position: "
+        print(f"mean acceptance length: {_fmt(first.mean_acceptance_length, '.3f')}  (per position: "
               + ", ".join(f"{r:.3f}" for r in first.acceptance_rates) + ")")
         print(f"speculative: {first.tokens_per_second:.1f} tokens/s  plain: {plain.tokens_per_second:.1f} "
               f"tokens/s  speed-up: {_fmt(comparison['speedup'], '.2f')}x  "

@@ -113,6 +113,18 @@ def test_the_printed_summary_names_speed_and_categories(tiny, tmp_path, capsys):
     assert table[2].split()[-1] == "1/1"
 
 
+def test_a_run_without_a_draft_reports_plain_decoding_by_category(tiny, tmp_path):
+    out = tmp_path / "plain.json"
+    args = bench_args(tiny, out, "--by-category", "--num-prompts", "3")
+    args = args[:args.index("--method")] + args[args.index("--method") + 4:]  # no --method, no --draft
+    assert cli.main(args) == 0
+    report = json.loads(out.read_text())
+    assert "speculative" not in report and report["plain"]["num_prompts"] == 3
+    rows = report["by_category"]
+    assert [(r["category"], r["num_prompts"]) for r in rows] == [("writing", 2), ("chat", 1)]
+    assert sum(r["plain_generated_tokens"] for r in rows) == report["plain"]["generated_tokens"]
+
+
 def test_compare_plain_is_gone(tiny, tmp_path):
     with pytest.raises(SystemExit):
         cli.main(bench_args(tiny, tmp_path / "r.json", "--compare-plain"))
