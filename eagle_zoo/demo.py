@@ -113,7 +113,9 @@ def run(args) -> int:
         plain_groups += measure(plain_llm, group, params)
 
     for row, s in zip(rows, spec_groups):
-        print(f"\n[{row['category']}] > {row['prompt']}\n{s.texts[0].strip()}")
+        turns = len(row["messages"])
+        context = f" (the last of {turns} messages)" if turns > 1 else ""
+        print(f"\n[{row['category']}]{context} > {row['prompt']}\n{s.texts[0].strip()}")
     print(f"\n== results (k={k})")
     header = ("category", "accept", "spec tok/s", "plain tok/s", "speed-up", "identical")
     lines = [header]
