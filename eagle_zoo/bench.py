@@ -92,10 +92,15 @@ def dataset_name(dataset: Optional[str]) -> str:
     return DEFAULT_DATASET if dataset is None else dataset
 
 
+def package_files():
+    """The installed package's files (shipped prompt sets live under data/)."""
+    return resources.files("eagle_zoo")
+
+
 def shipped_dataset(name: str):
     """The package's file of a shipped prompt set (see DATASETS), or None where this
     installation does not have it."""
-    resource = resources.files("eagle_zoo").joinpath(DATASETS[name])
+    resource = package_files().joinpath(DATASETS[name])
     return resource if resource.is_file() else None
 
 

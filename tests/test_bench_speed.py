@@ -234,7 +234,7 @@ def _dev(monkeypatch, tmp_path, rows):
     data.mkdir(parents=True, exist_ok=True)
     if rows is not None:
         (data / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    monkeypatch.setattr(bench.resources, "files", lambda package: tmp_path / package)
+    monkeypatch.setattr(bench, "package_files", lambda: tmp_path / "eagle_zoo")
 
 
 def test_demo_takes_one_prompt_of_each_dev_category(monkeypatch, tmp_path):

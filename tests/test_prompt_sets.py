@@ -73,7 +73,7 @@ def test_dev_names_the_shipped_dev_set(tmp_path, monkeypatch):
     (data / "placeholder_dev.jsonl").write_text(json.dumps({"prompt": "Translate 'cat' to German.",
                                                             "category": "translation"}) + "\n")
     monkeypatch.setattr(bench, "DATASETS", {**bench.DATASETS, "dev": "data/placeholder_dev.jsonl"})
-    monkeypatch.setattr(bench.resources, "files", lambda package: tmp_path / package)
+    monkeypatch.setattr(bench, "package_files", lambda: tmp_path / "eagle_zoo")
     assert load_prompt_rows("dev", 10) == [{"prompt": "Translate 'cat' to German.", "category": "translation",
                                             "messages": _user("Translate 'cat' to German.")}]
     monkeypatch.setattr(bench, "DATASETS", {**bench.DATASETS, "dev": "data/absent.jsonl"})
