@@ -1,12 +1,19 @@
-"""`eagle-zoo bench`: acceptance benchmark for a draft head on a target.
+"""`eagle-zoo bench`: the end-to-end speed-up of a draft head over plain decoding.
+
+Every run with a draft decodes the prompts twice in one process, with the same prompts
+and settings: speculatively, then plainly (the target alone). It prints the tokens/s of
+both, their ratio (the speed-up), how many outputs are identical, and the mean
+acceptance length (1 + accepted / drafts) with per-position rates. `--by-category`
+breaks all of it down by the prompt set's `category` field. `--test` checks the mean
+acceptance length against the catalog's measured record for the run's setting
+(eagle_zoo/catalog.py, SETTING_KEYS).
 
 Defaults follow the usual acceptance setting: the 80 MT-bench questions (first turn,
-chat template), greedy, k = 3. Prints mean acceptance length (1 + accepted/drafts),
-per-position acceptance rates and tokens/s; `--test` checks the mean acceptance
-length against the value recorded for the head in the catalog.
+chat template), greedy, k = 3.
 """
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import time
@@ -17,6 +24,10 @@ from typing import Optional
 
 DEFAULT_TARGET = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEFAULT_RTOL = 0.02
+# Prompt sets shipped in the package, by the name --dataset and catalog records use.
+DATASETS = {"mt-bench": "data/mt_bench.jsonl", "dev": "data/dev.jsonl"}
+DEFAULT_DATASET = "mt-bench"
+ROLES = ("system", "user", "assistant")
 
 
 def add_arguments(p):
@@ -24,19 +35,30 @@ def add_arguments(p):
     p.add_argument("--method", default=None, help="eagle | eagle3 | ngram | draft_model (inferred when omitted)")
     p.add_argument("--draft", "--eagle-dir", dest="draft", default=None, help="draft head / model id or directory")
     p.add_argument("--num-spec-tokens", type=int, default=3)
-    p.add_argument("--dataset", default=None, help="jsonl with MT-bench-style 'turns' or 'prompt' (default: MT-bench)")
+    p.add_argument("--dataset", default=None,
+                   help="prompt set: 'mt-bench' (the default: 80 first turns), 'dev' (the shipped dev set, "
+                        "eagle_zoo/data/dev.jsonl) or a jsonl path whose rows hold 'messages' (a chat ending in a "
+                        "user turn, sent whole), 'turns' (the first is sent) or 'prompt', and may hold 'category'")
     p.add_argument("--num-prompts", type=int, default=80)
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--max-num-seqs", type=int, default=None, help="requests decoded together (default: all, capped by the engine)")
+    p.add_argument("--max-num-seqs", type=int, default=None, help="requests decoded together: the batch of catalog records (default: the engine's, 64 on a GPU, 8 on the CPU)")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--device", default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--print-output", action="store_true")
-    p.add_argument("--compare-plain", action="store_true", help="also run plain decoding and report the speed-up")
+    p.add_argument("--by-category", action="store_true",
+                   help="break the results down by the prompt set's 'category' field. Each category's prompts "
+                        "are decoded and timed as a batch of their own (speculative, then plain), so a "
+                        "category's tokens/s is its own; the totals add the categories' tokens and seconds. "
+                        "At --max-num-seqs 1 this is the same as one batch of everything")
     p.add_argument("--plot", default=None, help="save a PNG of per-position acceptance rates here")
     p.add_argument("--json", dest="json_out", default=None, help="write the results as JSON here")
-    p.add_argument("--test", action="store_true", help="assert the mean acceptance length against the catalog")
+    p.add_argument("--test", action="store_true",
+                   help="check the mean acceptance length against the catalog's measured record for this run's "
+                        "setting (dataset, num_prompts, device, dtype, batch = --max-num-seqs, k, max_tokens, "
+                        "temperature); exit 1 when it is off by more than --rtol, 2 when no record matches. "
+                        "The speed-up is reported next to the record's, not checked")
     p.add_argument("--rtol", type=float, default=DEFAULT_RTOL)
     perf = p.add_argument_group("speed tables (--perf, see eagle_zoo/perf.py)")
     perf.add_argument("--perf", action="store_true", help="run the speed tables instead of the acceptance benchmark")
@@ -64,29 +86,105 @@ def add_arguments(p):
                            "(e.g. '8,5,60;4,4,24')")
 
 
+def dataset_name(dataset: Optional[str]) -> str:
+    """The name a run's prompt set goes by in reports and catalog records: a shipped set's
+    name, else the path as given."""
+    return DEFAULT_DATASET if dataset is None else dataset
+
+
+def package_files():
+    """The installed package's files (shipped prompt sets live under data/)."""
+    return resources.files("eagle_zoo")
+
+
+def shipped_dataset(name: str):
+    """The package's file of a shipped prompt set (see DATASETS), or None where this
+    installation does not have it."""
+    resource = package_files().joinpath(DATASETS[name])
+    return resource if resource.is_file() else None
+
+
+def _read_dataset(dataset: Optional[str]) -> tuple[str, str]:
+    """(text, source) of a prompt set: a shipped one by name, else a jsonl file."""
+    name = dataset_name(dataset)
+    if name in DATASETS:
+        resource = shipped_dataset(name)
+        if resource is None:
+            raise SystemExit(f"--dataset {name}: eagle_zoo/{DATASETS[name]} is not in this installation; "
+                             f"pass the path of a jsonl prompt set instead")
+        return resource.read_text(encoding="utf-8"), f"{name} (eagle_zoo/{DATASETS[name]})"
+    path = Path(name)
+    if not path.is_file():
+        raise SystemExit(f"--dataset {name}: no such file (or give a shipped set: {', '.join(DATASETS)})")
+    return path.read_text(encoding="utf-8"), str(path)
+
+
+def _conversation(row, where: str) -> list[dict]:
+    """The chat a row sends: its 'messages', its first 'turns' entry or its 'prompt'."""
+    if "messages" in row:
+        messages = row["messages"]
+        if not isinstance(messages, list) or not messages:
+            raise SystemExit(f"{where}: 'messages' must be a non-empty list of {{\"role\", \"content\"}} messages")
+        for j, m in enumerate(messages):
+            if not (isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str)):
+                raise SystemExit(f"{where}: messages[{j}] must be {{\"role\": {' | '.join(ROLES)}, "
+                                 f"\"content\": a string}}; got {m!r}")
+        if messages[-1]["role"] != "user":
+            raise SystemExit(f"{where}: the last message must be the user's (the turn to answer), "
+                             f"not {messages[-1]['role']!r}; drop the trailing turn")
+        return [{"role": m["role"], "content": m["content"]} for m in messages]
+    prompt = row["turns"][0] if isinstance(row.get("turns"), list) and row["turns"] else row.get("prompt")
+    if not isinstance(prompt, str):
+        raise SystemExit(f"{where}: expected a 'messages' list, a 'turns' list or a string 'prompt' field")
+    return [{"role": "user", "content": prompt}]
+
+
 def load_prompt_rows(dataset: Optional[str], num_prompts: int) -> list[dict]:
-    """The first ``num_prompts`` rows of a jsonl prompt set (the shipped MT-bench copy when
-    ``dataset`` is None) as {"prompt": first turn or "prompt", "category": the row's or None}."""
-    if dataset is None:
-        text = resources.files("eagle_zoo").joinpath("data/mt_bench.jsonl").read_text()
-        source = "MT-bench (package data)"
-    else:
-        path = Path(dataset)
-        if not path.is_file():
-            raise SystemExit(f"--dataset {dataset}: no such file")
-        text, source = path.read_text(), str(path)
+    """The first ``num_prompts`` rows of a prompt set (MT-bench when ``dataset`` is None;
+    see --dataset) as {"prompt": the last user turn, "category": the row's or None,
+    "messages": the chat sent to the target}."""
+    text, source = _read_dataset(dataset)
     rows = []
     for i, line in enumerate(l for l in text.splitlines() if l.strip()):
-        row = json.loads(line)
-        prompt = row["turns"][0] if "turns" in row else row.get("prompt")
-        if not isinstance(prompt, str):
-            raise SystemExit(f"{source} line {i + 1}: expected a 'turns' or a string 'prompt' field")
-        rows.append({"prompt": prompt, "category": row.get("category")})
-    return rows[:num_prompts]
+        if len(rows) == num_prompts:
+            break
+        where = f"{source} line {i + 1}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SystemExit(f"{where}: not valid JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise SystemExit(f"{where}: expected a JSON object, got {type(row).__name__}")
+        messages = _conversation(row, where)
+        rows.append({"prompt": messages[-1]["content"], "category": row.get("category"), "messages": messages})
+    return rows
 
 
 def load_prompts(dataset: Optional[str], num_prompts: int) -> list[str]:
+    """The rows' last user turns (callers that send a single user message)."""
     return [row["prompt"] for row in load_prompt_rows(dataset, num_prompts)]
+
+
+@dataclass
+class GroupResult:
+    """One timed batch: all the prompts, or one category's."""
+    category: Optional[str]
+    num_prompts: int
+    generated_tokens: int
+    seconds: float
+    num_drafts: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    outputs: list[list[int]] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> Optional[float]:
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None
 
 
 @dataclass
@@ -99,55 +197,189 @@ class BenchResult:
     mean_acceptance_length: Optional[float] = None
     acceptance_rates: list[float] = field(default_factory=list)
     outputs: list[list[int]] = field(default_factory=list)
+    groups: list[GroupResult] = field(default_factory=list)
 
     @property
     def tokens_per_second(self) -> float:
         return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
 
+    @classmethod
+    def from_groups(cls, groups: list[GroupResult], method=None, draft=None) -> "BenchResult":
+        """Totals over the groups: tokens and seconds add up, acceptance pools the drafts."""
+        drafts = sum(g.num_drafts for g in groups)
+        per_pos = [sum(p) for p in _zip_longest(g.accepted_per_pos for g in groups)]
+        return cls(
+            method=method, draft=draft,
+            num_prompts=sum(g.num_prompts for g in groups),
+            generated_tokens=sum(g.generated_tokens for g in groups),
+            seconds=sum(g.seconds for g in groups),
+            mean_acceptance_length=(1 + sum(g.num_accepted_tokens for g in groups) / drafts) if drafts else None,
+            acceptance_rates=[a / drafts for a in per_pos] if drafts else [],
+            outputs=[o for g in groups for o in g.outputs],
+            groups=groups,
+        )
 
-def run_once(args, speculative_config, prompts) -> tuple[BenchResult, object]:
-    from .engine.llm import LLM
+    def summary(self) -> dict:
+        """The JSON report's view (no token ids)."""
+        return {"method": self.method, "draft": self.draft, "num_prompts": self.num_prompts,
+                "generated_tokens": self.generated_tokens, "seconds": self.seconds,
+                "tokens_per_second": self.tokens_per_second,
+                "mean_acceptance_length": self.mean_acceptance_length,
+                "acceptance_rates": self.acceptance_rates}
+
+
+def _zip_longest(lists) -> list[tuple[int, ...]]:
+    lists = list(lists)
+    width = max((len(x) for x in lists), default=0)
+    return [tuple(x[i] if i < len(x) else 0 for x in lists) for i in range(width)]
+
+
+def group_rows(rows: list[dict], by_category: bool) -> list[tuple[Optional[str], list[dict]]]:
+    """[(category, rows)] in order of each category's first row; one group of all rows
+    without ``by_category``. Rows without a category form the group "(none)"."""
+    if not by_category:
+        return [(None, rows)]
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        category = row.get("category")
+        groups.setdefault("(none)" if category is None else str(category), []).append(row)
+    return list(groups.items())
+
+
+def warm_up(llm) -> None:
+    """One short request, not timed: the first step pays for allocations and graphs."""
     from .engine.sampling_params import SamplingParams
+
+    llm.chat([[{"role": "user", "content": "Hi"}]], SamplingParams(temperature=0, max_tokens=4))
+
+
+def measure(llm, groups: list[tuple[Optional[str], list[dict]]], params, use_tqdm: bool = False) -> list[GroupResult]:
+    """Decode each group of rows as one timed batch (llm.chat); read the engine's
+    acceptance counters per group."""
+    results = []
+    for category, rows in groups:
+        llm.engine.metrics.reset()
+        start = time.perf_counter()
+        outs = llm.chat([row["messages"] for row in rows], params, use_tqdm=use_tqdm)
+        seconds = time.perf_counter() - start
+        m = llm.engine.metrics
+        results.append(GroupResult(
+            category=category, num_prompts=len(rows),
+            generated_tokens=sum(len(o.outputs[0].token_ids) for o in outs), seconds=seconds,
+            num_drafts=m.num_drafts, num_accepted_tokens=m.num_accepted_tokens,
+            accepted_per_pos=list(m.num_accepted_tokens_per_pos),
+            outputs=[list(o.outputs[0].token_ids) for o in outs],
+            texts=[o.outputs[0].text for o in outs],
+        ))
+    return results
+
+
+def build_llm(args, speculative_config):
+    from .engine.llm import LLM
 
     kwargs = dict(dtype=args.dtype, device=args.device, seed=args.seed)
     if args.max_num_seqs:
         kwargs["max_num_seqs"] = args.max_num_seqs
-    llm = LLM(model=args.model, speculative_config=speculative_config, **kwargs)
-    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
-    conversations = [[{"role": "user", "content": p}] for p in prompts]
-    llm.chat(conversations[:1], SamplingParams(temperature=0, max_tokens=4))  # warm-up, not timed
-    llm.engine.metrics.reset()
-    start = time.perf_counter()
-    outs = llm.chat(conversations, params, use_tqdm=True)
-    seconds = time.perf_counter() - start
-    m = llm.engine.metrics
-    spec = speculative_config is not None
-    result = BenchResult(
-        method=llm.speculative_config.method if spec else None,
-        draft=llm.speculative_config.model if spec else None,
-        num_prompts=len(prompts),
-        generated_tokens=sum(len(o.outputs[0].token_ids) for o in outs),
-        seconds=seconds,
-        mean_acceptance_length=m.mean_acceptance_length if spec else None,
-        acceptance_rates=m.acceptance_rate_per_pos if spec else [],
-        outputs=[o.outputs[0].token_ids for o in outs],
-    )
-    if args.print_output:
-        for p, o in zip(prompts, outs):
-            print(f"--- {p[:80]!r}\n{o.outputs[0].text}\n")
-    return result, llm
+    return LLM(model=args.model, speculative_config=speculative_config, **kwargs)
 
 
-def expected_acceptance(draft: Optional[str]) -> float:
+def free_memory(device) -> None:
+    """Collect a dropped engine before the next is built (two targets need not fit
+    together); the caller deletes its last reference first."""
+    gc.collect()
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+def run_setting(args, llm, num_prompts: int) -> dict:
+    """The run's setting in the catalog's terms (eagle_zoo/catalog.py, SETTING_KEYS)."""
+    spec = llm.speculative_config
+    return {
+        "dataset": dataset_name(args.dataset),
+        "num_prompts": num_prompts,
+        "device": llm.device.type,
+        "dtype": str(llm.dtype).removeprefix("torch."),
+        "batch": llm.engine.scheduler.num_slots,
+        "k": spec.num_speculative_tokens if spec is not None else 0,
+        "max_tokens": args.max_tokens,
+        "temperature": float(args.temperature),
+    }
+
+
+def identical(spec: list[GroupResult], plain: list[GroupResult]) -> list[int]:
+    """Per group, how many outputs are token for token the same."""
+    return [sum(a == b for a, b in zip(s.outputs, p.outputs)) for s, p in zip(spec, plain)]
+
+
+def compare(spec: BenchResult, plain: BenchResult) -> dict:
+    """Speed-up and identical outputs, overall and per group."""
+    same = identical(spec.groups, plain.groups)
+    rows = []
+    for s, p, n in zip(spec.groups, plain.groups, same):
+        rows.append({"category": s.category, "num_prompts": s.num_prompts,
+                     "mean_acceptance_length": s.mean_acceptance_length,
+                     "spec_tokens_per_second": s.tokens_per_second,
+                     "plain_tokens_per_second": p.tokens_per_second,
+                     "speedup": s.tokens_per_second / p.tokens_per_second if p.tokens_per_second else None,
+                     "identical_outputs": n,
+                     "spec_generated_tokens": s.generated_tokens, "spec_seconds": s.seconds,
+                     "plain_generated_tokens": p.generated_tokens, "plain_seconds": p.seconds})
+    return {
+        "speedup": spec.tokens_per_second / plain.tokens_per_second if plain.tokens_per_second else None,
+        "identical_outputs": sum(same),
+        "num_prompts": spec.num_prompts,
+        "by_category": rows,
+    }
+
+
+def _fmt(value, spec: str, none: str = "-") -> str:
+    return none if value is None else format(value, spec)
+
+
+def category_table(comparison: dict) -> str:
+    header = ("category", "prompts", "accept", "spec tok/s", "plain tok/s", "speed-up", "identical")
+    lines = [header]
+    for r in comparison["by_category"]:
+        lines.append((str(r["category"]), str(r["num_prompts"]), _fmt(r["mean_acceptance_length"], ".3f"),
+                      _fmt(r["spec_tokens_per_second"], ".1f"), _fmt(r["plain_tokens_per_second"], ".1f"),
+                      _fmt(r["speedup"], ".2f") + "x", f"{r['identical_outputs']}/{r['num_prompts']}"))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
+                     for line in lines)
+
+
+def catalog_entry(draft: Optional[str]):
+    """The catalog entry of a draft id, or None."""
     from .plugins import get_registry
 
-    entry = get_registry().catalog.get(draft) if draft else None
-    if entry is None or entry.acceptance_length is None:
-        raise SystemExit(
-            f"--test: no acceptance length is recorded in the catalog for {draft!r}; "
-            "record one in its catalog entry or drop --test"
-        )
-    return float(entry.acceptance_length)
+    return get_registry().catalog.get(draft) if draft else None
+
+
+def catalog_check(draft: Optional[str], setting: dict) -> tuple[Optional[object], str]:
+    """(the measured record matching ``setting``, "") or (None, why there is none)."""
+    from .catalog import format_setting
+
+    entry = catalog_entry(draft)
+    if entry is None:
+        return None, (f"--test: {draft!r} is not a catalog id, so nothing is recorded for it; "
+                      f"pass a catalogued head as --draft or drop --test")
+    record = entry.find_measured(setting)
+    if record is not None:
+        return record, ""
+    recorded = "\n".join(f"  {format_setting(r.setting)}" for r in entry.measured)
+    if not recorded:
+        recorded = "  (none"
+        if entry.acceptance_length is not None:
+            recorded += f"; a published acceptance_length {entry.acceptance_length:g} ({entry.acceptance_setting}) " \
+                        f"has no structured setting to compare with"
+        recorded += ")"
+    return None, (f"--test: no measured record of {draft} matches this run's setting\n"
+                  f"  run:      {format_setting(setting)}\n"
+                  f"recorded settings (the catalog entry's 'measured' list):\n{recorded}\n"
+                  f"Run with a recorded setting (--dataset, --num-prompts, --device, --dtype, --max-num-seqs, "
+                  f"--num-spec-tokens, --max-tokens, --temperature), or add a record for this one.")
 
 
 def acceptance_figure(rates: list[float], title: str):
@@ -191,7 +423,13 @@ def run(args) -> int:
         from .perf import run_perf
 
         return run_perf(args)
-    prompts = load_prompts(args.dataset, args.num_prompts)
+    from .engine.sampling_params import SamplingParams
+
+    rows = load_prompt_rows(args.dataset, args.num_prompts)
+    if args.by_category and all(row["category"] is None for row in rows):
+        raise SystemExit(f"--by-category: the rows of --dataset {dataset_name(args.dataset)} have no "
+                         f"'category' field; add one or drop --by-category")
+    groups = group_rows(rows, args.by_category)
     spec = None
     if args.method or args.draft:
         spec = {"num_speculative_tokens": args.num_spec_tokens}
@@ -199,41 +437,83 @@ def run(args) -> int:
             spec["method"] = args.method
         if args.draft:
             spec["model"] = args.draft
-    result, _ = run_once(args, spec, prompts)
-    report = {"speculative": result.__dict__ | {"tokens_per_second": result.tokens_per_second}}
-    report["speculative"].pop("outputs")
-    print(f"target: {args.model}  prompts: {len(prompts)}  max_tokens: {args.max_tokens}  "
-          f"temperature: {args.temperature}")
+    elif args.test:
+        raise SystemExit("--test needs a draft head (--draft)")
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
+
+    llm = build_llm(args, spec)
+    setting = run_setting(args, llm, len(rows))
+    record = None
+    if args.test:
+        record, why = catalog_check(llm.speculative_config.model, setting)
+        if record is None:
+            print(why, file=sys.stderr)
+            return 2
+    warm_up(llm)
+    first = BenchResult.from_groups(
+        measure(llm, groups, params, use_tqdm=True),
+        method=llm.speculative_config.method if spec else None,
+        draft=llm.speculative_config.model if spec else None)
+    device = llm.device
+    llm.shutdown()
+    del llm
+    free_memory(device)
+    plain = None
     if spec is not None:
-        print(f"method: {result.method}  draft: {result.draft}  k: {args.num_spec_tokens}")
-        print(f"mean acceptance length: {result.mean_acceptance_length:.3f}")
-        print("acceptance rate per position: " + ", ".join(f"{r:.3f}" for r in result.acceptance_rates))
-    print(f"generated tokens: {result.generated_tokens}  time: {result.seconds:.2f}s  "
-          f"tokens/s: {result.tokens_per_second:.1f}")
-    if args.compare_plain and spec is not None:
-        plain, _ = run_once(args, None, prompts)
-        report["plain"] = {"tokens_per_second": plain.tokens_per_second, "seconds": plain.seconds,
-                           "generated_tokens": plain.generated_tokens}
-        same = sum(a == b for a, b in zip(result.outputs, plain.outputs))
-        report["identical_outputs"] = same
-        print(f"plain decoding tokens/s: {plain.tokens_per_second:.1f}  speed-up: "
-              f"{result.tokens_per_second / max(plain.tokens_per_second, 1e-9):.2f}x  "
-              f"identical outputs: {same}/{len(prompts)}")
-    if args.plot and result.acceptance_rates:
-        save_plot(result.acceptance_rates, args.plot, plot_title(result, args.model, args.num_spec_tokens))
+        llm = build_llm(args, None)
+        warm_up(llm)
+        plain = BenchResult.from_groups(measure(llm, groups, params, use_tqdm=True))
+        llm.shutdown()
+        del llm
+
+    print(f"target: {args.model}  dataset: {setting['dataset']}  prompts: {len(rows)}  "
+          f"max_tokens: {args.max_tokens}  temperature: {args.temperature}  device: {setting['device']}  "
+          f"dtype: {setting['dtype']}  batch: {setting['batch']}")
+    if args.print_output:
+        for row, text in zip((r for _, g in groups for r in g), (t for g in first.groups for t in g.texts)):
+            print(f"--- [{row['category']}] {row['prompt'][:80]!r}\n{text}\n")
+    report = {"target": args.model, "setting": setting}
+    if plain is None:
+        report["plain"] = first.summary()
+        print(f"plain decoding: {first.generated_tokens} tokens in {first.seconds:.2f}s, "
+              f"{first.tokens_per_second:.1f} tokens/s")
+        if args.by_category:
+            report["by_category"] = [{"category": g.category, "num_prompts": g.num_prompts,
+                                      "plain_tokens_per_second": g.tokens_per_second,
+                                      "plain_generated_tokens": g.generated_tokens, "plain_seconds": g.seconds}
+                                     for g in first.groups]
+            for g in first.groups:
+                print(f"  {g.category}: {g.num_prompts} prompts, {g.tokens_per_second:.1f} tokens/s")
+    else:
+        comparison = compare(first, plain)
+        report |= {"speculative": first.summary(), "plain": plain.summary()} | comparison
+        print(f"method: {first.method}  draft: {first.draft}  k: {setting['k']}")
+        print(f"mean acceptance length: {_fmt(first.mean_acceptance_length, '.3f')}  (per position: "
+              + ", ".join(f"{r:.3f}" for r in first.acceptance_rates) + ")")
+        print(f"speculative: {first.tokens_per_second:.1f} tokens/s  plain: {plain.tokens_per_second:.1f} "
+              f"tokens/s  speed-up: {_fmt(comparison['speedup'], '.2f')}x  "
+              f"identical outputs: {comparison['identical_outputs']}/{comparison['num_prompts']}")
+        print(f"  ({first.generated_tokens} tokens in {first.seconds:.2f}s speculative, "
+              f"{plain.generated_tokens} in {plain.seconds:.2f}s plain)")
+        if args.by_category:
+            print("by category (each category timed as a batch of its own):")
+            print(category_table(comparison))
+    if args.plot and first.acceptance_rates:
+        save_plot(first.acceptance_rates, args.plot, plot_title(first, args.model, args.num_spec_tokens))
         print(f"plot: {args.plot}")
+    status = 0
+    if record is not None:
+        got, expected = first.mean_acceptance_length, record.acceptance_length
+        ok = got is not None and abs(got - expected) <= args.rtol * expected
+        recorded_speedup = "" if record.speedup is None else f", recorded {record.speedup:.2f}x"
+        print(f"--test: mean acceptance length {_fmt(got, '.3f')} vs catalog {expected:.3f} "
+              f"(rtol {args.rtol}): {'PASS' if ok else 'FAIL'}; speed-up "
+              f"{_fmt(report.get('speedup'), '.2f')}x{recorded_speedup} (reported, not checked)")
+        report["test"] = {"record": record.__dict__, "passed": ok, "rtol": args.rtol}
+        status = 0 if ok else 1
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=2))
-    if args.test:
-        if spec is None:
-            raise SystemExit("--test needs a draft head (--draft)")
-        expected = expected_acceptance(result.draft)
-        got = result.mean_acceptance_length
-        ok = abs(got - expected) <= args.rtol * expected
-        print(f"--test: mean acceptance length {got:.3f} vs catalog {expected:.3f} "
-              f"(rtol {args.rtol}): {'PASS' if ok else 'FAIL'}")
-        return 0 if ok else 1
-    return 0
+    return status
 
 
 if __name__ == "__main__":

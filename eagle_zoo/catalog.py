@@ -14,8 +14,20 @@ File layout (registry.yaml)::
         target: meta-llama/Llama-3.1-8B-Instruct    # target model id
         format: yuhuili-eagle3                      # checkpoint layout (see FORMATS)
         draft_vocab_size: 32000                     # optional, EAGLE-3 reduced vocab
-        acceptance_length: 2.811                    # optional, needs acceptance_setting
-        acceptance_setting: "MT-bench 80 prompts, K=3, greedy, 1xH100; source: ..."
+        acceptance_length: 2.811                    # optional, a published number, needs
+        acceptance_setting: "MT-bench 80 prompts, K=3, greedy, 1xH100; source: ..."  # its setting
+        measured:                                   # optional: what eagle-zoo bench measured,
+          - dataset: mt-bench                       # one record per setting (MEASURED_SCHEMA);
+            num_prompts: 80                         # `eagle-zoo list` shows the first one,
+            device: cpu                             # `eagle-zoo bench --test` compares against
+            dtype: float32                          # the one whose setting (SETTING_KEYS)
+            batch: 80                               # equals the run's
+            k: 3
+            max_tokens: 256
+            acceptance_length: 2.910
+            speedup: 0.96                           # optional: speculative / plain tokens/s
+            hardware: "2-core CPU"                  # optional
+            source: "BENCHMARKS.md"                 # optional
         num_speculative_tokens: null                # optional default K
         revision: null                              # optional pinned hub revision
         path: null                                  # optional: the head ships with the plugin,
@@ -63,6 +75,50 @@ class UnknownCatalogId(LookupError):
     """An id that no plugin registered; the message suggests close ids."""
 
 
+DEVICES = ("cpu", "cuda")
+DTYPES = ("float32", "bfloat16", "float16")
+# The keys of a measured record that make its setting: `eagle-zoo bench --test` compares
+# acceptance only against a record whose setting equals the run's on every one of them.
+SETTING_KEYS = ("dataset", "num_prompts", "device", "dtype", "batch", "k", "max_tokens", "temperature")
+
+
+@dataclass(frozen=True)
+class MeasuredRecord:
+    """What `eagle-zoo bench` measured for a head in one setting (greedy unless
+    ``temperature`` says otherwise; ``batch`` is --max-num-seqs, ``k`` the drafts a step)."""
+    dataset: str             # dev | mt-bench | the name of another prompt set
+    num_prompts: int
+    device: str              # cpu | cuda
+    dtype: str               # float32 | bfloat16 | float16
+    batch: int
+    k: int
+    max_tokens: int
+    acceptance_length: float
+    temperature: float = 0.0
+    speedup: Optional[float] = None   # speculative / plain tokens/s, measured in the same run
+    hardware: Optional[str] = None    # e.g. "1xH200", "2-core CPU"
+    source: Optional[str] = None      # where the number is written down (BENCHMARKS.md, a commit)
+
+    @property
+    def setting(self) -> dict:
+        return {key: getattr(self, key) for key in SETTING_KEYS}
+
+    def describe(self) -> str:
+        """One line: the setting, then the numbers."""
+        temp = "greedy" if self.temperature == 0 else f"temperature {self.temperature:g}"
+        text = (f"{self.dataset} {self.num_prompts} prompts, {self.device} {self.dtype}, "
+                f"batch {self.batch}, k={self.k}, {self.max_tokens} tokens, {temp}: "
+                f"acceptance {self.acceptance_length:.3f}")
+        if self.speedup is not None:
+            text += f", speed-up {self.speedup:.2f}x"
+        return "; ".join([text] + [x for x in (self.hardware, self.source) if x])
+
+
+def format_setting(setting: Mapping[str, Any]) -> str:
+    """A setting as `key=value` pairs in SETTING_KEYS order (for messages)."""
+    return ", ".join(f"{key}={setting[key]}" for key in SETTING_KEYS if key in setting)
+
+
 @dataclass(frozen=True)
 class CatalogEntry:
     id: str
@@ -76,8 +132,31 @@ class CatalogEntry:
     num_speculative_tokens: Optional[int] = None
     revision: Optional[str] = None
     path: Optional[str] = None  # local directory of a head shipped inside a plugin package
+    measured: tuple[MeasuredRecord, ...] = ()  # eagle-zoo bench's numbers, one per setting
     notes: str = ""
     source: str = ""  # the plugin that registered it (set by the plugin host)
+
+    @property
+    def headline_acceptance(self) -> Optional[float]:
+        """The first measured record's acceptance, else the published acceptance_length."""
+        return self.measured[0].acceptance_length if self.measured else self.acceptance_length
+
+    @property
+    def headline_speedup(self) -> Optional[float]:
+        return self.measured[0].speedup if self.measured else None
+
+    def find_measured(self, setting: Mapping[str, Any]) -> Optional[MeasuredRecord]:
+        """The record whose setting equals ``setting`` on every key of SETTING_KEYS."""
+        for record in self.measured:
+            if all(_same(record.setting[key], setting.get(key)) for key in SETTING_KEYS):
+                return record
+        return None
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(b, (int, float)) and not isinstance(b, bool) and abs(float(a) - float(b)) < 1e-9
+    return a == b
 
 
 def _is_int(v):
@@ -86,6 +165,71 @@ def _is_int(v):
 
 def _opt(check):
     return lambda v: v is None or check(v)
+
+
+def _is_number(v):
+    return _is_int(v) or isinstance(v, float)
+
+
+def _text(v):
+    return isinstance(v, str) and v.strip() != ""
+
+
+# A measured record's schema: key -> (required, check, what is allowed).
+MEASURED_SCHEMA = {
+    "dataset": (True, _text, "the prompt set's name given to `eagle-zoo bench --dataset` (dev, mt-bench, ...)"),
+    "num_prompts": (True, lambda v: _is_int(v) and v > 0, "a positive integer (--num-prompts)"),
+    "device": (True, lambda v: v in DEVICES, "one of " + " | ".join(DEVICES)),
+    "dtype": (True, lambda v: v in DTYPES, "one of " + " | ".join(DTYPES)),
+    "batch": (True, lambda v: _is_int(v) and v > 0, "a positive integer (--max-num-seqs)"),
+    "k": (True, lambda v: _is_int(v) and v > 0, "a positive integer (--num-spec-tokens)"),
+    "max_tokens": (True, lambda v: _is_int(v) and v > 0, "a positive integer (--max-tokens)"),
+    "acceptance_length": (True, lambda v: _is_number(v) and v >= 1,
+                          "a number >= 1 (mean accepted tokens per step, bonus included)"),
+    "temperature": (False, lambda v: _is_number(v) and v >= 0, "a number >= 0 (default 0: greedy)"),
+    "speedup": (False, _opt(lambda v: _is_number(v) and v > 0),
+                "a positive number (speculative / plain tokens/s) or null"),
+    "hardware": (False, _opt(_text), "a non-empty string (e.g. '1xH200') or null"),
+    "source": (False, _opt(_text), "a non-empty string (where the number is written down) or null"),
+}
+assert set(MEASURED_SCHEMA) == {f.name for f in fields(MeasuredRecord)}
+
+
+def parse_measured(value: Any, where: str) -> tuple[MeasuredRecord, ...]:
+    """Validate an entry's ``measured`` list; errors name the entry and the record's index."""
+    if not isinstance(value, list):
+        raise CatalogError(f"{where}: field 'measured' must be a list of records (one per setting), "
+                           f"got {type(value).__name__} {value!r}")
+    records, seen = [], {}
+    for i, item in enumerate(value):
+        here = f"{where}: measured[{i}]"
+        if not isinstance(item, dict):
+            raise CatalogError(f"{here}: expected a mapping of {', '.join(MEASURED_SCHEMA)}; got {item!r}")
+        unknown = sorted((k for k in item if k not in MEASURED_SCHEMA), key=str)
+        if unknown:
+            close = difflib.get_close_matches(str(unknown[0]), list(MEASURED_SCHEMA), n=1)
+            raise CatalogError(f"{here}: unknown key {unknown[0]!r}"
+                               + (f" (did you mean {close[0]!r}?)" if close else "")
+                               + f". Allowed keys: {', '.join(MEASURED_SCHEMA)}")
+        for key, (required, check, allowed) in MEASURED_SCHEMA.items():
+            if key not in item:
+                if required:
+                    raise CatalogError(f"{here}: missing required key {key!r} ({allowed})")
+                continue
+            if not check(item[key]):
+                raise CatalogError(f"{here}: key {key!r} must be {allowed}; got {item[key]!r}")
+        values = dict(item)
+        for key in ("acceptance_length", "temperature", "speedup"):
+            if values.get(key) is not None:
+                values[key] = float(values[key])
+        record = MeasuredRecord(**values)
+        key = tuple(record.setting.values())
+        if key in seen:
+            raise CatalogError(f"{here}: the same setting as measured[{seen[key]}] "
+                               f"({format_setting(record.setting)}); keep one record per setting")
+        seen[key] = i
+        records.append(record)
+    return tuple(records)
 
 
 # The file schema, as data: field -> (required, check(value) -> bool, what is allowed).
@@ -106,6 +250,8 @@ _SCHEMA = {
     "revision": (False, _opt(lambda v: isinstance(v, str) and v != ""), "a branch, tag or commit, or null"),
     "path": (False, _opt(lambda v: isinstance(v, str) and v != ""),
              "a directory holding the head, relative to the catalog file, or null"),
+    # checked record by record in parse_measured
+    "measured": (False, lambda v: True, "a list of measured records"),
     "notes": (False, lambda v: isinstance(v, str), "a string"),
 }
 
@@ -157,6 +303,7 @@ def parse_entry(item: Any, source: str, *, index: Optional[int] = None, origin: 
             f"given: say the dataset, k, temperature, hardware and where the number comes from"
         )
     values = dict(item)
+    values["measured"] = parse_measured(item["measured"], where) if "measured" in item else ()
     if values.get("acceptance_length") is not None:
         values["acceptance_length"] = float(values["acceptance_length"])
     values.setdefault("notes", "")
@@ -229,7 +376,8 @@ def register_catalog(register):
 
 __all__ = [
     "CatalogEntry", "CatalogError", "UnknownCatalogId", "ENTRY_FIELDS", "FORMATS", "METHODS",
-    "parse_entry", "load_catalog_file", "registry_path", "find_entry", "suggest",
+    "MeasuredRecord", "MEASURED_SCHEMA", "SETTING_KEYS", "DEVICES", "DTYPES", "format_setting",
+    "parse_measured", "parse_entry", "load_catalog_file", "registry_path", "find_entry", "suggest",
 ]
 
 # Field order for display (eagle-zoo info); the schema must cover every field.

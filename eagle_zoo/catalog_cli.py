@@ -45,15 +45,16 @@ def run_list(args: argparse.Namespace) -> int:
         print(f"no catalog entry matches these filters (families: {', '.join(families)})")
         return 0
     entries.sort(key=lambda e: (e.family, e.method, e.id.lower()))
-    rows = [("ID", "METHOD", "FAMILY", "TARGET", "FORMAT", "ACCEPT")]
+    rows = [("ID", "METHOD", "FAMILY", "TARGET", "FORMAT", "ACCEPT", "SPEEDUP")]
     rows += [
         (e.id, e.method, e.family, e.target, e.format,
-         "-" if e.acceptance_length is None else f"{e.acceptance_length:g}")
+         "-" if e.headline_acceptance is None else f"{e.headline_acceptance:g}",
+         "-" if e.headline_speedup is None else f"{e.headline_speedup:.2f}x")
         for e in entries
     ]
     print(_table(rows))
     print(f"\n{len(entries)} of {len(reg.catalog)} heads. `eagle-zoo info ID` shows where ACCEPT "
-          f"(mean acceptance length) was measured.")
+          f"(mean acceptance length) and SPEEDUP (over plain decoding) were measured.")
     return 0
 
 
@@ -74,6 +75,10 @@ def run_info(args: argparse.Namespace) -> int:
     width = max(len(f) for f in ENTRY_FIELDS)
     for name in ENTRY_FIELDS:
         value = getattr(entry, name)
+        if name == "measured":
+            lines = [record.describe() for record in value] or ["-"]
+            print(f"{name.ljust(width)}  " + f"\n{' ' * (width + 2)}".join(lines))
+            continue
         print(f"{name.ljust(width)}  {'-' if value in (None, '') else value}")
     return 0
 

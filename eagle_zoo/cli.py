@@ -16,10 +16,10 @@ SUBCOMMANDS = {
     "info": ("eagle_zoo.catalog_cli", "show one catalog entry"),
     "plugins": ("eagle_zoo.catalog_cli", "list plugins, versions and what each registered"),
     "convert": ("converters.cli", "convert checkpoints (legacy vLLM, between formats)"),
-    "bench": ("eagle_zoo.bench", "acceptance / speed benchmark"),
+    "bench": ("eagle_zoo.bench", "speed-up over plain decoding and acceptance of a draft"),
     "serve": ("eagle_zoo.serve.cli", "OpenAI-compatible server"),
     "train": ("eagle_zoo.train.cli", "train an EAGLE / EAGLE-3 head"),
-    "demo": ("eagle_zoo.demo", "the main job on the embedded default target"),
+    "demo": ("eagle_zoo.demo", "the shipped head's speed-up on the embedded default target"),
 }
 
 

@@ -1,58 +1,88 @@
-"""`make demo`: the main job on the embedded default target, on whatever device is here.
+"""`make demo`: what speculative decoding buys on the embedded default target, on
+whatever device is here.
 
-1. the catalog and plugins (what the zoo knows);
-2. SmolLM2-135M-Instruct answers a few MT-bench questions with speculative decoding,
-   using the zoo's best head for it (an EAGLE-3 head from the catalog when one is
-   installed, else n-gram prompt lookup), and plain decoding on the same prompts;
-3. acceptance statistics, tokens/s of both, and whether the outputs are identical.
+1. the catalog's heads for the target (`eagle-zoo list --target SmolLM2`);
+2. SmolLM2-135M-Instruct answers prompts of different kinds, one request at a time:
+   one prompt of each category of the dev set (eagle_zoo/data/dev.jsonl) when the
+   package ships it, else the built-in prompts below (chat, writing, code, math,
+   translation, summarization). Each prompt is decoded with the shipped EAGLE-3 head
+   (n-gram prompt lookup when no head is installed) and then plainly, back to back, so
+   both see the machine in the same state;
+3. per prompt: category, acceptance length, speculative and plain tokens/s, speed-up,
+   identical outputs; then the same over all prompts.
 """
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 
-from .bench import DEFAULT_TARGET, load_prompts
+from .bench import DATASETS, DEFAULT_TARGET, BenchResult, load_prompt_rows, measure, shipped_dataset, warm_up
 
-NUM_PROMPTS = 3
+SHIPPED_HEAD = "eagle-zoo/EAGLE3-SmolLM2-135M-Instruct"
 MAX_TOKENS = 96
-# Drafts a step. On the GPU a step is bound by reading the weights, so verifying 3 drafts
-# costs little more than 1 token; on a 2-core CPU each verified token adds ~3 ms to a ~21 ms
-# step (scripts/cpu_step_profile.py --tokens 1,2,3,4), and with the acceptance of these
-# writing questions K = 3 was no faster than plain decoding while K = 2 was (BENCHMARKS.md,
-# CPU, eighth session). The answer depends on the machine: on the twenty-first session's
-# (~6.5 ms a verified token on a ~31 ms step) K = 2 still beat K = 1 but neither beat plain
-# decoding at batch 1 with the five-layer EAGLE-3 head; on the twenty-second's (AVX2 only,
-# ~4 ms on a ~28 ms step) K = 2 gave 1.07x, and 0.99x to 1.11x with the six-layer head.
+# Drafts a step. On a GPU a step is bound by reading the weights, so verifying 3 drafts
+# costs little more than 1 token. On a 2-core CPU each verified token adds a few ms to a
+# step of 20-30 ms (scripts/cpu_step_profile.py --tokens 1,2,3,4 measures it), so fewer
+# drafts pay off there; -k overrides.
 CUDA_K, CPU_K = 3, 2
+
+# Used when the package has no dev set: one prompt of each kind.
+BUILTIN_PROMPTS = [
+    {"category": "chat", "messages": [
+        {"role": "user", "content": "I'm planning a picnic this weekend. Any tips?"},
+        {"role": "assistant", "content": "Pick a shady spot, pack food that keeps well, and bring water and a blanket."},
+        {"role": "user", "content": "What food would you suggest for four people?"}]},
+    {"category": "writing", "prompt": "Write a short story about a lighthouse keeper who finds a message in a bottle."},
+    {"category": "code", "prompt": "Write a Python function that returns the n-th Fibonacci number, with a docstring."},
+    {"category": "math", "prompt": "A shop sells pens at 3 dollars each. Tom buys 7 pens and pays with a 50 dollar "
+                                   "bill. How much change does he get? Explain step by step."},
+    {"category": "translation", "prompt": "Translate into French: The weather is nice today, so we will walk "
+                                          "to the market and buy fresh bread."},
+    {"category": "summarization", "prompt": "Summarize in two sentences: The city council met on Monday to "
+                                            "discuss the new park. Residents asked for more trees, a playground "
+                                            "and longer opening hours. The council agreed to plant fifty trees "
+                                            "this year and to build the playground next spring, but kept the "
+                                            "opening hours as they are because of the cost of staff."},
+]
 
 
 def add_arguments(p):
-    p.add_argument("--num-prompts", type=int, default=NUM_PROMPTS)
+    p.add_argument("--num-prompts", type=int, default=None, help="at most this many prompts (default: all)")
     p.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     p.add_argument("--num-speculative-tokens", "-k", type=int,
                    help=f"drafts a step (default: {CUDA_K} on a GPU, {CPU_K} on the CPU)")
+    p.add_argument("--draft", default=SHIPPED_HEAD, help="catalog id or directory of the head")
 
 
-def best_head_for(target: str):
+def demo_rows(limit=None) -> tuple[str, list[dict]]:
+    """(where the prompts come from, one row per category)."""
+    if shipped_dataset("dev") is not None:
+        rows, seen = [], set()
+        for row in load_prompt_rows("dev", 10 ** 9):
+            if row["category"] not in seen:
+                seen.add(row["category"])
+                rows.append(row)
+        source = f"the first prompt of each category of the dev set (eagle_zoo/{DATASETS['dev']})"
+    else:
+        rows = [{"category": r["category"],
+                 "messages": r.get("messages") or [{"role": "user", "content": r["prompt"]}]}
+                for r in BUILTIN_PROMPTS]
+        rows = [dict(r, prompt=r["messages"][-1]["content"]) for r in rows]
+        source = "built-in prompts of different kinds"
+    return source, rows[:limit]
+
+
+def speculative_config(draft: str, k: int) -> dict:
     from .plugins import get_registry
 
-    entries = [e for e in get_registry().catalog.values() if e.target == target]
-    for method in ("eagle3", "eagle"):
-        for e in entries:
-            if e.method == method:
-                return e
-    return None
-
-
-def timed_chat(llm, prompts, params):
-    """One request at a time (batch 1, the latency setting speculative decoding is for;
-    on this CPU a batch of 3 verifies 12 positions a step and speculation loses)."""
-    start = time.perf_counter()
-    outs = [llm.chat([[{"role": "user", "content": p}]], params)[0] for p in prompts]
-    seconds = time.perf_counter() - start
-    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    return outs, tokens / seconds
+    entry = get_registry().catalog.get(draft)
+    if entry is None and draft == SHIPPED_HEAD:
+        print(f"({SHIPPED_HEAD} is not installed: n-gram prompt lookup instead)")
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    spec = {"model": draft, "num_speculative_tokens": k}
+    if entry is not None:
+        spec["method"] = entry.method
+    return spec
 
 
 def run(args) -> int:
@@ -64,40 +94,49 @@ def run(args) -> int:
 
     print("== eagle-zoo list --target SmolLM2 (the catalog's heads for the embedded default)")
     catalog_cli.run_list(argparse.Namespace(family=None, method=None, target="SmolLM2"))
-    entry = best_head_for(DEFAULT_TARGET)
-    info_id = entry.id if entry is not None else "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
-    print(f"\n== eagle-zoo info {info_id}")
-    catalog_cli.run_info(argparse.Namespace(id=info_id))
     k = args.num_speculative_tokens or (CUDA_K if torch.cuda.is_available() else CPU_K)
-    if entry is not None:
-        spec = {"model": entry.id, "method": entry.method, "num_speculative_tokens": k}
-    else:
-        spec = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-    prompts = load_prompts(None, args.num_prompts)
+    spec = speculative_config(args.draft, k)
+    source, rows = demo_rows(args.num_prompts)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
 
-    print(f"\n== {DEFAULT_TARGET}, greedy, {len(prompts)} MT-bench questions one at a time, "
-          f"{args.max_tokens} new tokens")
-    print(f"speculative_config: {spec}")
     spec_llm = LLM(model=DEFAULT_TARGET, speculative_config=spec)
-    spec_llm.chat([[{"role": "user", "content": "Hi"}]], SamplingParams(temperature=0, max_tokens=4))
-    spec_llm.engine.metrics.reset()
-    spec_outs, spec_tps = timed_chat(spec_llm, prompts, params)
-    metrics = spec_llm.engine.metrics
-
     plain_llm = LLM(model=DEFAULT_TARGET)
-    plain_llm.chat([[{"role": "user", "content": "Hi"}]], SamplingParams(temperature=0, max_tokens=4))
-    plain_outs, plain_tps = timed_chat(plain_llm, prompts, params)
+    print(f"\n== {DEFAULT_TARGET} on {spec_llm.device.type} ({str(spec_llm.dtype).removeprefix('torch.')}), "
+          f"greedy, {len(rows)} prompts one at a time ({source}), {args.max_tokens} new tokens")
+    print(f"speculative_config: {spec}")
+    warm_up(spec_llm)
+    warm_up(plain_llm)
+    spec_groups, plain_groups = [], []
+    for row in rows:  # each prompt speculatively, then plainly
+        group = [(row["category"], [row])]
+        spec_groups += measure(spec_llm, group, params)
+        plain_groups += measure(plain_llm, group, params)
 
-    for p, o in zip(prompts, spec_outs):
-        print(f"\n> {p}\n{o.outputs[0].text.strip()}")
-    same = sum(a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(spec_outs, plain_outs))
-    print("\n== results")
-    print(f"mean acceptance length: {metrics.mean_acceptance_length:.3f} (k={k})")
-    print("acceptance rate per position: " + ", ".join(f"{r:.3f}" for r in metrics.acceptance_rate_per_pos))
-    print(f"tokens/s speculative: {spec_tps:.1f}   plain: {plain_tps:.1f}   speed-up: {spec_tps / plain_tps:.2f}x")
-    print(f"outputs identical to plain greedy decoding: {same}/{len(prompts)}")
-    return 0 if same == len(prompts) else 1
+    for row, s in zip(rows, spec_groups):
+        turns = len(row["messages"])
+        context = f" (the last of {turns} messages)" if turns > 1 else ""
+        print(f"\n[{row['category']}]{context} > {row['prompt']}\n{s.texts[0].strip()}")
+    print(f"\n== results (k={k})")
+    header = ("category", "accept", "spec tok/s", "plain tok/s", "speed-up", "identical")
+    lines = [header]
+    for s, p in zip(spec_groups, plain_groups):
+        lines.append(_line(s.category, s, p, "y" if s.outputs == p.outputs else "n"))
+    spec_all, plain_all = BenchResult.from_groups(spec_groups), BenchResult.from_groups(plain_groups)
+    same = sum(s.outputs == p.outputs for s, p in zip(spec_groups, plain_groups))
+    lines.append(_line("overall", spec_all, plain_all, f"{same}/{len(rows)}"))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    for line in lines:
+        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))))
+    if spec_all.acceptance_rates:
+        print("acceptance rate per draft position: " + ", ".join(f"{r:.3f}" for r in spec_all.acceptance_rates))
+    return 0 if same == len(rows) else 1
+
+
+def _line(label, spec, plain, identical) -> tuple[str, ...]:
+    accept = spec.mean_acceptance_length
+    speedup = spec.tokens_per_second / plain.tokens_per_second if plain.tokens_per_second else None
+    return (str(label), "-" if accept is None else f"{accept:.3f}", f"{spec.tokens_per_second:.1f}",
+            f"{plain.tokens_per_second:.1f}", "-" if speedup is None else f"{speedup:.2f}x", identical)
 
 
 if __name__ == "__main__":

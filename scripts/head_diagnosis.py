@@ -167,7 +167,7 @@ def main() -> None:
     t2d = head.t2d.cpu()
     for path in args.prompts:
         name, rows = read_rows(path, args.num)
-        outs = llm.chat([[{"role": "user", "content": r["prompt"]}] for r in rows],
+        outs = llm.chat([r["messages"] for r in rows],
                         SamplingParams(temperature=0, max_tokens=args.max_tokens))
         by_cat: dict[str, list[dict]] = {}
         for r, o in zip(rows, outs):

@@ -64,6 +64,53 @@ def test_acceptance_length_needs_its_setting():
         parse_entry(dict(GOOD, acceptance_length=2.5), source="p")
 
 
+RECORD = dict(dataset="dev", num_prompts=300, device="cuda", dtype="bfloat16", batch=1, k=3,
+              max_tokens=256, acceptance_length=2.85, speedup=1.9, hardware="1xH200")
+
+
+def test_measured_records_build_and_match_their_setting():
+    cpu = dict(RECORD, device="cpu", dtype="float32", batch=80, dataset="mt-bench", num_prompts=80)
+    del cpu["speedup"]
+    e = parse_entry(dict(GOOD, measured=[RECORD, cpu]), source="p")
+    assert [r.speedup for r in e.measured] == [1.9, None]
+    assert e.headline_acceptance == 2.85 and e.headline_speedup == 1.9
+    first = e.measured[0]
+    assert first.temperature == 0.0 and isinstance(first.acceptance_length, float)
+    setting = dict(first.setting)
+    assert e.find_measured(setting) is first
+    assert e.find_measured(dict(setting, batch=80, device="cpu", dtype="float32", dataset="mt-bench",
+                                num_prompts=80)) is e.measured[1]
+    for key, other in [("dataset", "mt-bench"), ("num_prompts", 80), ("device", "cpu"), ("dtype", "float32"),
+                       ("batch", 4), ("k", 2), ("max_tokens", 64), ("temperature", 0.7)]:
+        assert e.find_measured(dict(setting, **{key: other})) is None, key
+    assert "dev 300 prompts, cuda bfloat16, batch 1, k=3, 256 tokens, greedy: acceptance 2.850, " \
+           "speed-up 1.90x; 1xH200" == first.describe()
+    # without records, the headline is the published number
+    plain = parse_entry(dict(GOOD, acceptance_length=2.5, acceptance_setting="x"), source="p")
+    assert plain.measured == () and plain.headline_acceptance == 2.5 and plain.headline_speedup is None
+
+
+@pytest.mark.parametrize("measured, message", [
+    ({"dataset": "dev"}, r"field 'measured' must be a list of records"),
+    (["dev"], r"measured\[0\]: expected a mapping"),
+    ([dict(RECORD, devise="cuda")], r"measured\[0\]: unknown key 'devise' \(did you mean 'device'\?\)"),
+    ([{k: v for k, v in RECORD.items() if k != "batch"}], r"measured\[0\]: missing required key 'batch'"),
+    ([RECORD, dict(RECORD, device="tpu")], r"measured\[1\]: key 'device' must be one of cpu \| cuda; got 'tpu'"),
+    ([dict(RECORD, dtype="bf16")], r"key 'dtype' must be one of float32 \| bfloat16 \| float16"),
+    ([dict(RECORD, batch=0)], r"key 'batch' must be a positive integer \(--max-num-seqs\)"),
+    ([dict(RECORD, k=True)], r"key 'k' must be a positive integer"),
+    ([dict(RECORD, acceptance_length=0.9)], r"key 'acceptance_length' must be a number >= 1"),
+    ([dict(RECORD, speedup=-1)], r"key 'speedup' must be a positive number"),
+    ([RECORD, dict(RECORD, acceptance_length=2.0)], r"measured\[1\]: the same setting as measured\[0\]"),
+])
+def test_bad_measured_records_name_the_file_entry_record_and_key(tmp_path, measured, message):
+    path = tmp_path / "cat.yaml"
+    path.write_text(yaml.safe_dump({"entries": [dict(GOOD, measured=measured)]}))
+    with pytest.raises(CatalogError, match=message) as err:
+        load_catalog_file(path)
+    assert str(path) in str(err.value) and "'acme/EAGLE3-Toy-1B'" in str(err.value)
+
+
 def test_file_errors_name_file_and_entry_index(tmp_path):
     path = tmp_path / "cat.yaml"
     path.write_text(yaml.safe_dump({"entries": [GOOD, {"method": "eagle"}]}))
@@ -168,7 +215,7 @@ def test_list_filters(cli_host, capsys):
     out = capsys.readouterr().out
     assert "RedHatAI/Qwen3-8B-speculator.eagle3" in out and "AngelSlim/Qwen3-8B_eagle3" in out
     assert "Qwen3-32B" not in out and "LLaMA" not in out
-    assert out.splitlines()[0].split() == ["ID", "METHOD", "FAMILY", "TARGET", "FORMAT", "ACCEPT"]
+    assert out.splitlines()[0].split() == ["ID", "METHOD", "FAMILY", "TARGET", "FORMAT", "ACCEPT", "SPEEDUP"]
 
 
 def test_info_shows_every_field(cli_host, capsys):
@@ -184,3 +231,20 @@ def test_info_unknown_id_suggests_close_ids(cli_host, capsys):
     err = capsys.readouterr().err
     assert "unknown catalog id 'yuhuili/EAGLE3-LLaMA3.1-8B'" in err
     assert "Did you mean: yuhuili/EAGLE3-LLaMA3.1-Instruct-8B" in err
+
+
+def test_list_and_info_show_measured_records(monkeypatch, register_plugin, tmp_path, capsys):
+    path = tmp_path / "toy.yaml"
+    path.write_text(yaml.safe_dump({"entries": [dict(GOOD, id="acme/EAGLE-Toy-1B", method="eagle",
+                                                     measured=[RECORD, dict(RECORD, batch=8, speedup=1.2)])]}))
+    host = catalog_host()
+    register_plugin(ToyCatalogPlugin(path), name="toy", host=host)
+    monkeypatch.setattr(catalog_cli, "get_registry", lambda: host.registry)
+    assert cli.main(["list", "--target", "toy"]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[1:] if line.strip()}
+    assert rows["acme/EAGLE-Toy-1B"][-2:] == ["2.85", "1.90x"]  # the first record is the headline
+    assert rows["acme/EAGLE3-Toy-1B"][-2:] == ["-", "-"]
+    assert cli.main(["info", "acme/EAGLE-Toy-1B"]) == 0
+    out = capsys.readouterr().out
+    assert "measured                dev 300 prompts, cuda bfloat16, batch 1, k=3" in out
+    assert "batch 8, k=3, 256 tokens, greedy: acceptance 2.850, speed-up 1.20x" in out

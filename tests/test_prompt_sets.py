@@ -5,35 +5,85 @@ import json
 
 import pytest
 
+from eagle_zoo import bench
 from eagle_zoo.bench import load_prompt_rows, load_prompts
+
+
+def _user(text):
+    return [{"role": "user", "content": text}]
 
 
 def test_shipped_mt_bench_has_80_first_turns_in_8_categories():
     rows = load_prompt_rows(None, 1000)
     assert len(rows) == 80 and len({r["category"] for r in rows}) == 8
     assert load_prompts(None, 3) == [r["prompt"] for r in rows[:3]]
+    assert load_prompt_rows("mt-bench", 2) == rows[:2]
+    assert rows[0]["messages"] == _user(rows[0]["prompt"])
 
 
 def test_file_rows_take_the_first_turn_or_the_prompt(tmp_path):
     path = tmp_path / "set.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in [
         {"turns": ["first", "second"], "category": "math"}, {"prompt": "plain"}, {"prompt": "cut"}]) + "\n\n")
-    assert load_prompt_rows(str(path), 2) == [{"prompt": "first", "category": "math"},
-                                              {"prompt": "plain", "category": None}]
+    assert load_prompt_rows(str(path), 2) == [
+        {"prompt": "first", "category": "math", "messages": _user("first")},
+        {"prompt": "plain", "category": None, "messages": _user("plain")}]
+
+
+def test_messages_rows_are_sent_whole(tmp_path):
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "And in French?"}]
+    path = tmp_path / "chat.jsonl"
+    path.write_text(json.dumps({"messages": chat, "category": "multi-turn"}) + "\n")
+    (row,) = load_prompt_rows(str(path), 5)
+    assert row == {"prompt": "And in French?", "category": "multi-turn", "messages": chat}
+    assert load_prompts(str(path), 5) == ["And in French?"]
+
+
+@pytest.mark.parametrize("messages, message", [
+    ([], "non-empty list"),
+    ("hi", "non-empty list"),
+    ([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], "last message must be the user's"),
+    ([{"role": "robot", "content": "a"}], r"messages\[0\] must be"),
+    ([{"role": "user", "content": 3}], r"messages\[0\] must be"),
+])
+def test_bad_messages_name_the_file_line_and_problem(tmp_path, messages, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "ok"}\n' + json.dumps({"messages": messages}) + "\n")
+    with pytest.raises(SystemExit, match=r"bad\.jsonl line 2: .*" + message):
+        load_prompt_rows(str(path), 10)
 
 
 def test_a_row_without_a_prompt_names_the_file_and_line(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"prompt": "ok"}\n{"text": "no prompt"}\n')
-    with pytest.raises(SystemExit, match=r"bad\.jsonl line 2: expected a 'turns' or a string 'prompt'"):
+    with pytest.raises(SystemExit, match=r"bad\.jsonl line 2: expected a 'messages' list, a 'turns' list or a string 'prompt'"):
+        load_prompt_rows(str(path), 10)
+    path.write_text('{"prompt": "ok"}\nnot json\n')
+    with pytest.raises(SystemExit, match=r"bad\.jsonl line 2: not valid JSON"):
         load_prompt_rows(str(path), 10)
     with pytest.raises(SystemExit, match="no such file"):
         load_prompt_rows(str(tmp_path / "missing.jsonl"), 1)
+
+
+def test_dev_names_the_shipped_dev_set(tmp_path, monkeypatch):
+    """--dataset dev reads eagle_zoo/data/dev.jsonl; here a placeholder stands in for it."""
+    data = tmp_path / "eagle_zoo" / "data"
+    data.mkdir(parents=True)
+    (data / "placeholder_dev.jsonl").write_text(json.dumps({"prompt": "Translate 'cat' to German.",
+                                                            "category": "translation"}) + "\n")
+    monkeypatch.setattr(bench, "DATASETS", {**bench.DATASETS, "dev": "data/placeholder_dev.jsonl"})
+    monkeypatch.setattr(bench, "package_files", lambda: tmp_path / "eagle_zoo")
+    assert load_prompt_rows("dev", 10) == [{"prompt": "Translate 'cat' to German.", "category": "translation",
+                                            "messages": _user("Translate 'cat' to German.")}]
+    monkeypatch.setattr(bench, "DATASETS", {**bench.DATASETS, "dev": "data/absent.jsonl"})
+    with pytest.raises(SystemExit, match=r"--dataset dev: eagle_zoo/data/absent\.jsonl is not in this installation"):
+        load_prompt_rows("dev", 10)
 
 
 def test_head_diagnosis_names_rows_without_a_category_after_their_set(load_script, tmp_path):
     path = tmp_path / "self_instruct.jsonl"
     path.write_text('{"prompt": "a"}\n')
     name, rows = load_script("head_diagnosis").read_rows(str(path), 5)
-    assert name == "self_instruct" and rows == [{"prompt": "a", "category": "self_instruct"}]
+    assert name == "self_instruct" and rows == [{"prompt": "a", "category": "self_instruct", "messages": _user("a")}]
     assert load_script("head_diagnosis").read_rows("mt-bench", 80)[1][0]["category"] == "writing"

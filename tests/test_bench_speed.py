@@ -1,0 +1,277 @@
+"""`eagle-zoo bench`: speculative against plain decoding in one run, by category, and
+--test's match of the run's setting against the catalog's measured records.
+
+End to end on a tiny random Llama target with a character tokenizer (so llm.chat works)
+and a random EAGLE-1 head; the grouping and timing logic also against a scripted LLM."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+import engine_fixtures as ef
+from eagle_zoo import bench, cli
+from eagle_zoo.catalog import CatalogEntry, MeasuredRecord
+from eagle_zoo.engine.metrics import SpecDecodingMetrics
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+CHARS = list(" abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,:;!?'\"-()\n")
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."},
+        {"role": "assistant", "content": "Red."}, {"role": "user", "content": "Another one?"}]
+ROWS = [
+    {"prompt": "Write a poem about the sea.", "category": "writing"},
+    {"messages": CHAT, "category": "chat"},
+    {"prompt": "Write two lines on rain.", "category": "writing"},
+    {"turns": ["Say hello.", "Say goodbye."], "category": "chat"},
+    {"prompt": "Write a title.", "category": "writing"},
+]
+
+
+def write_char_tokenizer(directory) -> None:
+    """One token per character (ids 3..), <unk> 0, <s> 1, </s> 2: fits the tiny target's
+    128-token vocabulary; a chat template of the same characters."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2} | {c: i + 3 for i, c in enumerate(CHARS)}
+    assert len(vocab) <= ef.TINY_TARGET["vocab_size"]
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), "isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    fast.chat_template = ("{% for m in messages %}{{ m['role'][0] }}: {{ m['content'] }}\n{% endfor %}"
+                          "{% if add_generation_prompt %}a: {% endif %}")
+    fast.save_pretrained(directory)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    kind = ef.kind_of("llama")
+    target = ef.write_target(root / "target", kind)
+    write_char_tokenizer(target)
+    head = ef.write_head(root / "head", kind, "eagle")
+    dataset = root / "two_categories.jsonl"
+    dataset.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return SimpleNamespace(target=str(target), head=str(head), dataset=str(dataset))
+
+
+def bench_args(tiny, out, *extra):
+    return ["bench", "--model", tiny.target, "--method", "eagle", "--draft", tiny.head, "--dataset", tiny.dataset,
+            "--num-prompts", "5", "--max-tokens", "10", "--max-num-seqs", "1", "--device", "cpu",
+            "--dtype", "float32", "--json", str(out), *extra]
+
+
+@pytest.fixture(scope="module")
+def by_category(tiny, tmp_path_factory):
+    out = tmp_path_factory.mktemp("report") / "report.json"
+    assert cli.main(bench_args(tiny, out, "--by-category")) == 0
+    return json.loads(out.read_text())
+
+
+# -- end to end on the tiny engine ----------------------------------------------------
+def test_report_has_speed_up_plain_and_identical_outputs(by_category):
+    spec, plain = by_category["speculative"], by_category["plain"]
+    assert by_category["setting"] == {"dataset": by_category["setting"]["dataset"], "num_prompts": 5,
+                                      "device": "cpu", "dtype": "float32", "batch": 1, "k": 3,
+                                      "max_tokens": 10, "temperature": 0.0}
+    assert spec["method"] == "eagle" and spec["num_prompts"] == plain["num_prompts"] == 5
+    assert spec["mean_acceptance_length"] >= 1 and len(spec["acceptance_rates"]) == 3
+    assert spec["tokens_per_second"] == pytest.approx(spec["generated_tokens"] / spec["seconds"])
+    assert by_category["speedup"] == pytest.approx(spec["tokens_per_second"] / plain["tokens_per_second"])
+    # greedy speculative decoding is lossless: every output as plain decoding's
+    assert by_category["identical_outputs"] == by_category["num_prompts"] == 5
+
+
+def test_categories_add_up_to_the_totals(by_category):
+    rows = {r["category"]: r for r in by_category["by_category"]}
+    assert list(rows) == ["writing", "chat"]  # in order of first appearance
+    assert rows["writing"]["num_prompts"] == 3 and rows["chat"]["num_prompts"] == 2
+    spec, plain = by_category["speculative"], by_category["plain"]
+    for side, total in (("spec", spec), ("plain", plain)):
+        assert sum(r[f"{side}_generated_tokens"] for r in rows.values()) == total["generated_tokens"]
+        assert sum(r[f"{side}_seconds"] for r in rows.values()) == pytest.approx(total["seconds"])
+    for r in rows.values():
+        assert r["spec_tokens_per_second"] == pytest.approx(r["spec_generated_tokens"] / r["spec_seconds"])
+        assert r["plain_tokens_per_second"] == pytest.approx(r["plain_generated_tokens"] / r["plain_seconds"])
+        assert r["speedup"] == pytest.approx(r["spec_tokens_per_second"] / r["plain_tokens_per_second"])
+        assert r["identical_outputs"] == r["num_prompts"]
+    means = [r["mean_acceptance_length"] for r in rows.values()]
+    assert min(means) - 1e-9 <= spec["mean_acceptance_length"] <= max(means) + 1e-9  # pooled over the drafts
+
+
+def test_the_printed_summary_names_speed_and_categories(tiny, tmp_path, capsys):
+    assert cli.main(bench_args(tiny, tmp_path / "r.json", "--by-category", "--num-prompts", "2")) == 0
+    out = capsys.readouterr().out
+    assert "speed-up:" in out and "plain:" in out and "identical outputs: 2/2" in out
+    table = out[out.index("by category"):].splitlines()
+    assert table[1].split() == ["category", "prompts", "accept", "spec", "tok/s", "plain", "tok/s", "speed-up",
+                                "identical"]
+    assert [line.split()[0] for line in table[2:4]] == ["writing", "chat"]
+    assert table[2].split()[-1] == "1/1"
+
+
+def test_a_run_without_a_draft_reports_plain_decoding_by_category(tiny, tmp_path):
+    out = tmp_path / "plain.json"
+    args = bench_args(tiny, out, "--by-category", "--num-prompts", "3")
+    args = args[:args.index("--method")] + args[args.index("--method") + 4:]  # no --method, no --draft
+    assert cli.main(args) == 0
+    report = json.loads(out.read_text())
+    assert "speculative" not in report and report["plain"]["num_prompts"] == 3
+    rows = report["by_category"]
+    assert [(r["category"], r["num_prompts"]) for r in rows] == [("writing", 2), ("chat", 1)]
+    assert sum(r["plain_generated_tokens"] for r in rows) == report["plain"]["generated_tokens"]
+
+
+def test_compare_plain_is_gone(tiny, tmp_path):
+    with pytest.raises(SystemExit):
+        cli.main(bench_args(tiny, tmp_path / "r.json", "--compare-plain"))
+
+
+def test_by_category_needs_a_category_field(tiny, tmp_path):
+    bare = tmp_path / "bare.jsonl"
+    bare.write_text('{"prompt": "a"}\n')
+    args = bench_args(tiny, tmp_path / "r.json", "--by-category")
+    args[args.index("--dataset") + 1] = str(bare)
+    with pytest.raises(SystemExit, match="--by-category: the rows of --dataset .*bare.jsonl have no 'category'"):
+        cli.main(args)
+
+
+# -- --test: the catalog record of the run's setting ------------------------------------
+def _catalog(monkeypatch, tiny, *records):
+    entry = CatalogEntry(id=tiny.head, method="eagle", family="llama", target="acme/Tiny", format="yuhuili-eagle",
+                         measured=tuple(records))
+    monkeypatch.setattr(bench, "catalog_entry", lambda draft: {tiny.head: entry}.get(draft))
+
+
+def _record(setting, acceptance, **extra):
+    return MeasuredRecord(**setting, acceptance_length=acceptance, **extra)
+
+
+def test_test_passes_fails_and_reports_the_speed_up_against_the_matching_record(
+        tiny, by_category, monkeypatch, tmp_path, capsys):
+    setting = by_category["setting"]
+    measured = by_category["speculative"]["mean_acceptance_length"]
+    other = dict(setting, batch=64)
+    _catalog(monkeypatch, tiny, _record(other, 9.0), _record(setting, measured, speedup=1.5))
+    out = tmp_path / "r.json"
+    assert cli.main(bench_args(tiny, out, "--by-category", "--test")) == 0
+    text = capsys.readouterr().out
+    assert f"vs catalog {measured:.3f}" in text and "PASS" in text and "recorded 1.50x (reported, not checked)" in text
+    report = json.loads(out.read_text())["test"]
+    assert report["passed"] and report["record"]["batch"] == 1
+
+    _catalog(monkeypatch, tiny, _record(setting, measured * 1.5))
+    assert cli.main(bench_args(tiny, out, "--by-category", "--test")) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_test_without_a_matching_record_names_both_settings_and_exits_2(tiny, by_category, monkeypatch, tmp_path,
+                                                                         capsys):
+    setting = by_category["setting"]
+    _catalog(monkeypatch, tiny, _record(dict(setting, device="cuda", dtype="bfloat16"), 2.0))
+    assert cli.main(bench_args(tiny, tmp_path / "r.json", "--test")) == 2
+    err = capsys.readouterr().err
+    assert "no measured record" in err and "matches this run's setting" in err
+    assert "run:      dataset=" in err and "device=cpu, dtype=float32, batch=1, k=3, max_tokens=10" in err
+    assert "device=cuda, dtype=bfloat16, batch=1" in err and "--max-num-seqs" in err
+    assert not (tmp_path / "r.json").exists()  # nothing was decoded
+
+    _catalog(monkeypatch, tiny)
+    assert cli.main(bench_args(tiny, tmp_path / "r.json", "--test")) == 2
+    assert "(none)" in capsys.readouterr().err
+
+
+def test_test_needs_a_draft(tiny, tmp_path):
+    args = [a for a in bench_args(tiny, tmp_path / "r.json", "--test") if a not in ("--method", "eagle")]
+    args = args[:args.index("--draft")] + args[args.index("--draft") + 2:]
+    with pytest.raises(SystemExit, match="--test needs a draft head"):
+        cli.main(args)
+
+
+# -- the grouping and timing logic against a scripted LLM ----------------------------------
+class ScriptedLLM:
+    """llm.chat's interface: answers each conversation with (number of messages) tokens
+    and counts one draft with one accepted token per answer token."""
+
+    def __init__(self):
+        self.engine = SimpleNamespace(metrics=SpecDecodingMetrics(num_speculative_tokens=2))
+        self.sent = []
+
+    def chat(self, conversations, params, use_tqdm=False):
+        self.sent.append(conversations)
+        outs = []
+        for c in conversations:
+            ids = list(range(len(c)))
+            self.engine.metrics.observe([2] * len(ids), [1] * len(ids))
+            outs.append(SimpleNamespace(outputs=[SimpleNamespace(token_ids=ids, text="x" * len(ids))]))
+        return outs
+
+
+def test_measure_sends_messages_whole_and_times_each_category_as_a_batch(tmp_path):
+    path = tmp_path / "set.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    rows = bench.load_prompt_rows(str(path), 10)
+    llm = ScriptedLLM()
+    groups = bench.measure(llm, bench.group_rows(rows, by_category=True), params=None)
+    assert [len(batch) for batch in llm.sent] == [3, 2]  # one chat call per category
+    assert llm.sent[1][0] == CHAT  # the multi-turn row as it is
+    assert llm.sent[1][1] == [{"role": "user", "content": "Say hello."}]
+    assert [(g.category, g.num_prompts, g.generated_tokens) for g in groups] == [("writing", 3, 3), ("chat", 2, 5)]
+    total = bench.BenchResult.from_groups(groups)
+    assert total.generated_tokens == 8 and total.num_prompts == 5
+    assert total.mean_acceptance_length == 2.0 and total.acceptance_rates == [1.0, 0.0]
+    one = bench.measure(ScriptedLLM(), bench.group_rows(rows, by_category=False), params=None)
+    assert len(one) == 1 and one[0].category is None and one[0].generated_tokens == 8
+
+
+# -- make demo -------------------------------------------------------------------------------
+def _dev(monkeypatch, tmp_path, rows):
+    """A placeholder for eagle_zoo/data/dev.jsonl (None: the package has none)."""
+    data = tmp_path / "eagle_zoo" / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    if rows is not None:
+        (data / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setattr(bench, "package_files", lambda: tmp_path / "eagle_zoo")
+
+
+def test_demo_takes_one_prompt_of_each_dev_category(monkeypatch, tmp_path):
+    from eagle_zoo import demo
+
+    _dev(monkeypatch, tmp_path, ROWS + [{"prompt": "2 + 2?", "category": "math"}])
+    source, rows = demo.demo_rows()
+    assert "dev set" in source
+    assert [(r["category"], r["prompt"]) for r in rows] == [
+        ("writing", "Write a poem about the sea."), ("chat", "Another one?"), ("math", "2 + 2?")]
+    assert rows[1]["messages"] == CHAT
+    assert len(demo.demo_rows(limit=2)[1]) == 2
+
+
+def test_demo_falls_back_to_built_in_prompts_of_six_kinds(monkeypatch, tmp_path):
+    from eagle_zoo import demo
+
+    _dev(monkeypatch, tmp_path, None)
+    source, rows = demo.demo_rows()
+    assert source == "built-in prompts of different kinds"
+    assert [r["category"] for r in rows] == ["chat", "writing", "code", "math", "translation", "summarization"]
+    assert len(rows[0]["messages"]) == 3 and rows[0]["prompt"] == rows[0]["messages"][-1]["content"]
+    assert all(r["messages"][-1] == {"role": "user", "content": r["prompt"]} for r in rows)
+
+
+def test_demo_prints_per_prompt_and_overall_speed_up(tiny, monkeypatch, tmp_path, capsys):
+    from eagle_zoo import demo
+
+    _dev(monkeypatch, tmp_path, ROWS)
+    monkeypatch.setattr(demo, "DEFAULT_TARGET", tiny.target)
+    monkeypatch.setattr(demo, "speculative_config",
+                        lambda draft, k: {"model": draft, "method": "eagle", "num_speculative_tokens": k})
+    args = SimpleNamespace(num_prompts=None, max_tokens=8, num_speculative_tokens=2, draft=tiny.head)
+    assert demo.run(args) == 0  # every output identical to plain decoding's
+    out = capsys.readouterr().out
+    table = out[out.index("== results (k=2)"):].splitlines()[1:]
+    assert table[0].split() == ["category", "accept", "spec", "tok/s", "plain", "tok/s", "speed-up", "identical"]
+    assert [line.split()[0] for line in table[1:4]] == ["writing", "chat", "overall"]
+    assert [line.split()[-1] for line in table[1:4]] == ["y", "y", "2/2"]
+    assert all(line.split()[-2].endswith("x") for line in table[1:4])
