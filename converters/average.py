@@ -79,7 +79,7 @@ def _mean(parts: list[LazyTensor], weights: list[float]) -> torch.Tensor:
 def _share_starts(entries: list[dict]) -> None:
     """A head trained from another head carries that head's whole record as its
     ``init_from.record``: keep each record once, a copy replaced by a reference to where
-    it is kept (else each round of warm start + average multiplies the file). The start
+    it is kept (else every warm start followed by an average would multiply the file). The start
     may be one of the averaged heads (-> ``average[j].record``), or a head outside the
     average that several of them were trained from, e.g. a head grown to more layers and
     averaged with its own run (-> ``average[j].record.init_from.record``, the first)."""

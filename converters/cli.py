@@ -24,6 +24,22 @@ CONVERSIONS = {
     "average": "heads of one config and draft vocabulary -> their weighted mean (checkpoint averaging)",
 }
 
+EXAMPLES = {
+    "legacy": "eagle-zoo convert legacy yuhuili/EAGLE-LLaMA3-Instruct-8B --target meta-llama/Meta-Llama-3-8B-Instruct -o ./eagle-legacy",
+    "to-speculators": "eagle-zoo convert to-speculators yuhuili/EAGLE3-LLaMA3.1-Instruct-8B "
+                      "--verifier meta-llama/Llama-3.1-8B-Instruct -o ./eagle3-speculators",
+    "to-yuhuili": "eagle-zoo convert to-yuhuili ./eagle3-speculators -o ./eagle3-yuhuili",
+    "to-safetensors": "eagle-zoo convert to-safetensors ./head-with-pytorch_model.bin -o ./head-safetensors",
+    "shard": "eagle-zoo convert shard ./head -o ./head-sharded --max-shard-size 500MB",
+    "unshard": "eagle-zoo convert unshard ./head-sharded -o ./head-one-file",
+    "average": "eagle-zoo convert average ./head-a --with ./head-b ./head-c --weights 2,1,1 -o ./head-mean",
+}
+
+
+def _epilog(*names: str) -> str:
+    return "examples (add --dry-run to see the plan first):\n" + "\n".join(
+        f"  {EXAMPLES[n]}" for n in names) + "\n\n" + EXIT_CODES_HELP
+
 
 def _options(p: argparse.ArgumentParser, name: str) -> None:
     if name == "legacy":
@@ -70,13 +86,14 @@ def _build(args):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.description = (
-        "Convert EAGLE / EAGLE-3 checkpoints. Output is written to a temporary directory "
-        "beside OUT and renamed into place when complete."
+        "Convert EAGLE / EAGLE-3 checkpoints between published layouts (docs/converting.md).\n"
+        "Output is written to a temporary directory beside OUT and renamed into place when\n"
+        "complete."
     )
-    parser.epilog = EXIT_CODES_HELP
+    parser.epilog = _epilog("to-speculators", "average")
     sub = parser.add_subparsers(dest="conversion", metavar="CONVERSION", required=True)
     for name, help_text in CONVERSIONS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text, epilog=EXIT_CODES_HELP,
+        p = sub.add_parser(name, help=help_text, description=help_text, epilog=_epilog(name),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("src", metavar="SRC", help="checkpoint directory or hub id" + (" (or one .bin file)" if name == "to-safetensors" else ""))
         p.add_argument("-o", "--output", required=True, type=Path, metavar="OUT", help="output directory (must not exist unless --force)")

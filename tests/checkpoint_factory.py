@@ -4,7 +4,7 @@ Every writer returns a Written(path, config, weights) record: ``config`` is the
 config.json it wrote and ``weights`` the tensors under the names the publisher uses
 (not the zoo's canonical names), so tests state the expected renaming themselves.
 
-Layouts (see ../shared/FACTS.md):
+Layouts (docs/formats.md):
   yuhuili EAGLE-1   plain LlamaForCausalLM config, num_hidden_layers 1, optional
                     non-HF "bias" key; pytorch_model.bin (later: model.safetensors);
                     embed_tokens, fc (+bias in some), layers.0.* without input_layernorm

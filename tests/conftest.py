@@ -16,23 +16,6 @@ torch.set_num_threads(1)
 from eagle_zoo import plugins
 
 
-@pytest.fixture(scope="session")
-def load_script():
-    """load_script("topic_openers") -> scripts/topic_openers.py as a module (scripts/ is no
-    package, so its tools are imported by path)."""
-    import importlib.util
-    from pathlib import Path
-
-    def _load(name: str):
-        path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-
-    return _load
-
-
 @pytest.fixture
 def reset_plugin_host():
     """A clean global plugin host before and after the test (env vars are read on load)."""

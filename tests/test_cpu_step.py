@@ -1,4 +1,4 @@
-"""The CPU decode-step shortcuts (issue 5) against independent references.
+"""The CPU decode-step shortcuts against independent references.
 
 - layers.linear: the few-rows formulation (W @ x^T)^T equals F.linear (to fp32
   rounding) for every row count around the switch, with and without bias; one-row

@@ -1,6 +1,6 @@
 """EagleConfig and rename_architecture.
 
-References: the renamed names published in FACTS.md (vLLM's head classes), transformers'
+References: the renamed names in docs/formats.md (vLLM's head classes), transformers'
 own config classes for the inner config, and the user's dict itself for round trips.
 """
 import json

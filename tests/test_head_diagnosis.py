@@ -1,4 +1,5 @@
-"""scripts/head_diagnosis.py: the engine's walk over an answer, replayed from per-position drafts."""
+"""eagle_zoo.tools.diagnose (`eagle-zoo diagnose`): the engine's walk over an answer, replayed from
+per-position drafts, and the out-of-vocabulary count."""
 from __future__ import annotations
 
 import pytest
@@ -6,8 +7,10 @@ import torch
 
 
 @pytest.fixture(scope="module")
-def diagnosis(load_script):
-    return load_script("head_diagnosis")
+def diagnosis():
+    from eagle_zoo.tools import diagnose
+
+    return diagnose
 
 
 def _part(right: list[list[bool]]) -> dict:

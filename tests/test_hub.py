@@ -21,8 +21,8 @@ OTHER_COMMIT = "fedcba9876543210fedcba9876543210fedcba98"
 
 def add_to_cache(cache: Path, repo_id: str, source: Path, commit: str = COMMIT, ref: str | None = "main") -> Path:
     """Put the files of ``source`` into ``cache`` as huggingface_hub stores a download:
-    models--org--name/blobs/<hash>, snapshots/<commit>/<file> -> ../../blobs/<hash>,
-    refs/<ref> holding the commit."""
+    models--org--name/blobs/<hash>, snapshots/<commit>/<file> (a relative symlink to the
+    blob), refs/<ref> holding the commit."""
     repo = cache / ("models--" + repo_id.replace("/", "--"))
     (repo / "blobs").mkdir(parents=True, exist_ok=True)
     snapshot = repo / "snapshots" / commit

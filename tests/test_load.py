@@ -63,7 +63,7 @@ def _load(module: nn.Module, weights: dict, prefix: str) -> None:
 
 
 def reference_eagle1(w, ids, positions, hidden, lm_head):
-    """FACTS: h = fc(cat([embed, hidden])); decoder layer with identity input norm;
+    """docs/formats.md: h = fc(cat([embed, hidden])); decoder layer with identity input norm;
     logits = lm_head(h)."""
     hf = _hf_config()
     layer = LlamaDecoderLayer(hf, layer_idx=0)
@@ -76,7 +76,7 @@ def reference_eagle1(w, ids, positions, hidden, lm_head):
 
 
 def reference_eagle3(w, ids, positions, hidden, embed, norm_before_residual):
-    """FACTS: attention over cat([input_layernorm(e), hidden_norm(h)]); residual is h
+    """docs/formats.md: attention over cat([input_layernorm(e), hidden_norm(h)]); residual is h
     (or hidden_norm(h) with norm_before_residual); post-attention norm + MLP;
     logits = lm_head(norm(h)) scattered to target ids d + d2t[d], -inf elsewhere."""
     hf = _hf_config()

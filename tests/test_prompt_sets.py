@@ -1,4 +1,4 @@
-"""eagle_zoo.bench.load_prompt_rows: the prompt sets bench, perf, demo and the scripts read."""
+"""eagle_zoo.bench.load_prompt_rows: the prompt sets bench, perf, demo and `eagle-zoo diagnose` read."""
 from __future__ import annotations
 
 import json
@@ -81,9 +81,11 @@ def test_dev_names_the_shipped_dev_set(tmp_path, monkeypatch):
         load_prompt_rows("dev", 10)
 
 
-def test_head_diagnosis_names_rows_without_a_category_after_their_set(load_script, tmp_path):
+def test_diagnose_names_rows_without_a_category_after_their_set(tmp_path):
+    from eagle_zoo.tools.diagnose import read_rows
+
     path = tmp_path / "self_instruct.jsonl"
     path.write_text('{"prompt": "a"}\n')
-    name, rows = load_script("head_diagnosis").read_rows(str(path), 5)
+    name, rows = read_rows(str(path), 5)
     assert name == "self_instruct" and rows == [{"prompt": "a", "category": "self_instruct", "messages": _user("a")}]
-    assert load_script("head_diagnosis").read_rows("mt-bench", 80)[1][0]["category"] == "writing"
+    assert read_rows("mt-bench", 80)[1][0]["category"] == "writing"

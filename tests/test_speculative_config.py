@@ -1,7 +1,7 @@
 """SpeculativeConfig: key checks, method inference, defaults, and the error messages.
 
 References: vLLM's documented speculative_config semantics and published checkpoint
-config layouts (FACTS.md); the expected values are written out here, not computed.
+config layouts (docs/formats.md); the expected values are written out here, not computed.
 """
 import json
 

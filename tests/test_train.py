@@ -3,7 +3,7 @@
 References nobody here wrote: transformers' generate() for the regenerated answers,
 the engine's own drafting path (ModelRunner + KV cache) for the training-time-test
 attention, the checkpoint readers + eagle_zoo.load for the saved layouts, and the
-d2t / t2d definition from FACTS.md.
+d2t / t2d definition of docs/formats.md.
 """
 from __future__ import annotations
 
@@ -361,7 +361,7 @@ def test_host_memory_for_spilled_features_is_capped_by_the_memory_cgroup(tmp_pat
 @pytest.mark.parametrize("cache", ["forward", "cached", "spilled"])
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])
 def test_a_training_step_reads_nothing_back_from_the_gpu(tiny, method, cache, monkeypatch):
-    """The host sets a training step's pace (BENCHMARKS.md, eighth session): the loss,
+    """A training step must not wait for the host: the loss,
     its backward, the optimizer step and the --ema update run without a device->host
     sync, with the target's forward or with --cache-features (all rows on the GPU, or
     half of them spilled to host memory). The batch itself (next_batch: host->device copies) is made

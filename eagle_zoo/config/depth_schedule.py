@@ -26,16 +26,12 @@ AUTO = "auto"
 def default_schedule(k: int, device_type: str = "cuda") -> dict[int, int]:
     """"auto" for a device type: {batch size a depth starts at: depth}.
 
-    cuda: K up to batch 63, plain (0) from 64 on. Measured on an H200 (bf16, SmolLM2-135M,
-    EAGLE-3 head, K = 3, MT-bench prompts, 256 tokens; BENCHMARKS.md, issue 7 tables):
-    speculative vs plain tokens/s at batch 1 / 4 / 16 / 64: 1.55x / 1.37x / 1.28x / 1.01x
-    (third session), 1.12x / 1.07x / 1.08x / 1.02x (fourth), 1.47x / 1.05x / 1.52x / 0.94x
-    and 1.58x / 1.15x / 0.85x / 0.78x (sixth, two runs): batch 64 lost in two of the
-    four, batch 16 in one; K = 1 at batch 4 was slower than K = 3 (1099 vs 1257). These
-    runs are short (one wave of requests), so the boundary is coarse.
-    cpu: K at batch 1 only. On 2 cores (fp32, BENCHMARKS.md, CPU) three requests decoded
-    together with K = 3 ran at 0.90x plain (a step verifies 12 positions), while one at a
-    time gains up to 1.3x.
+    cuda: K up to batch 63, plain (0) from 64 on. On an H200 (bf16, SmolLM2-135M, EAGLE-3
+    head, K = 3, MT-bench, 256 tokens; BENCHMARKS.md, "Throughput by batch size")
+    speculative vs plain tokens/s at batch 1 / 4 / 16 / 64 is 1.63x / 1.53x / 1.07x /
+    1.00x: at 64 speculation no longer pays.
+    cpu: K at batch 1 only. On 2 cores (fp32) three requests decoded together with K = 3
+    run below plain decoding (a step verifies 12 positions), while one request gains.
 
     Measure your own target and head with ``eagle-zoo bench --perf --depth-schedule ...``."""
     if device_type == "cpu":

@@ -17,8 +17,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help='speculative decoding, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\' '
                         "or '{\"model\": \"<eagle head>\"}' (docs/speculative-config.md)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                   help="shard the target over N GPUs of this host (default 1; docs/tensor-parallel.md)")
     p.add_argument("--max-num-seqs", type=int, help="requests decoded together (default 64 on CUDA, 8 on CPU)")
     p.add_argument("--max-model-len", type=int, help="context length: prompt + output (default min(model's, 2048))")
     p.add_argument("--api-key", default=envs.api_key(),
@@ -27,12 +28,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="names clients use for the model (default: MODEL); the first is reported")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
     p.add_argument("--device", default=None, help="cuda | cpu (default: cuda when available)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the engine's random seed, as LLM(seed=...) (default 0)")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="launch each decode step before the previous one is read back (greedy requests; "
                         "README, engine options); default: on for a CUDA device, off on the CPU and with "
                         "tensor parallelism; also EAGLE_ZOO_ASYNC_SCHEDULING=0/1")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="server log verbosity (default info)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,12 +1,21 @@
-"""scripts/topic_openers.py: the openers file the SmolLM2 heads' data round steers with."""
+"""eagle_zoo.tools.openers (`eagle-zoo openers`): request openers for
+`eagle-zoo train prompts --openers-file`."""
 from __future__ import annotations
 
 import pytest
 
+from eagle_zoo.cli import main as cli_main
+
 
 @pytest.fixture(scope="module")
-def topic_openers(load_script):
-    return load_script("topic_openers")
+def topic_openers():
+    from eagle_zoo.tools import openers
+
+    return openers
+
+
+def openers_cli(*args: str) -> int:
+    return cli_main(["openers", *args])
 
 
 def test_free_rows_fall_every_nth_line(topic_openers):
@@ -33,11 +42,11 @@ def test_seeded_and_spread_over_subjects(topic_openers):
 
 
 def test_cli_writes_lines(topic_openers, capsys):
-    assert topic_openers.main(["--num", "7", "--free-every", "2", "--seed", "4"]) == 0
+    assert openers_cli("--num", "7", "--free-every", "2", "--seed", "4") == 0
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 7 and out[1::2] == ["*"] * 3 and all(line.strip() == line and line for line in out)
-    with pytest.raises(SystemExit):
-        topic_openers.main(["--num", "0"])
+    with pytest.raises(SystemExit, match=r"eagle-zoo openers: --num 0: must be at least 1"):
+        openers_cli("--num", "0")
 
 
 def test_constraints_end_whole_requests_only(topic_openers):
@@ -61,18 +70,18 @@ def test_constraints_end_whole_requests_only(topic_openers):
     takes = {f for f in topic_openers.TOPIC_FRAMES if topic_openers.takes_constraint(f)}
     assert {"Discuss {t}", "Write a poem about {t}"} <= takes
     assert takes.isdisjoint({"Describe how {t}", "Compare {t} and", "What is {t}", "Explain {t} to a ten-year-old"})
-    with pytest.raises(SystemExit):
-        topic_openers.main(["--constraint-share", "1.5"])
+    with pytest.raises(SystemExit, match=r"--constraint-share 1.5: must be within 0-1"):
+        openers_cli("--constraint-share", "1.5")
 
 
 def test_starter_share_moves_lines_from_subjects_to_starters(topic_openers):
-    """--starter-share: code, math and extraction starters (where MT-bench's confident
-    misses fall, BENCHMARKS.md) in place of subject requests; role play keeps its tenth."""
+    """--starter-share: code, math and extraction starters in place of subject requests;
+    role play keeps its tenth."""
     starters, roles = set(topic_openers.STARTERS), {f.format(r=r) for f in topic_openers.ROLE_FRAMES
                                                     for r in topic_openers.ROLES}
     for share in (0.25, 0.5):
         lines = topic_openers.build(6000, 0, seed=3, starter_share=share)
         assert abs(sum(line in starters for line in lines) / len(lines) - share) < 0.03
         assert abs(sum(line in roles for line in lines) / len(lines) - 0.1) < 0.02
-    with pytest.raises(SystemExit):
-        topic_openers.main(["--starter-share", "0.95"])
+    with pytest.raises(SystemExit, match=r"--starter-share 0.95: must be within 0-0.9"):
+        openers_cli("--starter-share", "0.95")

@@ -1,13 +1,12 @@
-"""How much of the target's own MT-bench output an EAGLE-3 head's draft vocabulary covers.
+"""`eagle-zoo vocab-coverage`: how much of the target's own MT-bench output an EAGLE-3
+head's draft vocabulary covers.
 
 A position whose target token is outside the draft vocabulary is always rejected, so the
-coverage caps the acceptance rate. Greedy answers of the embedded SmolLM2 target to the
-80 MT-bench first turns (chat template, 256 tokens, fp32 on the CPU by default), then the
-share of their tokens in the head's draft vocabulary (t2d), overall and by category, the
-most frequent tokens outside it, and, for comparison, the coverage of the draft
-vocabulary joined with every token id below N (BPE ids roughly follow frequency).
-
-    .venv/bin/python scripts/draft_vocab_coverage.py [--head DIR_OR_ID] [--device cpu]
+coverage caps the acceptance rate. The embedded SmolLM2 target answers the 80 MT-bench
+first turns greedily (chat template, fp32); then the share of the answer tokens in the
+head's draft vocabulary (t2d), overall and by category, the most frequent tokens outside
+it, and, for comparison, the coverage of the draft vocabulary joined with every token id
+below N (BPE ids roughly follow frequency).
 """
 from __future__ import annotations
 
@@ -19,12 +18,17 @@ from importlib.resources import files
 import torch
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--head", default="eagle-zoo/EAGLE3-SmolLM2-135M-Instruct")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--max-tokens", type=int, default=256)
-    args = ap.parse_args()
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--head", default="eagle-zoo/EAGLE3-SmolLM2-135M-Instruct",
+                    help="EAGLE-3 head for the default target: catalog id, hub id or directory "
+                         "(default: %(default)s)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
+    ap.add_argument("--max-tokens", type=int, default=256, help="answer length (default: %(default)s)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.max_tokens < 1:
+        raise SystemExit("eagle-zoo vocab-coverage: --max-tokens must be at least 1")
 
     from eagle_zoo import load
     from eagle_zoo.bench import DEFAULT_TARGET
@@ -38,7 +42,8 @@ def main() -> None:
                     SamplingParams(temperature=0, max_tokens=args.max_tokens))
     head = load(args.head, target=llm.engine.target, dtype=torch.float32).head
     if getattr(head, "t2d", None) is None:
-        raise SystemExit(f"--head {args.head}: no draft vocabulary (t2d); it drafts over the whole vocabulary")
+        raise SystemExit(f"eagle-zoo vocab-coverage: --head {args.head}: no draft vocabulary (t2d): it drafts "
+                         "over the whole target vocabulary; pass an EAGLE-3 head")
     t2d = head.t2d.cpu()
     per_row = [torch.tensor(o.outputs[0].token_ids, dtype=torch.long) for o in outs]
     tokens = torch.cat(per_row)
@@ -58,7 +63,4 @@ def main() -> None:
     for n in (16000, 24000, 32000):
         joined = t2d | (torch.arange(t2d.numel()) < n)
         print(f"draft vocabulary + ids < {n}: {int(joined.sum())} tokens cover {float(joined[tokens].float().mean()):.2%}")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,27 +1,23 @@
-"""Where an EAGLE-3 head's drafts fail on the target's own answers: by the target's
-confidence, by draft-vocabulary coverage and by prompt set (issue 6: is the gap between
-held-out training prompts and MT-bench the data's or is it intrinsic to MT-bench?).
+"""`eagle-zoo diagnose`: where an EAGLE-3 head's drafts fail on the target's own answers.
 
-For each prompt set (jsonl rows with "prompt" or "turns"; MT-bench's shipped copy by
+For each prompt set (jsonl rows with "prompt" or "turns"; the packaged MT-bench copy by
 default) the target answers greedily (chat template, fp32), then one teacher-forced pass
-replays the drafting chain exactly as training does (eagle3.ttt_steps_forward): chain i
-starts from the target's features at answer index i, step s predicts token i+s+2. Per
-step: accuracy over every answer position (``acc``), the share whose target token is in
-the draft vocabulary (``in vocab``) and the accuracy on those (``acc | in vocab``, what
-training measures). ``chain`` is the share of chains whose steps 0..s are all right: the
-per-position acceptance rates of a k = 3 chain drafted from every position. The engine
-drafts only from where its last step ended (after the accepted drafts and the target's
-own token), so ``along the engine's walk`` takes the chains in that order: its mean
-acceptance length is what `eagle-zoo bench` measures (MT-bench, shipped head of
-48d9d53: 2.770 here, 2.772 by the benchmark; from every position 2.915). Misses come in
-runs, so a step that starts right after a miss misses more often than the average
-position: that is the gap between the two numbers, and between training accuracy and
-the benchmark. Then step 0 by bins of the target's probability of its own token at that
-position: if the head does equally well in each bin on two sets, the set with more
-uncertain positions loses by its nature, not by a missing kind of training data.
+replays the drafting chain as training does (``eagle3.ttt_steps_forward``): chain i
+starts from the target's features at answer index i, and its step s predicts token
+i+s+2. Reported per step: accuracy over every answer position (``acc``), the share of
+positions whose target token is in the draft vocabulary (``in vocab``), the accuracy on
+those (``acc | in vocab``, what training measures), and ``chain``, the share of chains
+whose steps 0..s are all right: the per-position acceptance rates of a k = 3 chain
+drafted from every position.
 
-    .venv/bin/python scripts/head_diagnosis.py [--head DIR_OR_ID] [--prompts mt-bench A.jsonl ...]
-        [--num 80] [--max-tokens 256] [--device cpu] [--by-category] [--misses 30] [--out-of-vocab 30]
+The engine drafts only from where its previous step ended (after the accepted drafts
+and the target's own token), so ``along the engine's walk`` takes the chains in that
+order; its mean acceptance length matches what `eagle-zoo bench` measures on the same
+prompts. Misses come in runs, so a step that starts right after a miss misses more often
+than the average position: that is the gap between the two means. Finally step 0 by bins
+of the target's probability of its own token: if a head does equally well in each bin on
+two sets, the set with more uncertain positions loses by its nature, not for want of a
+kind of training data.
 """
 from __future__ import annotations
 
@@ -40,8 +36,8 @@ def read_rows(path: str, num: int) -> tuple[str, list[dict]]:
     the row's, else the set's name)."""
     from eagle_zoo.bench import load_prompt_rows
 
-    dataset, name = (None, "mt-bench") if path == "mt-bench" else (path, Path(path).stem)
-    return name, [{**row, "category": row["category"] or name} for row in load_prompt_rows(dataset, num)]
+    name = path if path in ("mt-bench", "dev") else Path(path).stem
+    return name, [{**row, "category": row["category"] or name} for row in load_prompt_rows(path, num)]
 
 
 @torch.no_grad()
@@ -137,20 +133,26 @@ def report(name: str, parts: list[dict], t2d: torch.Tensor) -> None:
     print(f"  mean target probability {p[:, 0].mean():.3f}; positions with p >= 0.9: {(p[:, 0] >= 0.9).float().mean():.1%}")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--head", default="eagle-zoo/EAGLE3-SmolLM2-135M-Instruct")
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--head", default="eagle-zoo/EAGLE3-SmolLM2-135M-Instruct",
+                    help="EAGLE-3 head for the default target: catalog id, hub id or directory "
+                         "(default: %(default)s)")
     ap.add_argument("--prompts", nargs="+", default=["mt-bench"],
-                    help="jsonl files; mt-bench: the shipped MT-bench copy (the default)")
-    ap.add_argument("--num", type=int, default=80, help="prompts per set")
-    ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--device", default="cpu")
+                    help="prompt sets: jsonl files with a \"prompt\" or \"turns\" per row, or mt-bench "
+                         "(the packaged MT-bench first turns; the default)")
+    ap.add_argument("--num", type=int, default=80, help="prompts per set (default: %(default)s)")
+    ap.add_argument("--max-tokens", type=int, default=256, help="answer length (default: %(default)s)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
     ap.add_argument("--by-category", action="store_true", help="a report per category as well")
     ap.add_argument("--misses", type=int, default=0, metavar="N",
                     help="also the N most frequent misses where the target is sure (p >= 0.9)")
     ap.add_argument("--out-of-vocab", type=int, default=0, metavar="N",
                     help="also the N most frequent answer tokens the draft vocabulary lacks")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.num < 1 or args.max_tokens < 1:
+        raise SystemExit("eagle-zoo diagnose: --num and --max-tokens must be at least 1")
 
     from eagle_zoo import load
     from eagle_zoo.bench import DEFAULT_TARGET
@@ -162,7 +164,8 @@ def main() -> None:
     target = llm.engine.target
     head = load(args.head, target=target, dtype=torch.float32).head
     if getattr(head, "t2d", None) is None:
-        raise SystemExit(f"--head {args.head}: not an EAGLE-3 head with a draft vocabulary")
+        raise SystemExit(f"eagle-zoo diagnose: --head {args.head}: not an EAGLE-3 head with a draft vocabulary "
+                         "(no t2d); pass an EAGLE-3 head")
     aux_ids = list(cfg(head.config, "eagle_aux_hidden_state_layer_ids"))
     t2d = head.t2d.cpu()
     for path in args.prompts:
@@ -186,7 +189,4 @@ def main() -> None:
                 report(f"{name} / {cat}", parts, t2d)
                 if args.out_of_vocab:
                     out_of_vocab(parts, t2d, llm.tokenizer, args.out_of_vocab)
-
-
-if __name__ == "__main__":
-    main()
+    return 0

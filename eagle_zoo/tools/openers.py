@@ -1,20 +1,15 @@
-#!/usr/bin/env python3
-"""Openers for `eagle-zoo train prompts --openers-file`: request starts spread over topics.
+"""`eagle-zoo openers`: request openers for `eagle-zoo train prompts --openers-file`,
+spread over request kinds and subjects.
 
-Left to itself SmolLM2 writes mostly advice and planning requests; a handful of openers
-("Explain", "Write a") steer the kind of request but not its subject, so the answers
-still circle the same few topics and the draft vocabulary misses topic words (BENCHMARKS.md:
-stem and humanities lose most, and most of their tokens outside the draft vocabulary are
-subject words). These openers pair request kinds (explain, compare, write a story about,
-extract from, ...) with subjects from every field a general chat model is asked about, and
-the target completes each request in its own words before answering it.
-
-    python3 scripts/topic_openers.py --num 60000 --free-every 3 --seed 0 [--constraint-share 0.3]
-        [--starter-share 0.25] > openers.txt
-
-Every `--free-every`-th line is `*` (a free row: the target's own request), so the head
-keeps seeing what it was trained on before. Deterministic for a seed. The lists are ours,
-written for this script (no benchmark text).
+Left to itself a small chat model writes mostly advice and planning requests; a handful
+of openers ("Explain", "Write a") steer the kind of request but not its subject, so the
+answers circle a few topics and the draft vocabulary misses topic words. These openers
+pair request kinds (explain, compare, write a story about, extract from, ...) with
+subjects from every field a general chat model is asked about, plus role play and
+subject-free starters (code, math, reasoning, extraction); the target completes each
+request in its own words before answering it. Every `--free-every`-th line is `*` (a
+free row: the target's own request). The output is deterministic for a seed. The lists
+are written for this tool and hold no benchmark text.
 """
 from __future__ import annotations
 
@@ -184,8 +179,7 @@ def build(num: int, free_every: int, seed: int, constraint_share: float = 0.0,
     ``starter_share`` starters (code, math, reasoning, extraction) and the rest subject
     requests, in a seeded order without repeats until the subject x frame pairs run out.
     ``constraint_share`` of the whole subject requests end with a requirement ("Keep it
-    under 200 words."). The default share writes the lines the script wrote before the
-    option existed (the fourteenth session's round)."""
+    under 200 words."); with the default 0 no line carries one."""
     rng = random.Random(seed)
     topics = subjects()
     pairs = [f.format(t=t) for f in TOPIC_FRAMES for t in topics]
@@ -213,24 +207,27 @@ def build(num: int, free_every: int, seed: int, constraint_share: float = 0.0,
     return out
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--num", type=int, default=60000, help="lines to write")
-    ap.add_argument("--free-every", type=int, default=3, help="every N-th line a free row (*); 0: none")
-    ap.add_argument("--seed", type=int, default=0)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--num", type=int, default=60000, help="lines to write (default: %(default)s)")
+    ap.add_argument("--free-every", type=int, default=3,
+                    help="every N-th line a free row (*); 0: none (default: %(default)s)")
+    ap.add_argument("--seed", type=int, default=0, help="the same seed writes the same lines (default: %(default)s)")
     ap.add_argument("--constraint-share", type=float, default=0.0,
                     help="share of the whole subject requests that end with a requirement (0-1)")
     ap.add_argument("--starter-share", type=float, default=0.25,
                     help="share of the non-free lines that are code, math, reasoning and extraction starters "
                          "(0-0.9; role play keeps 0.1, subject requests the rest)")
-    args = ap.parse_args(argv)
-    if args.num < 1 or args.free_every < 0 or not 0 <= args.constraint_share <= 1 \
-            or not 0 <= args.starter_share <= 0.9:
-        ap.error("--num must be >= 1, --free-every >= 0, --constraint-share within 0-1 and --starter-share within 0-0.9")
+
+
+def run(args: argparse.Namespace) -> int:
+    bad = [text for text, wrong in (
+        (f"--num {args.num}: must be at least 1", args.num < 1),
+        (f"--free-every {args.free_every}: must be 0 (no free rows) or more", args.free_every < 0),
+        (f"--constraint-share {args.constraint_share}: must be within 0-1", not 0 <= args.constraint_share <= 1),
+        (f"--starter-share {args.starter_share}: must be within 0-0.9", not 0 <= args.starter_share <= 0.9),
+    ) if wrong]
+    if bad:
+        raise SystemExit("eagle-zoo openers: " + "; ".join(bad))
     lines = build(args.num, args.free_every, args.seed, args.constraint_share, args.starter_share)
     sys.stdout.write("".join(line + "\n" for line in lines))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,50 @@
+"""`eagle-zoo --help` and `eagle-zoo COMMAND --help`: written for users, with examples."""
+from __future__ import annotations
+
+import pytest
+
+from eagle_zoo import cli
+
+
+def _help(capsys, *argv: str) -> str:
+    with pytest.raises(SystemExit) as exc:
+        cli.main([*argv, "--help"])
+    assert exc.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_top_level_help_says_what_the_tool_does_and_lists_every_command(capsys):
+    out = _help(capsys)
+    assert out.splitlines()[2].startswith("eagle-zoo: a zoo of EAGLE / EAGLE-3")
+    assert "``" not in out and "Each subcommand lives" not in out  # no internal docstring
+    for name, cmd in cli.SUBCOMMANDS.items():
+        assert f"    {name}" in out and cmd.summary.split()[0] in out
+    assert "examples:\n  eagle-zoo list" in out
+
+
+@pytest.mark.parametrize("name", sorted(cli.SUBCOMMANDS))
+def test_every_command_has_a_description_and_an_example(capsys, name):
+    out = _help(capsys, name)
+    assert out.startswith(f"usage: eagle-zoo {name}")
+    assert "examples" in out, f"eagle-zoo {name} --help shows no example"
+    description = out.split("\n\n")[1]
+    assert description.rstrip().endswith((".", ")")), f"{name}: description cut: {description!r}"
+    assert all(len(line) <= 100 for line in description.splitlines()), f"{name}: description not wrapped"
+
+
+@pytest.mark.parametrize("conversion", ["legacy", "to-speculators", "to-yuhuili", "to-safetensors",
+                                        "shard", "unshard", "average"])
+def test_every_conversion_shows_its_own_example(capsys, conversion):
+    out = _help(capsys, "convert", conversion)
+    assert f"  eagle-zoo convert {conversion} " in out and "exit codes:" in out
+
+
+def test_tool_commands_name_a_bad_option_before_loading_anything():
+    from argparse import Namespace
+
+    from eagle_zoo.tools import diagnose, vocab_coverage
+
+    with pytest.raises(SystemExit, match="eagle-zoo diagnose: --num and --max-tokens must be at least 1"):
+        diagnose.run(Namespace(num=0, max_tokens=256))
+    with pytest.raises(SystemExit, match="eagle-zoo vocab-coverage: --max-tokens must be at least 1"):
+        vocab_coverage.run(Namespace(max_tokens=0))
