@@ -22,8 +22,7 @@ SHIPPED_HEAD = "eagle-zoo/EAGLE3-SmolLM2-135M-Instruct"
 MAX_TOKENS = 96
 # Drafts a step. On a GPU a step is bound by reading the weights, so verifying 3 drafts
 # costs little more than 1 token. On a 2-core CPU each verified token adds a few ms to a
-# step of 20-30 ms (scripts/cpu_step_profile.py --tokens 1,2,3,4 measures it), so fewer
-# drafts pay off there; -k overrides.
+# step of 20-30 ms, so fewer drafts pay off there; -k overrides.
 CUDA_K, CPU_K = 3, 2
 
 # Used when the package has no dev set: one prompt of each kind.

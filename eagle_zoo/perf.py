@@ -21,7 +21,7 @@ import torch
 
 from .bench import load_prompts
 
-COPY_BANDWIDTH = 4.25e12  # bytes/s read + written, measured on the H200 (shared/GPU.md)
+COPY_BANDWIDTH = 4.25e12  # bytes/s read + written, measured on an H200 (device-to-device copy)
 # The Llama-3-8B shape of the decode-step floor (LlamaConfig keyword arguments).
 LLAMA3_8B_SHAPE = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                        num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192,
@@ -104,7 +104,7 @@ def decode_step_floor(device, dtype, steps: int = 50) -> dict:
         step(i)
     _sync()
     ms = (time.perf_counter() - start) / steps * 1e3
-    floor_ms = weight_bytes / COPY_BANDWIDTH * 1e3  # the floor GPU.md states: weight bytes / copy bandwidth
+    floor_ms = weight_bytes / COPY_BANDWIDTH * 1e3  # the floor: weight bytes / copy bandwidth
     del model, runner
     torch.cuda.empty_cache()
     return {"weight_GB": weight_bytes / 1e9, "step_ms": ms, "floor_ms": floor_ms, "ratio": ms / floor_ms}

@@ -3,7 +3,7 @@
 
 A P-EAGLE head is an EAGLE-3 head trained so that K-1 extra slots appended after the
 last verified position predict the tokens after the first draft in the same forward
-pass (FACTS: extra draft slots per request K-1). Each extra slot is fed the
+pass (K-1 extra draft slots per request). Each extra slot is fed the
 checkpoint's placeholder instead of a real token and feature:
   token    config.json ``mask_token_id`` (vLLM also reads ``pard_token`` /
            ``ptd_token_id``; the first one present wins, in that order)

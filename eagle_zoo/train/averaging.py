@@ -1,9 +1,8 @@
 """`--ema DECAY`: an exponential moving average of the head's trained weights.
 
-Why: every continuation round of the shipped EAGLE-3 head came back with an end that
-accepts less on MT-bench than the same end averaged with its start (BENCHMARKS.md:
-``convert average`` after the fact). The average kept here does that during the run,
-over the whole trajectory: after each optimizer step
+Why: a head trained further from a start can accept less than the same end averaged
+with its start (``eagle-zoo convert average`` after the fact). The average kept here
+does that during the run, over the whole trajectory: after each optimizer step
 
     avg = DECAY * avg + (1 - DECAY) * weights
 

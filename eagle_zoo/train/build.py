@@ -20,7 +20,7 @@ _DROP = ("_name_or_path", "_model_name_or_path", "transformers_version", "dtype"
 
 
 def default_aux_layers(num_layers: int) -> list[int]:
-    """EAGLE-3's low / mid / high layers: (2, N//2, N-3) (FACTS.md), clamped for tiny targets."""
+    """EAGLE-3's low / mid / high layers: (2, N//2, N-3) (docs/formats.md), clamped for tiny targets."""
     return [min(max(i, 0), num_layers - 1) for i in (2, num_layers // 2, num_layers - 3)]
 
 
@@ -243,8 +243,7 @@ def _copy_shared_draft_rows(head: nn.Module, init_head: nn.Module, init_from: st
     to their trained rows (least squares). A trained head's rows drift from the target's,
     so the target's rows as they are give logits on another scale, and new rare tokens
     then win the argmax: the shipped head, reselected, drafted at 0.07 first-step accuracy
-    before one step was taken, against 0.85 with its own vocabulary and with the map
-    (scripts/warm_start_check.py)."""
+    before one step was taken, against 0.85 with its own vocabulary and with the map."""
     weight = head.lm_head.weight
     ids = torch.arange(head.draft_vocab_size) + head.d2t.cpu()  # target ids, ascending
     init_ids = torch.arange(init_head.draft_vocab_size) + init_head.d2t.cpu()

@@ -1,4 +1,4 @@
-"""EAGLE-1 loss (FACTS.md, Training): feature regression + distillation.
+"""EAGLE-1 loss (docs/formats.md, training losses): feature regression + distillation.
 
 Chain i reads (target feature f_i + noise, token x_{i+1}) at rope position i, as the
 engine's head does, and predicts f_{i+1}; through the target's lm_head that feature

@@ -16,9 +16,9 @@ engine drafts the head's argmax (proposers.py), so a head is judged only on whet
 argmax is the target's; the rest of its distribution is never used. Targets sharpened
 to softmax(logits / t) with t < 1 keep the argmax and the order of the candidates
 (the loss's minimum is still q = that distribution) but weigh the margin between the
-leading candidates more: at the near ties where drafts fail most (BENCHMARKS.md,
-scripts/head_diagnosis.py: a quarter of MT-bench positions give the target's own token
-less than 0.5 and hold most misses) the gradient says more plainly which one wins.
+leading candidates more: at the near ties where drafts fail most (`eagle-zoo diagnose`:
+a quarter of MT-bench positions give the target's own token less than 0.5 and hold most
+misses) the gradient says more plainly which one wins.
 t -> 0 is hard-label CE on the target's argmax.
 
 Attention. In the engine (EagleProposer) draft step s of the chain started at the
@@ -35,8 +35,8 @@ attends with the mask above, so training and drafting share one attention path.
 No host syncs. The positions a step learns from are gathered by index (loss_rows) into
 a fixed number of rows, the host's count of the batch's loss tokens, the rows past the
 valid ones weighted 0: a boolean index would stop the host until the GPU told it the
-count, three or four times per unrolled step, and the host sets a training step's pace
-(BENCHMARKS.md, eighth session: the GPU idled 70% of an EAGLE-3 step).
+count, three or four times per unrolled step, and the host would set a training step's
+pace (the GPU idled 70% of an EAGLE-3 step that way on an H200).
 """
 from __future__ import annotations
 

@@ -2,22 +2,21 @@
 
 Why: each training step runs the frozen target over its batch before the head, and a
 run goes over the same sequences for many epochs, so the same forward is repeated once
-an epoch. On an H200 it is ~40% of an EAGLE-3 step and ~18% of an EAGLE-1 step
-(BENCHMARKS.md, eighth session: scripts/device/train_profile.py).
+an epoch. On an H200 it is ~40% of an EAGLE-3 step and ~18% of an EAGLE-1 step.
 
 What is kept, per token of every usable sequence (truncated to --max-len), in the
 training dtype on the training device: the final hidden state [H] (after the final
 norm: what compute_logits and EAGLE-1's regression read) and, for EAGLE-3, the aux
 layers' states concatenated [3H]. Memory: tokens * H * 2 bytes (bf16) for EAGLE-1, four
 times that for EAGLE-3; 12.6M tokens of SmolLM2 (H = 576): 14.5 GB / 58 GB (54.1 GiB
-measured, ninth session).
+measured).
 
 What does not fit on the GPU (more than MAX_FREE_SHARE of its free memory) spills to host
 memory: the first rows stay on the device, the rest live in ordinary host memory, and a
 batch's spilled rows are gathered on the host into a pinned buffer and copied over
 without waiting (the caching host allocator keeps that buffer until the copy is done).
 Why: once the forward is cached a run goes through its data many times (23 epochs in
-the ninth session's 930 s), so more data, not more steps, is what helps, and more data
+930 s on an H200), so more data, not more steps, is what helps, and more data
 no longer fits the GPU alone.
 
 A batch's padding positions take the last real token's features where the forward

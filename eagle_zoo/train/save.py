@@ -1,4 +1,4 @@
-"""Write a trained head in a published layout (FACTS.md), readable by eagle_zoo.load.
+"""Write a trained head in a published layout (docs/formats.md), readable by eagle_zoo.load.
 
     yuhuili-eagle        config.json (the target's config, num_hidden_layers 1) +
                          fc.*, layers.0.* (no input_layernorm); embed_tokens only

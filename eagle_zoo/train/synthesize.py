@@ -21,7 +21,7 @@ most, mostly advice and planning requests for SmolLM2; openers such as "Explain"
 "Write" steer it towards explanations and writing tasks. An opener of ``*`` is a free
 row (no opener: the target's own first word), so ``"*,Explain,*,Write a"`` keeps half the
 rows of the kind the target writes unsteered: a head trained on steered rows alone loses
-acceptance on those (BENCHMARKS.md, ninth session).
+acceptance on those.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """EAGLE-3 draft vocabulary: the most frequent target tokens of the training data.
 
 target_id = draft_id + d2t[draft_id]; t2d[target_id] is True iff the token is drafted
-(FACTS.md). The draft ids are the chosen target ids sorted ascending, so d2t is
+(docs/formats.md). The draft ids are the chosen target ids sorted ascending, so d2t is
 non-decreasing and every offset is >= 0.
 """
 from __future__ import annotations
