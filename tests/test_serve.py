@@ -294,6 +294,24 @@ def test_api_key(tokenizer_dir):
         assert r.status_code == 200 and "eagle_zoo:request_success_total" in r.text
 
 
+def test_engine_spec_counters_under_both_prefixes():
+    """The engine snapshot's Vector of per-position counts becomes one labelled counter
+    per position, under eagle_zoo: and vllm: names."""
+    from eagle_zoo.serve.metrics import ServerMetrics
+
+    spec = SpecDecodingMetrics(num_speculative_tokens=2)
+    spec.observe([2, 2, 2], [2, 1, 0])
+    loop = SimpleNamespace(snapshot={"running": 1, "waiting": 0, "spec": spec.get_metrics(prefix=""),
+                                     "mean_acceptance_length": spec.mean_acceptance_length})
+    values = metric_values(ServerMetrics(loop).render().decode())
+    for prefix in ("eagle_zoo:", "vllm:"):
+        assert metric(values, prefix + "spec_decode_num_drafts_total") == 3
+        assert metric(values, prefix + "spec_decode_num_accepted_tokens_total") == 3
+        assert [metric(values, prefix + "spec_decode_num_accepted_tokens_per_pos_total", position=str(i))
+                for i in range(2)] == [2, 1]
+        assert metric(values, prefix + "num_requests_running") == 1
+
+
 def test_stream_text_deltas_hold_back_partial_characters_and_stop_prefixes():
     d = _TextDeltas(["END"])
     assert d("ab\ufffd", False) == "ab"  # incomplete UTF-8 character waits
@@ -418,6 +436,13 @@ def test_concurrent_load_all_complete_and_metrics_add_up(server, offline):
     assert grew("eagle_zoo:server_prompt_tokens_total") == sum(r[2].prompt_tokens for r in results)
     assert grew("eagle_zoo:e2e_request_latency_seconds_count") == len(results)
     assert metric(after, "eagle_zoo:num_requests_running") == 0
+    # vLLM's names count the same
+    assert grew("vllm:request_success_total", finished_reason="length") == n_length
+    assert grew("vllm:generation_tokens_total") == sum(r[2].completion_tokens for r in results)
+    assert grew("vllm:prompt_tokens_total") == sum(r[2].prompt_tokens for r in results)
+    assert grew("vllm:e2e_request_latency_seconds_count") == len(results)
+    assert grew("vllm:time_to_first_token_seconds_count") == len(results)
+    assert metric(after, "vllm:num_requests_running") == 0
     print(f"load: {len(results)} requests from 16 clients in {elapsed:.1f} s")
 
 
@@ -491,6 +516,10 @@ def test_speculative_server_from_cli_equals_plain(tokenizer_dir, offline, varian
         assert sum(per_pos) == accepted and per_pos == sorted(per_pos, reverse=True)
         mal = metric(values, "eagle_zoo:spec_decode_mean_acceptance_length")
         assert mal == pytest.approx(1 + accepted / drafts)
+        for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):  # vLLM's names too
+            assert metric(values, f"vllm:spec_decode_{name}_total") == metric(values, f"eagle_zoo:spec_decode_{name}_total")
+        assert [metric(values, "vllm:spec_decode_num_accepted_tokens_per_pos_total", position=str(i))
+                for i in range(3)] == per_pos
     finally:
         proc.terminate()
         try:

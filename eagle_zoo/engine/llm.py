@@ -98,6 +98,7 @@ class LLM:
         with target_scope(self.parallel):
             loaded = load_model(model, self.dtype, self.device, revision=revision)
         self.model_path = loaded.path
+        self._model_name = model
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         if tokenizer is not None:
@@ -252,8 +253,20 @@ class LLM:
             raise ValueError(f"{self.model_path}: the model has no chat template; use generate() with plain prompts")
         return self.tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
 
-    def get_metrics(self):
-        return self.engine.metrics.get_metrics()
+    def get_metrics(self) -> list:
+        """vLLM's metrics, shaped and named as vLLM's ``LLM.get_metrics()`` returns them
+        (eagle_zoo.metrics: Counter, Gauge, Histogram, Vector), labelled ``model_name`` and
+        ``engine``: the gauges ``vllm:num_requests_running`` / ``vllm:num_requests_waiting``,
+        then engine/metrics.py's counters (``vllm:spec_decode_num_drafts``,
+        ``vllm:spec_decode_num_accepted_tokens_per_pos`` as a Vector, ...), counted since
+        the LLM was built."""
+        from .metrics import Gauge
+
+        labels = {"model_name": str(self._model_name), "engine": "0"}
+        sched = self.engine.scheduler
+        return [Gauge("vllm:num_requests_running", dict(labels), float(len(sched.running))),
+                Gauge("vllm:num_requests_waiting", dict(labels), float(len(sched.waiting))),
+                *self.engine.metrics.get_metrics("vllm:", labels)]
 
     def get_tokenizer(self):
         return self.tokenizer

@@ -129,7 +129,7 @@ class _Run:
                         raise APIError(f"request failed: {u.error}", status=500, type="internal_error")
                     if u.num_tokens and not self._first_token_seen:
                         self._first_token_seen = True
-                        self.metrics.ttft.observe(time.perf_counter() - self._t0)
+                        self.metrics.first_token(time.perf_counter() - self._t0)
                     if u.finish_reason:
                         finished += 1
                         n_prompt = len(self.prompts[u.index][0])

@@ -177,7 +177,7 @@ class EngineLoop:
     def _take_snapshot(self) -> None:
         sched, spec = self.engine.scheduler, self.engine.metrics
         self.snapshot = {"running": len(sched.running), "waiting": len(sched.waiting),
-                         "spec": spec.get_metrics(), "mean_acceptance_length": spec.mean_acceptance_length}
+                         "spec": spec.get_metrics(prefix=""), "mean_acceptance_length": spec.mean_acceptance_length}
 
     def _fail_all(self, message: str) -> None:
         for rid, live in list(self._live.items()):
