@@ -214,3 +214,26 @@ def test_engine_still_serves_after_errors(llm, target):
     prompt = ids(6, start=11)["prompt_token_ids"]
     out = llm.generate({"prompt_token_ids": prompt}, GREEDY)[0].outputs[0].token_ids
     assert out == ef.hf_greedy(target, [prompt], [4])[0]
+
+
+# -- an EAGLE head taken as a separate draft model -------------------------------------
+def test_eagle_head_in_a_plainly_named_directory(tmp_path, target):
+    """A yuhuili EAGLE-1 head (its config.json is the target's, stating no method; EAGLE-3
+    configs carry EAGLE-3 fields) in a directory without "eagle" in its name is inferred
+    as draft_model; the error says its weights are an EAGLE
+    head's and names `method` with the value to set, instead of a missing-weight error."""
+    method = "eagle"
+    head = ef.write_head(tmp_path / "my-head", ef.kind_of("llama"), method)
+    with pytest.raises(ValueError) as info:
+        LLM(str(target), speculative_config={"model": str(head)}, device="cpu", max_model_len=MAX_MODEL_LEN)
+    message = str(info.value)
+    assert "holds EAGLE head weights" in message and "inferred as 'draft_model'" in message
+    assert "has no EAGLE marker" in message  # the reason it was inferred
+    assert f"'method' to '{method}'" in message and str(head) in message
+    with pytest.raises(ValueError, match="sets method='draft_model'"):  # given, not inferred
+        LLM(str(target), speculative_config={"method": "draft_model", "model": str(head)}, device="cpu",
+            max_model_len=MAX_MODEL_LEN)
+    # with the method set, the same directory serves
+    llm = LLM(str(target), speculative_config={"method": method, "model": str(head)}, device="cpu",
+              max_model_len=MAX_MODEL_LEN)
+    assert llm.generate(ids(5), GREEDY)[0].outputs[0].token_ids

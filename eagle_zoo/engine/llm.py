@@ -186,6 +186,7 @@ class LLM:
                                  graph_pool=graph_pool,
                                  padded_drafter_batch=not spec.disable_padded_drafter_batch)
         if spec.method == "draft_model":
+            _refuse_eagle_weights(spec)
             draft = load_model(spec.model, self.dtype, self.device, revision=spec.revision)
             if draft.config.vocab_size != loaded.config.vocab_size:
                 raise ValueError(
@@ -314,6 +315,22 @@ class LLM:
         if len(sampling_params) != n:
             raise ValueError(f"got {len(sampling_params)} SamplingParams for {n} prompts: give one, or one per prompt")
         return sampling_params
+
+
+def _refuse_eagle_weights(spec: SpeculativeConfig) -> None:
+    """A head's directory taken as a separate draft model fails here, saying to set
+    ``method``, instead of with a missing-weight error from the model loader."""
+    from ..checkpoints.tensors import CheckpointError, tensor_names
+    from ..config.speculative import eagle_weights_error
+    from .model_loader import resolve_model_dir
+
+    try:
+        names = tensor_names(resolve_model_dir(str(spec.model), spec.revision))
+    except (CheckpointError, OSError, ValueError):  # the loader reports what is wrong with it
+        return
+    error = eagle_weights_error(str(spec.model), names, spec.inferred_from)
+    if error is not None:
+        raise error
 
 
 def read_draft_config(model: str) -> Optional[dict]:
