@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import inspect
 import json
 import operator
 from pathlib import Path
@@ -79,8 +80,17 @@ class LLM:
         tokenizer: Optional[str] = None,
         enforce_eager: bool = False,
         async_scheduling: Optional[bool] = None,
+        **engine_args: Any,
     ):
-        init_args = {k: v for k, v in locals().items() if k != "self"}  # tensor-parallel workers rebuild from these
+        """``engine_args``: vLLM's other engine arguments (``gpu_memory_utilization``,
+        ``enable_prefix_caching``, ``quantization``, ...): accepted where they have no effect
+        here (one logged line names them), an error where they would change results
+        (engine/engine_args.py)."""
+        from . import engine_args as _engine_args
+
+        _engine_args.check(engine_args, _OWN_ARGS)
+        # tensor-parallel workers rebuild from these (engine_args are checked, and do nothing)
+        init_args = {k: v for k, v in locals().items() if k in _OWN_ARGS}
         if async_scheduling and isinstance(tensor_parallel_size, int) and tensor_parallel_size > 1:  # before ranks start
             raise ValueError("async_scheduling=True is not supported with tensor_parallel_size > 1 (the ranks' "
                              "run-ahead is untested): leave async_scheduling off")
@@ -315,6 +325,9 @@ class LLM:
         if len(sampling_params) != n:
             raise ValueError(f"got {len(sampling_params)} SamplingParams for {n} prompts: give one, or one per prompt")
         return sampling_params
+
+
+_OWN_ARGS = tuple(p for p in inspect.signature(LLM.__init__).parameters if p not in ("self", "engine_args"))
 
 
 def _refuse_eagle_weights(spec: SpeculativeConfig) -> None:

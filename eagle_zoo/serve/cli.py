@@ -18,7 +18,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "or '{\"model\": \"<eagle head>\"}' (docs/speculative-config.md)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
-    p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
                    help="shard the target over N GPUs of this host (default 1; docs/tensor-parallel.md)")
     p.add_argument("--max-num-seqs", type=int, help="requests decoded together (default 64 on CUDA, 8 on CPU)")
     p.add_argument("--max-model-len", type=int, help="context length: prompt + output (default min(model's, 2048))")
@@ -35,6 +35,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "tensor parallelism; also EAGLE_ZOO_ASYNC_SCHEDULING=0/1")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="server log verbosity (default info)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer directory or id (default: the model's)")
+    p.add_argument("--revision", default=None, help="the model's hub revision")
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs, as LLM(enforce_eager=True)")
+    from ..engine.engine_args import add_cli_arguments
+
+    add_cli_arguments(p, taken=lambda flag: flag in p._option_string_actions)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,13 +59,15 @@ def run(args: argparse.Namespace) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         logging.warning("binding to %s without --api-key: anyone who can reach it can use it", args.host)
 
+    from ..engine.engine_args import from_cli
     from ..engine.llm import LLM
     from .app import create_app
 
     try:
         llm = LLM(args.model, spec, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
                   max_num_seqs=args.max_num_seqs, seed=args.seed, tensor_parallel_size=args.tensor_parallel_size,
-                  async_scheduling=args.async_scheduling)
+                  async_scheduling=args.async_scheduling, tokenizer=args.tokenizer, revision=args.revision,
+                  enforce_eager=args.enforce_eager, **from_cli(args))
     except (ValueError, NotImplementedError, FileNotFoundError) as exc:
         return _fail(str(exc))
     app = create_app(llm, served_model_names=args.served_model_name or [args.model], api_key=args.api_key)
