@@ -89,3 +89,26 @@ def test_tree_positions_are_levels():
     assert m.num_accepted_tokens_per_pos == [2, 1, 1]
     assert (m.num_drafts, m.num_draft_tokens, m.num_accepted_tokens) == (2, 18, 4)
     assert m.mean_acceptance_length == 3.0
+
+
+def test_periodic_log_line_covers_the_interval_since_the_last():
+    from eagle_zoo.engine.metrics import SpecDecodingLogger
+
+    now, lines = [0.0], []
+    logger = SpecDecodingLogger(10.0, lines.append, clock=lambda: now[0])
+    m = SpecDecodingMetrics(num_speculative_tokens=2)
+    m.observe([2, 2], [2, 0])
+    now[0] = 5.0
+    assert not logger.maybe_log(m) and lines == []          # interval not over
+    now[0] = 10.0
+    assert logger.maybe_log(m)
+    assert lines[0] == ("SpecDecoding metrics: Mean acceptance length: 2.00, Accepted throughput: 0.20 tokens/s, "
+                        "Drafted throughput: 0.40 tokens/s, Accepted: 2 tokens, Drafted: 4 tokens, "
+                        "Per-position acceptance rate: 0.500, 0.500, Avg Draft acceptance rate: 50.0%")
+    m.observe([2], [1])                                      # the next line counts only the new step
+    now[0] = 20.0
+    assert logger.maybe_log(m)
+    assert "Mean acceptance length: 2.00" in lines[1] and "Accepted: 1 tokens, Drafted: 2 tokens" in lines[1]
+    assert "Per-position acceptance rate: 1.000, 0.000" in lines[1]
+    now[0] = 30.0
+    assert not logger.maybe_log(m) and len(lines) == 2       # no drafting since: no line

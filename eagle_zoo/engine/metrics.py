@@ -209,3 +209,49 @@ _COUNTERS = (
     _Counter("prompt_tokens", "num_prompt_tokens"),
     _Counter("generation_tokens", "num_generation_tokens"),
 )
+
+
+class SpecDecodingLogger:
+    """Periodic log lines of the speculative counters, as vLLM's server prints them: over
+    the interval since the last line, the mean acceptance length, accepted and drafted
+    tokens (and per second), the per-position acceptance rates and the draft acceptance
+    rate. ``maybe_log(metrics)`` after a step writes a line once ``interval_s`` has passed
+    and drafting happened since the last one."""
+
+    def __init__(self, interval_s: float = 10.0, log_fn=None, clock=None):
+        import logging
+        import time
+
+        self.interval_s = interval_s
+        self.log_fn = log_fn or logging.getLogger("eagle_zoo.engine").info
+        self.clock = clock or time.monotonic
+        self._last_time = self.clock()
+        self._last: tuple[int, int, int, list[int]] = (0, 0, 0, [])
+
+    def maybe_log(self, m: SpecDecodingMetrics) -> bool:
+        now = self.clock()
+        if now - self._last_time < self.interval_s:
+            return False
+        if m.num_drafts < self._last[0]:  # the counters were reset
+            self._last = (0, 0, 0, [])
+        drafts, drafted, accepted = (m.num_drafts - self._last[0], m.num_draft_tokens - self._last[1],
+                                     m.num_accepted_tokens - self._last[2])
+        before = self._last[3] + [0] * (len(m.num_accepted_tokens_per_pos) - len(self._last[3]))
+        per_pos = [a - b for a, b in zip(m.num_accepted_tokens_per_pos, before)]
+        elapsed = now - self._last_time
+        self._last_time = now
+        self._last = (m.num_drafts, m.num_draft_tokens, m.num_accepted_tokens, list(m.num_accepted_tokens_per_pos))
+        if drafts == 0:
+            return False
+        self.log_fn(format_spec_decoding_line(drafts, drafted, accepted, per_pos, elapsed))
+        return True
+
+
+def format_spec_decoding_line(drafts: int, drafted: int, accepted: int, per_pos: list[int], elapsed_s: float) -> str:
+    rates = ", ".join(f"{a / drafts:.3f}" for a in per_pos)
+    return (f"SpecDecoding metrics: Mean acceptance length: {1 + accepted / drafts:.2f}, "
+            f"Accepted throughput: {accepted / elapsed_s:.2f} tokens/s, "
+            f"Drafted throughput: {drafted / elapsed_s:.2f} tokens/s, "
+            f"Accepted: {accepted} tokens, Drafted: {drafted} tokens, "
+            f"Per-position acceptance rate: {rates}, "
+            f"Avg Draft acceptance rate: {100 * accepted / drafted if drafted else 0:.1f}%")
