@@ -287,3 +287,15 @@ def test_serve_takes_vllm_engine_flags():
     assert from_cli(args) == {"gpu_memory_utilization": 0.8, "enable_prefix_caching": True,
                               "enable_chunked_prefill": False, "kv_cache_dtype": "auto", "trust_remote_code": True}
     assert (args.tensor_parallel_size, args.max_model_len) == (1, 64)
+
+
+def test_prompt_token_ids_from_a_batch_encoding(llm):
+    """Recent transformers return a BatchEncoding from apply_chat_template(tokenize=True);
+    vLLM examples pass that as prompt_token_ids: its input_ids are the prompt."""
+    from transformers import BatchEncoding
+
+    ids_list = ids(7)["prompt_token_ids"]
+    enc = BatchEncoding({"input_ids": ids_list, "attention_mask": [1] * len(ids_list)})
+    got = llm.generate({"prompt_token_ids": enc}, GREEDY)[0]
+    assert got.prompt_token_ids == ids_list
+    assert got.outputs[0].token_ids == llm.generate(ids(7), GREEDY)[0].outputs[0].token_ids

@@ -65,6 +65,12 @@ NO_EFFECT: dict[str, EngineArg] = {
     "use_tqdm_on_load": EngineArg("loading shows no progress bar", None),
     "tokenizer_pool_size": EngineArg("tokenization runs in this process", int),
     "otlp_traces_endpoint": EngineArg("no tracing", str),
+    "limit_mm_per_prompt": EngineArg("the served models take text only, so no prompt carries images or audio",
+                                     str),
+    "disable_chunked_mm_input": EngineArg("the served models take text only", None),
+    "mm_processor_kwargs": EngineArg("the served models take text only", str),
+    "allowed_local_media_path": EngineArg("the served models take text only", str),
+    "attention_backend": EngineArg("attention runs this engine's own kernels (torch SDPA / Triton)", str),
     "max_loras": EngineArg("LoRA is not supported (enable_lora is refused)", int),
     "max_lora_rank": EngineArg("LoRA is not supported (enable_lora is refused)", int),
 }

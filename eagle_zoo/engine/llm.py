@@ -10,6 +10,7 @@ import inspect
 import json
 import operator
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Optional, Sequence as Seq, Union
 
 import torch
@@ -287,6 +288,10 @@ class LLM:
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
                 ids = prompt["prompt_token_ids"]
+                # transformers' apply_chat_template(..., tokenize=True) returns a BatchEncoding
+                # in recent versions (a list of ids in the versions vLLM's examples were written for)
+                if isinstance(ids, Mapping) and "input_ids" in ids:
+                    ids = ids["input_ids"]
                 try:
                     if isinstance(ids, (str, bytes)):
                         raise TypeError
