@@ -9,8 +9,8 @@ from __future__ import annotations
 import inspect
 import json
 import operator
-from pathlib import Path
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Optional, Sequence as Seq, Union
 
 import torch
