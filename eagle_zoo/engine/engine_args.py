@@ -93,8 +93,8 @@ SUPPORTED_VALUES: dict[str, EngineArg] = {
     "rope_scaling": EngineArg("RoPE is set by config.json; edit a copy of config.json instead", str, (None, {})),
     "rope_theta": EngineArg("RoPE is set by config.json; edit a copy of config.json instead", float, (None,)),
     "override_generation_config": EngineArg("SamplingParams are used as given", str, (None, {})),
-    "generation_config": EngineArg("SamplingParams are used as given (generation_config.json gives only the EOS "
-                                   "ids)", str, ("auto", None)),
+    "generation_config": EngineArg("SamplingParams are used as given, as with vLLM's 'vllm' "
+                                   "(generation_config.json gives only the EOS ids)", str, ("auto", "vllm", None)),
     "data_parallel_size": EngineArg("one engine per process; start several servers instead", int, (1,)),
     "calculate_kv_scales": EngineArg("the KV cache is not quantized", None, (False, None)),
     "model_impl": EngineArg("models are eagle-zoo's family plugins", str, ("auto", None)),
