@@ -9,6 +9,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "load": ("eagle_zoo.loading", "load"),
+    "load_target": ("eagle_zoo.loading", "load_target"),
     "LoadedHead": ("eagle_zoo.loading", "LoadedHead"),
     "LLM": ("eagle_zoo.engine.llm", "LLM"),
     "SamplingParams": ("eagle_zoo.engine.sampling_params", "SamplingParams"),

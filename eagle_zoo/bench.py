@@ -10,6 +10,16 @@ acceptance length against the catalog's measured record for the run's setting
 
 Defaults follow the usual acceptance setting: the 80 MT-bench questions (first turn,
 chat template), greedy, k = 3.
+
+vLLM's examples/offline_inference/spec_decode.py command lines run unchanged but for
+model names: its flags are accepted (--method --num-spec-tokens --tp --draft-tp
+--eagle-dir --model-dir --dataset-name --dataset-path --num-prompts --max-num-seqs --temp
+--top-p --top-k --output-len --print-output --enforce-eager --max-model-len
+--prompt-lookup-max/min --test; --enable-chunked-prefill is announced as without
+effect), --dataset-path reads a local file (jsonl rows, or a JSON list such as ShareGPT's),
+and a speculative run also prints the script's summary (total_num_output_tokens,
+num_drafts, num_draft_tokens, num_accepted_tokens, mean acceptance length, acceptance at
+each token position).
 """
 from __future__ import annotations
 
@@ -27,11 +37,15 @@ DEFAULT_RTOL = 0.02
 # Prompt sets shipped in the package, by the name --dataset and catalog records use.
 DATASETS = {"mt-bench": "data/mt_bench.jsonl", "dev": "data/dev.jsonl"}
 DEFAULT_DATASET = "mt-bench"
+# spec_decode.py's --dataset-name values that read --dataset-path (here: a local file).
+FILE_DATASET_NAMES = ("hf", "custom", "sharegpt", "jsonl")
+# Hub datasets of which the package ships a copy: read instead of downloading.
+SHIPPED_HUB_DATASETS = {"philschmid/mt-bench": "mt-bench"}
 ROLES = ("system", "user", "assistant")
 
 
 def add_arguments(p):
-    p.add_argument("--model", default=DEFAULT_TARGET, help="target model id or directory")
+    p.add_argument("--model", "--model-dir", dest="model", default=DEFAULT_TARGET, help="target model id or directory")
     p.add_argument("--method", default=None, help="eagle | eagle3 | ngram | draft_model (inferred when omitted)")
     p.add_argument("--draft", "--eagle-dir", dest="draft", default=None, help="draft head / model id or directory")
     p.add_argument("--num-spec-tokens", type=int, default=3)
@@ -39,9 +53,28 @@ def add_arguments(p):
                    help="prompt set: 'mt-bench' (the default: 80 first turns), 'dev' (the shipped dev set, "
                         "eagle_zoo/data/dev.jsonl) or a jsonl path whose rows hold 'messages' (a chat ending in a "
                         "user turn, sent whole), 'turns' (the first is sent) or 'prompt', and may hold 'category'")
+    p.add_argument("--dataset-name", default=None,
+                   help="as spec_decode.py: 'mt-bench' / 'dev' (shipped sets), or hf | custom | sharegpt | jsonl "
+                        "with --dataset-path")
+    p.add_argument("--dataset-path", default=None,
+                   help="a local prompt file: jsonl rows with 'prompt', 'turns', 'messages' or ShareGPT "
+                        "'conversations', or a JSON list of such rows (philschmid/mt-bench reads the shipped copy)")
     p.add_argument("--num-prompts", type=int, default=80)
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--max-tokens", "--output-len", dest="max_tokens", type=int, default=256)
+    p.add_argument("--temperature", "--temp", dest="temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="0 or -1: off")
+    p.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, default=1,
+                   help="tensor_parallel_size of the target (docs/tensor-parallel.md)")
+    p.add_argument("--draft-tp", type=int, default=None, help="speculative_config draft_tensor_parallel_size")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="context length: prompt + output (default: the engine's, min(model's, 2048)); the dev "
+                        "set's longest prompts need about 4096")
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    p.add_argument("--prompt-lookup-max", type=int, default=None, help="ngram: longest n-gram looked up")
+    p.add_argument("--prompt-lookup-min", type=int, default=None, help="ngram: shortest n-gram looked up")
+    p.add_argument("--enable-chunked-prefill", action="store_true",
+                   help="accepted for spec_decode.py command lines; no effect (prompts are prefilled whole)")
     p.add_argument("--max-num-seqs", type=int, default=None, help="requests decoded together: the batch of catalog records (default: the engine's, 64 on a GPU, 8 on the CPU)")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--device", default=None)
@@ -84,6 +117,38 @@ def add_arguments(p):
                       help="add an EAGLE-2 dynamic tree row per head to the batch-1 table: TOP_K,DEPTH,TOTAL_TOKENS "
                            "(e.g. 8,5,60; speculative_config tree); several shapes separated by ';' "
                            "(e.g. '8,5,60;4,4,24')")
+
+
+def resolve_dataset_flags(args) -> None:
+    """Fold spec_decode.py's --dataset-name / --dataset-path into --dataset (a shipped
+    set's name or a local file)."""
+    name, path = getattr(args, "dataset_name", None), getattr(args, "dataset_path", None)
+    if name is None and path is None:
+        return
+    if args.dataset is not None:
+        raise SystemExit("give --dataset, or spec_decode.py's --dataset-name / --dataset-path, not both")
+    if path is not None:
+        if name is not None and name not in FILE_DATASET_NAMES:
+            raise SystemExit(f"--dataset-name {name} --dataset-path {path}: --dataset-path goes with --dataset-name "
+                             f"{' | '.join(FILE_DATASET_NAMES)} (or give --dataset-name {' | '.join(DATASETS)} alone)")
+        if Path(path).is_file():
+            args.dataset = path
+        elif path in SHIPPED_HUB_DATASETS:
+            args.dataset = SHIPPED_HUB_DATASETS[path]
+            print(f"--dataset-path {path}: reading the shipped copy, eagle_zoo/{DATASETS[args.dataset]} "
+                  f"(nothing is downloaded)")
+        else:
+            raise SystemExit(f"--dataset-path {path}: no such local file; bench reads local prompt files (jsonl rows "
+                             f"with 'prompt', 'turns', 'messages' or 'conversations', or a JSON list of them): "
+                             f"download the dataset and pass its path")
+        return
+    if name in DATASETS:
+        args.dataset = name
+    elif name == "hf":  # spec_decode.py's default dataset-path is MT-bench
+        args.dataset = DEFAULT_DATASET
+    else:
+        raise SystemExit(f"--dataset-name {name}: give a shipped set ({', '.join(DATASETS)}), or "
+                         f"{' | '.join(FILE_DATASET_NAMES)} with --dataset-path <local file>")
 
 
 def dataset_name(dataset: Optional[str]) -> str:
@@ -133,6 +198,12 @@ def _conversation(row, where: str) -> list[dict]:
             raise SystemExit(f"{where}: the last message must be the user's (the turn to answer), "
                              f"not {messages[-1]['role']!r}; drop the trailing turn")
         return [{"role": m["role"], "content": m["content"]} for m in messages]
+    if isinstance(row.get("conversations"), list):  # ShareGPT: the first human turn
+        first = next((t for t in row["conversations"] if isinstance(t, dict) and t.get("from") in ("human", "user")),
+                     None)
+        if first is None or not isinstance(first.get("value"), str):
+            raise SystemExit(f"{where}: 'conversations' has no {{\"from\": \"human\", \"value\": a string}} turn")
+        return [{"role": "user", "content": first["value"]}]
     prompt = row["turns"][0] if isinstance(row.get("turns"), list) and row["turns"] else row.get("prompt")
     if not isinstance(prompt, str):
         raise SystemExit(f"{where}: expected a 'messages' list, a 'turns' list or a string 'prompt' field")
@@ -145,19 +216,34 @@ def load_prompt_rows(dataset: Optional[str], num_prompts: int) -> list[dict]:
     "messages": the chat sent to the target}."""
     text, source = _read_dataset(dataset)
     rows = []
-    for i, line in enumerate(l for l in text.splitlines() if l.strip()):
+    for where, row in _records(text, source):
         if len(rows) == num_prompts:
             break
-        where = f"{source} line {i + 1}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise SystemExit(f"{where}: not valid JSON ({exc.msg})") from None
         if not isinstance(row, dict):
             raise SystemExit(f"{where}: expected a JSON object, got {type(row).__name__}")
         messages = _conversation(row, where)
         rows.append({"prompt": messages[-1]["content"], "category": row.get("category"), "messages": messages})
     return rows
+
+
+def _records(text: str, source: str):
+    """(where, parsed row) of a jsonl file, or of a JSON list (ShareGPT's files)."""
+    if text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SystemExit(f"{source}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+        for i, row in enumerate(rows):
+            yield f"{source} item {i}", row
+        return
+    for i, line in enumerate(text.splitlines()):
+        if not line.strip():
+            continue
+        where = f"{source} line {i + 1}"
+        try:
+            yield where, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SystemExit(f"{where}: not valid JSON ({exc.msg})") from None
 
 
 def load_prompts(dataset: Optional[str], num_prompts: int) -> list[str]:
@@ -177,6 +263,7 @@ class GroupResult:
     accepted_per_pos: list[int] = field(default_factory=list)
     outputs: list[list[int]] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
+    num_draft_tokens: int = 0
 
     @property
     def tokens_per_second(self) -> float:
@@ -198,6 +285,10 @@ class BenchResult:
     acceptance_rates: list[float] = field(default_factory=list)
     outputs: list[list[int]] = field(default_factory=list)
     groups: list[GroupResult] = field(default_factory=list)
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
 
     @property
     def tokens_per_second(self) -> float:
@@ -217,6 +308,10 @@ class BenchResult:
             acceptance_rates=[a / drafts for a in per_pos] if drafts else [],
             outputs=[o for g in groups for o in g.outputs],
             groups=groups,
+            num_drafts=drafts,
+            num_draft_tokens=sum(g.num_draft_tokens for g in groups),
+            num_accepted_tokens=sum(g.num_accepted_tokens for g in groups),
+            accepted_per_pos=per_pos,
         )
 
     def summary(self) -> dict:
@@ -225,7 +320,18 @@ class BenchResult:
                 "generated_tokens": self.generated_tokens, "seconds": self.seconds,
                 "tokens_per_second": self.tokens_per_second,
                 "mean_acceptance_length": self.mean_acceptance_length,
-                "acceptance_rates": self.acceptance_rates}
+                "acceptance_rates": self.acceptance_rates,
+                "num_drafts": self.num_drafts, "num_draft_tokens": self.num_draft_tokens,
+                "num_accepted_tokens": self.num_accepted_tokens}
+
+    def spec_decode_summary(self) -> str:
+        """The summary spec_decode.py prints after a speculative run."""
+        d = self.num_drafts
+        lines = ["-" * 50, f"total_num_output_tokens: {self.generated_tokens}", f"num_drafts: {d}",
+                 f"num_draft_tokens: {self.num_draft_tokens}", f"num_accepted_tokens: {self.num_accepted_tokens}",
+                 f"mean acceptance length: {1 + self.num_accepted_tokens / d if d else 1:.2f}", "-" * 50]
+        lines += [f"acceptance at token {i}: {a / d if d else 0:.2f}" for i, a in enumerate(self.accepted_per_pos)]
+        return "\n".join(lines)
 
 
 def _zip_longest(lists) -> list[tuple[int, ...]]:
@@ -266,7 +372,7 @@ def measure(llm, groups: list[tuple[Optional[str], list[dict]]], params, use_tqd
         results.append(GroupResult(
             category=category, num_prompts=len(rows),
             generated_tokens=sum(len(o.outputs[0].token_ids) for o in outs), seconds=seconds,
-            num_drafts=m.num_drafts, num_accepted_tokens=m.num_accepted_tokens,
+            num_drafts=m.num_drafts, num_accepted_tokens=m.num_accepted_tokens, num_draft_tokens=m.num_draft_tokens,
             accepted_per_pos=list(m.num_accepted_tokens_per_pos),
             outputs=[list(o.outputs[0].token_ids) for o in outs],
             texts=[o.outputs[0].text for o in outs],
@@ -277,9 +383,12 @@ def measure(llm, groups: list[tuple[Optional[str], list[dict]]], params, use_tqd
 def build_llm(args, speculative_config):
     from .engine.llm import LLM
 
-    kwargs = dict(dtype=args.dtype, device=args.device, seed=args.seed)
+    kwargs = dict(dtype=args.dtype, device=args.device, seed=args.seed,
+                  tensor_parallel_size=getattr(args, "tp", 1), enforce_eager=getattr(args, "enforce_eager", False))
     if args.max_num_seqs:
         kwargs["max_num_seqs"] = args.max_num_seqs
+    if getattr(args, "max_model_len", None):
+        kwargs["max_model_len"] = args.max_model_len
     return LLM(model=args.model, speculative_config=speculative_config, **kwargs)
 
 
@@ -425,6 +534,9 @@ def run(args) -> int:
         return run_perf(args)
     from .engine.sampling_params import SamplingParams
 
+    resolve_dataset_flags(args)
+    if args.enable_chunked_prefill:
+        print("--enable-chunked-prefill: no effect here (prompts are prefilled whole; outputs are the same)")
     rows = load_prompt_rows(args.dataset, args.num_prompts)
     if args.by_category and all(row["category"] is None for row in rows):
         raise SystemExit(f"--by-category: the rows of --dataset {dataset_name(args.dataset)} have no "
@@ -437,9 +549,18 @@ def run(args) -> int:
             spec["method"] = args.method
         if args.draft:
             spec["model"] = args.draft
+        if args.draft_tp is not None:
+            spec["draft_tensor_parallel_size"] = args.draft_tp
+        for key in ("prompt_lookup_max", "prompt_lookup_min"):
+            if getattr(args, key) is not None:
+                spec[key] = getattr(args, key)
     elif args.test:
         raise SystemExit("--test needs a draft head (--draft)")
-    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
+    if args.test and (args.top_p != 1.0 or args.top_k > 0):
+        raise SystemExit("--test: the catalog's measured records have no top-p / top-k truncation; drop "
+                         "--top-p / --top-k")
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            max_tokens=args.max_tokens, seed=args.seed)
 
     llm = build_llm(args, spec)
     setting = run_setting(args, llm, len(rows))
@@ -495,6 +616,7 @@ def run(args) -> int:
               f"identical outputs: {comparison['identical_outputs']}/{comparison['num_prompts']}")
         print(f"  ({first.generated_tokens} tokens in {first.seconds:.2f}s speculative, "
               f"{plain.generated_tokens} in {plain.seconds:.2f}s plain)")
+        print(first.spec_decode_summary())
         if args.by_category:
             print("by category (each category timed as a batch of its own):")
             print(category_table(comparison))

@@ -5,6 +5,10 @@ renamed architecture picks the family plugin and head class (the registry) -> bu
 load the weights -> dtype / device -> embeddings / lm_head shared from the target
 where the checkpoint has none. Given a target, its config is checked against the head's
 before anything is built, so a head for another model fails with a readable message.
+Without a target model those modules are left unset: ``LoadedHead.needs`` names them,
+running the head raises an error saying to pass the target, and
+``LoadedHead.attach_target(model)`` shares them later. ``load_target()`` builds a target
+model to pass as ``target=``.
 """
 from __future__ import annotations
 
@@ -37,6 +41,25 @@ class LoadedHead:
     path: Path
     family: str
     shared: list[str] = field(default_factory=list)  # modules taken from the target
+    needs: list[str] = field(default_factory=list)   # modules still to take from a target
+
+    @property
+    def ready(self) -> bool:
+        """Whether the head can draft (it has every module it runs)."""
+        return not self.needs
+
+    def attach_target(self, target: Any) -> "LoadedHead":
+        """Check ``target`` (a target model, e.g. from ``eagle_zoo.load_target``) against
+        the head and share its embed_tokens / lm_head where the checkpoint has none."""
+        target_config = _target_config(target)
+        if target_config is not None:
+            family, _ = _head_family(self.config, self.format, self.path)
+            check_target(self.config, self.method, family, target_config, self.path)
+        if self.needs:
+            _check_can_share(target, self.needs, self.path)
+            self.shared += self.head.share_from_target(target)
+            self.needs = []
+        return self
 
 
 def load(
@@ -54,7 +77,7 @@ def load(
     fmt = detect_format(path)
     raw: RawCheckpoint = fmt.read(path)
     source = str(raw.files[0]) if len(raw.files) == 1 else str(path)
-    family, method = _head_family(raw, path)
+    family, method = _head_family(raw.config, raw.format, path)
     target_config = _target_config(target)
     if target_config is not None:
         check_target(raw.config, method, family, target_config, path)
@@ -65,22 +88,41 @@ def load(
     # Shared after the cast: the target's modules are tied in as they are, never
     # converted behind the target's back.
     missing = [m for m in SHARED_FROM_TARGET if f"{m}.weight" not in loaded]
-    shared = []
-    if missing:
+    shared, needs = [], []
+    if missing and _is_model(target):
         _check_can_share(target, missing, path)
         shared = head.share_from_target(target)
-    return LoadedHead(head, raw.config, method, fmt.name, path, family.name, shared)
+    elif missing:  # no target model: the head says what it needs before it can draft
+        needs = head.leave_for_target(str(path))
+    return LoadedHead(head, raw.config, method, fmt.name, path, family.name, shared, needs)
 
 
-def _head_family(raw: RawCheckpoint, path: Path) -> tuple[FamilySpec, str]:
+def _is_model(target: Any) -> bool:
+    return target is not None and not isinstance(target, dict) and hasattr(target, "config") \
+        and not (hasattr(target, "to_dict") and hasattr(target, "model_type"))
+
+
+def load_target(model: str, *, dtype: Any = None, device: Any = None, revision: Optional[str] = None) -> nn.Module:
+    """The target model ``model`` (an id, a catalog target or a directory, as ``LLM(model=...)``
+    reads it), built by the family plugin that serves it, to pass as
+    ``eagle_zoo.load(head, target=...)``: it has ``.config``, ``embed_tokens`` and
+    ``lm_head``. ``dtype`` / ``device`` as LLM's ("auto" / None: bf16 on CUDA, else fp32)."""
+    from .engine.llm import resolve_device, resolve_dtype
+    from .engine.model_loader import load_model
+
+    device = resolve_device(device)
+    return load_model(str(model), resolve_dtype(dtype, device), device, revision=revision).model
+
+
+def _head_family(config: Any, fmt: str, path: Path) -> tuple[FamilySpec, str]:
     registry = get_registry()
-    archs = list(raw.config.architectures)
+    archs = list(config.architectures)
     for arch in archs:
         if arch in registry.head_architectures:
             return registry.head_architectures[arch]
     raise HeadLoadError(
         f"{path}: no installed family plugin provides a head for {archs or 'an unnamed architecture'} "
-        f"(read as {raw.format}, method {raw.config.method}). Known head architectures: "
+        f"(read as {fmt}, method {config.method}). Known head architectures: "
         f"{', '.join(sorted(registry.head_architectures)) or 'none'}. Install the plugin for this "
         f"model family (`eagle-zoo plugins` lists what is installed)."
     )

@@ -275,3 +275,58 @@ def test_demo_prints_per_prompt_and_overall_speed_up(tiny, monkeypatch, tmp_path
     assert [line.split()[0] for line in table[1:4]] == ["writing", "chat", "overall"]
     assert [line.split()[-1] for line in table[1:4]] == ["y", "y", "2/2"]
     assert all(line.split()[-2].endswith("x") for line in table[1:4])
+
+
+def test_a_spec_decode_py_command_line_runs_and_prints_its_summary(tiny, tmp_path, capsys):
+    """vLLM's spec_decode.py flags, the dataset a local ShareGPT-style JSON list: the run
+    prints the script's summary, whose counters are the report's, and announces that
+    --enable-chunked-prefill does nothing here."""
+    sharegpt = tmp_path / "sharegpt.json"
+    sharegpt.write_text(json.dumps([
+        {"conversations": [{"from": "human", "value": "Write a poem."}, {"from": "gpt", "value": "No."}]},
+        {"conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "Say hi."}]},
+        {"conversations": [{"from": "human", "value": "Name a colour."}]},
+    ]))
+    out = tmp_path / "r.json"
+    argv = ["bench", "--method", "eagle", "--model-dir", tiny.target, "--eagle-dir", tiny.head,
+            "--num-spec-tokens", "3", "--tp", "1", "--draft-tp", "1", "--dataset-name", "sharegpt",
+            "--dataset-path", str(sharegpt), "--num-prompts", "3", "--max-num-seqs", "1", "--temp", "0",
+            "--top-p", "1.0", "--top-k", "-1", "--output-len", "8", "--print-output", "--enable-chunked-prefill",
+            "--max-model-len", "96", "--device", "cpu", "--dtype", "float32", "--json", str(out)]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    spec = report["speculative"]
+    assert report["setting"]["max_tokens"] == 8 and spec["num_prompts"] == 3
+    assert report["identical_outputs"] == 3
+    assert "--enable-chunked-prefill: no effect here" in printed
+    assert "--- [None] 'Say hi.'" in printed  # --print-output; the first human turn is sent
+    d = spec["num_drafts"]
+    assert d > 0 and spec["num_draft_tokens"] == 3 * d
+    summary = printed[printed.index("total_num_output_tokens"):].splitlines()
+    assert summary[:5] == [f"total_num_output_tokens: {spec['generated_tokens']}", f"num_drafts: {d}",
+                           f"num_draft_tokens: {spec['num_draft_tokens']}",
+                           f"num_accepted_tokens: {spec['num_accepted_tokens']}",
+                           f"mean acceptance length: {1 + spec['num_accepted_tokens'] / d:.2f}"]
+    assert summary[6:9] == [f"acceptance at token {i}: {r:.2f}" for i, r in enumerate(spec["acceptance_rates"])]
+
+
+def test_dataset_flags_fold_into_dataset(tmp_path, capsys):
+    def folded(**kw):
+        args = SimpleNamespace(dataset=None, dataset_name=None, dataset_path=None)
+        vars(args).update(kw)
+        bench.resolve_dataset_flags(args)
+        return args.dataset
+
+    local = tmp_path / "p.jsonl"
+    local.write_text('{"prompt": "a"}\n')
+    assert folded(dataset_name="custom", dataset_path=str(local)) == str(local)
+    assert folded(dataset_name="dev") == "dev" and folded(dataset_name="hf") == "mt-bench"
+    assert folded(dataset_name="hf", dataset_path="philschmid/mt-bench") == "mt-bench"
+    assert "shipped copy" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="no such local file"):
+        folded(dataset_name="hf", dataset_path="someone/some-set")
+    with pytest.raises(SystemExit, match="not both"):
+        folded(dataset="dev", dataset_name="dev")
+    with pytest.raises(SystemExit, match="--dataset-name random"):
+        folded(dataset_name="random")

@@ -29,7 +29,7 @@ import torch
 import checkpoint_factory as cf
 import engine_fixtures as ef
 from eagle_zoo import LLM, SamplingParams
-from eagle_zoo.engine.metrics import PREFIX
+from eagle_zoo.metrics import Counter, Gauge, Histogram, Vector
 from eagle_zoo.engine.sequence import Status
 
 METHODS = ("eagle", "eagle3", "ngram", "draft_model")
@@ -129,12 +129,14 @@ def check_metrics(llm, outs, k: int, method: str):
     assert m.num_drafts > 0
     assert m.mean_acceptance_length == pytest.approx(1 + m.num_accepted_tokens / m.num_drafts)
     assert m.acceptance_rate_per_pos == pytest.approx([a / m.num_drafts for a in per_pos])
-    names = {x.name: x.value for x in llm.get_metrics() if not x.labels}
-    assert names[PREFIX + "spec_decode_num_drafts"] == m.num_drafts
-    assert names[PREFIX + "spec_decode_num_draft_tokens"] == m.num_draft_tokens
-    assert names[PREFIX + "spec_decode_num_accepted_tokens"] == m.num_accepted_tokens
-    by_pos = {int(x.labels["position"]): x.value for x in llm.get_metrics() if x.labels}
-    assert [by_pos[i] for i in range(k)] == per_pos
+    got = {x.name: x for x in llm.get_metrics() if "finished_reason" not in x.labels}
+    assert got["vllm:spec_decode_num_drafts"].value == m.num_drafts
+    assert got["vllm:spec_decode_num_draft_tokens"].value == m.num_draft_tokens
+    assert got["vllm:spec_decode_num_accepted_tokens"].value == m.num_accepted_tokens
+    assert got["vllm:spec_decode_num_accepted_tokens_per_pos"].values == per_pos
+    assert got["vllm:generation_tokens"].value == sum(lens)
+    assert got["vllm:request_generation_tokens"].count == R
+    assert got["vllm:request_generation_tokens"].sum == sum(lens)
     return m
 
 
@@ -288,6 +290,74 @@ def test_eagle_high_acceptance_counters_exact(bigram):
     # Multi-token acceptance, all-accepted rounds and rejections all happened.
     assert m.num_accepted_tokens_per_pos[-1] > 0
     assert m.num_accepted_tokens < m.num_draft_tokens
+
+
+def vllm_acceptance_loop(llm, num_spec_tokens: int) -> None:
+    """vLLM's documented acceptance loop over ``llm.get_metrics()`` (its offline
+    speculative-decoding example), unchanged apart from the import of the metric types."""
+    metrics = llm.get_metrics()
+    num_drafts = 0
+    num_draft_tokens = 0
+    num_accepted_tokens = 0
+    acceptance_counts = [0] * num_spec_tokens
+    for metric in metrics:
+        if metric.name == "vllm:spec_decode_num_drafts":
+            assert isinstance(metric, Counter)
+            num_drafts += metric.value
+        elif metric.name == "vllm:spec_decode_num_draft_tokens":
+            assert isinstance(metric, Counter)
+            num_draft_tokens += metric.value
+        elif metric.name == "vllm:spec_decode_num_accepted_tokens":
+            assert isinstance(metric, Counter)
+            num_accepted_tokens += metric.value
+        elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            assert isinstance(metric, Vector)
+            for pos in range(len(metric.values)):
+                acceptance_counts[pos] += metric.values[pos]
+
+    print(f"num_drafts: {num_drafts}")
+    print(f"num_draft_tokens: {num_draft_tokens}")
+    print(f"num_accepted_tokens: {num_accepted_tokens}")
+    acceptance_length = 1 + (num_accepted_tokens / num_drafts) if num_drafts > 0 else 1
+    print(f"mean acceptance length: {acceptance_length:.2f}")
+    for i in range(len(acceptance_counts)):
+        acceptance_rate = acceptance_counts[i] / num_drafts if num_drafts > 0 else 0
+        print(f"acceptance at token {i}: {acceptance_rate:.2f}")
+
+
+def test_vllm_metrics_loop_prints_the_counters(bigram, capsys):
+    """vLLM's acceptance loop reads the engine's counters: the printed numbers are the
+    ones predicted exactly from the bigram head, and every metric is one of vLLM's four
+    types (its metrics-dump example branches on them)."""
+    target, head = bigram
+    k = 3
+    prompts = ef.random_prompts(LENGTHS, VOCAB, seed=2)
+    cont = ef.hf_greedy(target, prompts, [m + k for m in MAX_TOKENS])
+    llm, outs = run(target, prompts, MAX_TOKENS, {"method": "eagle", "model": str(head),
+                                                  "num_speculative_tokens": k})
+    g = ef.bigram_head_next_tokens(head, target)
+
+    def chain(history):
+        draft = [g[history[-1]]]
+        while len(draft) < k:
+            draft.append(g[draft[-1]])
+        return draft
+
+    drafts, drafted, accepted, per_pos = expected_counters(prompts, cont, MAX_TOKENS, k, chain)
+    assert drafts > 0
+    vllm_acceptance_loop(llm, k)
+    want = [f"num_drafts: {drafts}", f"num_draft_tokens: {drafted}", f"num_accepted_tokens: {accepted}",
+            f"mean acceptance length: {1 + accepted / drafts:.2f}",
+            *(f"acceptance at token {i}: {a / drafts:.2f}" for i, a in enumerate(per_pos))]
+    assert capsys.readouterr().out.splitlines() == want
+    metrics = llm.get_metrics()
+    assert all(isinstance(x, (Counter, Gauge, Histogram, Vector)) for x in metrics)
+    assert all(x.labels["model_name"] == str(target) for x in metrics)
+    assert {x.name for x in metrics} >= {"vllm:num_requests_running", "vllm:num_requests_waiting",
+                                         "vllm:prompt_tokens", "vllm:generation_tokens",
+                                         "vllm:request_success", "vllm:request_prompt_tokens"}
+    success = {x.labels["finished_reason"]: x.value for x in metrics if x.name == "vllm:request_success"}
+    assert sum(success.values()) == len(prompts)
 
 
 @pytest.mark.parametrize("n_min, n_max", [(1, 3), (2, 2)])

@@ -214,3 +214,88 @@ def test_engine_still_serves_after_errors(llm, target):
     prompt = ids(6, start=11)["prompt_token_ids"]
     out = llm.generate({"prompt_token_ids": prompt}, GREEDY)[0].outputs[0].token_ids
     assert out == ef.hf_greedy(target, [prompt], [4])[0]
+
+
+# -- an EAGLE head taken as a separate draft model -------------------------------------
+def test_eagle_head_in_a_plainly_named_directory(tmp_path, target):
+    """A yuhuili EAGLE-1 head (its config.json is the target's, stating no method; EAGLE-3
+    configs carry EAGLE-3 fields) in a directory without "eagle" in its name is inferred
+    as draft_model; the error says its weights are an EAGLE
+    head's and names `method` with the value to set, instead of a missing-weight error."""
+    method = "eagle"
+    head = ef.write_head(tmp_path / "my-head", ef.kind_of("llama"), method)
+    with pytest.raises(ValueError) as info:
+        LLM(str(target), speculative_config={"model": str(head)}, device="cpu", max_model_len=MAX_MODEL_LEN)
+    message = str(info.value)
+    assert "holds EAGLE head weights" in message and "inferred as 'draft_model'" in message
+    assert "has no EAGLE marker" in message  # the reason it was inferred
+    assert f"'method' to '{method}'" in message and str(head) in message
+    with pytest.raises(ValueError, match="sets method='draft_model'"):  # given, not inferred
+        LLM(str(target), speculative_config={"method": "draft_model", "model": str(head)}, device="cpu",
+            max_model_len=MAX_MODEL_LEN)
+    # with the method set, the same directory serves
+    llm = LLM(str(target), speculative_config={"method": method, "model": str(head)}, device="cpu",
+              max_model_len=MAX_MODEL_LEN)
+    assert llm.generate(ids(5), GREEDY)[0].outputs[0].token_ids
+
+
+# -- vLLM's engine arguments ---------------------------------------------------------------
+def test_engine_arguments_without_effect_are_named_in_one_line(target, caplog):
+    """vLLM code passing memory / caching / logging arguments runs, gets the same output,
+    and is told once, in one line, that they do nothing here and why."""
+    plain = LLM(str(target), device="cpu", max_model_len=MAX_MODEL_LEN).generate(ids(6), GREEDY)
+    with caplog.at_level("INFO", logger="eagle_zoo"):
+        llm = LLM(str(target), device="cpu", max_model_len=MAX_MODEL_LEN, gpu_memory_utilization=0.9,
+                  enable_prefix_caching=True, trust_remote_code=True, disable_log_stats=False, swap_space=4,
+                  block_size=16, quantization=None, kv_cache_dtype="auto")
+    lines = [r.getMessage() for r in caplog.records if "no effect" in r.getMessage()]
+    assert len(lines) == 1
+    for name in ("gpu_memory_utilization=0.9", "enable_prefix_caching", "trust_remote_code", "disable_log_stats",
+                 "swap_space", "block_size"):
+        assert name in lines[0]
+    assert "quantization" not in lines[0]  # at a supported value it is simply what happens
+    assert llm.generate(ids(6), GREEDY)[0].outputs[0].token_ids == plain[0].outputs[0].token_ids
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"quantization": "fp8"}, ["quantization='fp8' is not supported", "unquantized"]),
+    ({"kv_cache_dtype": "fp8"}, ["kv_cache_dtype='fp8'", "accepted: 'auto'"]),
+    ({"enable_lora": True}, ["enable_lora=True", "LoRA"]),
+    ({"speculative_model": "x"}, ["speculative_model='x'", "speculative_config="]),
+])
+def test_engine_arguments_that_would_change_results_are_refused(target, kwargs, words):
+    from eagle_zoo.engine.engine_args import UnsupportedEngineArgument
+
+    with pytest.raises(UnsupportedEngineArgument) as info:
+        LLM(str(target), device="cpu", **kwargs)
+    for w in words:
+        assert w in str(info.value)
+
+
+def test_unknown_engine_argument_suggests_the_closest(target):
+    with pytest.raises(TypeError, match="'gpu_memory_utilisation' .*did you mean 'gpu_memory_utilization'"):
+        LLM(str(target), device="cpu", gpu_memory_utilisation=0.9)
+
+
+def test_serve_takes_vllm_engine_flags():
+    from eagle_zoo.cli import build_parser
+    from eagle_zoo.engine.engine_args import from_cli
+
+    args = build_parser(only="serve").parse_args(
+        ["serve", "m", "-tp", "1", "--gpu-memory-utilization", "0.8", "--enable-prefix-caching",
+         "--no-enable-chunked-prefill", "--kv-cache-dtype", "auto", "--trust-remote-code", "--max-model-len", "64"])
+    assert from_cli(args) == {"gpu_memory_utilization": 0.8, "enable_prefix_caching": True,
+                              "enable_chunked_prefill": False, "kv_cache_dtype": "auto", "trust_remote_code": True}
+    assert (args.tensor_parallel_size, args.max_model_len) == (1, 64)
+
+
+def test_prompt_token_ids_from_a_batch_encoding(llm):
+    """Recent transformers return a BatchEncoding from apply_chat_template(tokenize=True);
+    vLLM examples pass that as prompt_token_ids: its input_ids are the prompt."""
+    from transformers import BatchEncoding
+
+    ids_list = ids(7)["prompt_token_ids"]
+    enc = BatchEncoding({"input_ids": ids_list, "attention_mask": [1] * len(ids_list)})
+    got = llm.generate({"prompt_token_ids": enc}, GREEDY)[0]
+    assert got.prompt_token_ids == ids_list
+    assert got.outputs[0].token_ids == llm.generate(ids(7), GREEDY)[0].outputs[0].token_ids

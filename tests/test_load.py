@@ -260,12 +260,47 @@ def test_family_mismatch(tmp_path, register_plugin):
     assert eagle_zoo.load(eagle3, target=toy).family == "llama"
 
 
-def test_shared_weights_need_the_target_model(tmp_path):
-    head = cf.write_yuhuili_eagle(tmp_path / "h").path
-    with pytest.raises(HeadLoadError, match="no lm_head.weight.*Pass target=<the target model>"):
-        eagle_zoo.load(head)
+def test_head_without_a_target_says_what_it_needs(tmp_path, target):
+    """Loaded without a target, a head lacking lm_head keeps none (no random stand-in):
+    it names what it needs, refuses to run saying how to give it, and once given the
+    target (eagle_zoo.load_target, attach_target) computes what load(target=) computes."""
+    from eagle_zoo.models.heads import HeadNeedsTargetError
+
+    written = cf.write_yuhuili_eagle(tmp_path / "h")
+    alone = eagle_zoo.load(written.path)
+    assert alone.needs == ["lm_head"] and not alone.ready and alone.shared == []
+    ids, positions, hidden = _inputs()
+    with torch.no_grad():
+        h = alone.head(ids, positions, hidden)  # the checkpoint's own embeddings run
+        with pytest.raises(HeadNeedsTargetError, match="no lm_head.weight .*attach_target"):
+            alone.head.compute_logits(h)
+    # a config checks sizes but cannot lend modules
+    assert eagle_zoo.load(written.path, target=_target_dict()).needs == ["lm_head"]
     with pytest.raises(HeadLoadError, match="a config alone is not enough"):
-        eagle_zoo.load(head, target=_target_dict())
+        alone.attach_target(_target_dict())
+    with pytest.raises(HeadLoadError, match="hidden_size"):
+        alone.attach_target(_target_dict(hidden_size=40))
+
+    built = eagle_zoo.load_target(str(target_dir(tmp_path)), device="cpu")
+    assert alone.attach_target(built) is alone and alone.ready and alone.shared == ["lm_head"]
+    assert alone.head.lm_head is built.lm_head
+    with torch.no_grad():
+        got = alone.head.compute_logits(alone.head(ids, positions, hidden))
+        want_head = eagle_zoo.load(written.path, target=built).head
+        want = want_head.compute_logits(want_head(ids, positions, hidden))
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def target_dir(tmp_path):
+    """The module target's weights written again (same seed), for load_target to read."""
+    return cf.write_target(tmp_path / "target", num_hidden_layers=TARGET_LAYERS).path
+
+
+def test_load_target_equals_the_directory_weights(tmp_path, target):
+    built = eagle_zoo.load_target(str(target_dir(tmp_path)), dtype="float32", device="cpu")
+    assert built.config.num_hidden_layers == TARGET_LAYERS
+    torch.testing.assert_close(built.lm_head.weight.detach(), target.weights["lm_head.weight"])
+    assert eagle_zoo.load(cf.write_yuhuili_eagle(tmp_path / "h").path, target=built).ready
 
 
 def test_unknown_head_architecture(tmp_path):

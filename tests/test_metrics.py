@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from eagle_zoo.engine.metrics import Metric, SpecDecodingMetrics
+from eagle_zoo.engine.metrics import SpecDecodingMetrics
+from eagle_zoo.metrics import Counter, Histogram, Vector
 
 
 def test_hand_computed_example():
@@ -25,18 +26,30 @@ def test_hand_computed_example():
 def test_as_dict_and_get_metrics():
     m = SpecDecodingMetrics(num_speculative_tokens=2)
     m.observe([2, 2], [2, 1])
-    m.observe_request(num_prompt_tokens=5, num_generation_tokens=7)
+    m.observe_request(num_prompt_tokens=5, num_generation_tokens=7, finish_reason="length")
+    m.observe_request(num_prompt_tokens=30, num_generation_tokens=1, finish_reason="stop")
     d = m.as_dict()
     assert d["eagle_zoo:spec_decode_num_drafts"] == 2
     assert d["eagle_zoo:spec_decode_num_draft_tokens"] == 4
     assert d["eagle_zoo:spec_decode_num_accepted_tokens"] == 3
     assert d["eagle_zoo:spec_decode_num_accepted_tokens_per_pos"] == [2, 1]
-    assert (d["eagle_zoo:num_requests"], d["eagle_zoo:prompt_tokens"], d["eagle_zoo:generation_tokens"]) == (1, 5, 7)
+    assert (d["eagle_zoo:num_requests"], d["eagle_zoo:prompt_tokens"], d["eagle_zoo:generation_tokens"]) == (2, 35, 8)
     assert d["mean_acceptance_length"] == pytest.approx(2.5)
-    metrics = m.get_metrics()
-    assert Metric("eagle_zoo:spec_decode_num_drafts", 2) in metrics
-    per_pos = [x for x in metrics if x.name == "eagle_zoo:spec_decode_num_accepted_tokens_per_pos"]
-    assert [(x.labels["position"], x.value) for x in per_pos] == [("0", 2), ("1", 1)]
+    metrics = m.get_metrics(labels={"model_name": "m"})
+    assert Counter("vllm:spec_decode_num_drafts", {"model_name": "m"}, 2) in metrics
+    assert Vector("vllm:spec_decode_num_accepted_tokens_per_pos", {"model_name": "m"}, [2, 1]) in metrics
+    assert Counter("vllm:request_success", {"model_name": "m", "finished_reason": "stop"}, 1) in metrics
+    assert Counter("vllm:prompt_tokens", {"model_name": "m"}, 35) in metrics
+    hist = next(x for x in metrics if x.name == "vllm:request_prompt_tokens")
+    assert isinstance(hist, Histogram) and (hist.count, hist.sum) == (2, 35.0)
+    # cumulative buckets: 5 <= "5", 30 <= "50"
+    assert (hist.buckets["2"], hist.buckets["5"], hist.buckets["20"], hist.buckets["50"], hist.buckets["+Inf"]) == (0, 1, 1, 2, 2)
+    assert [x.name for x in m.get_metrics(prefix="eagle_zoo:")][0] == "eagle_zoo:spec_decode_num_drafts"
+
+
+def test_no_spec_metrics_without_drafting():
+    names = {x.name for x in SpecDecodingMetrics().get_metrics()}
+    assert "vllm:prompt_tokens" in names and not any("spec_decode" in n for n in names)
 
 
 def test_empty_and_growing_and_reset():
@@ -76,3 +89,26 @@ def test_tree_positions_are_levels():
     assert m.num_accepted_tokens_per_pos == [2, 1, 1]
     assert (m.num_drafts, m.num_draft_tokens, m.num_accepted_tokens) == (2, 18, 4)
     assert m.mean_acceptance_length == 3.0
+
+
+def test_periodic_log_line_covers_the_interval_since_the_last():
+    from eagle_zoo.engine.metrics import SpecDecodingLogger
+
+    now, lines = [0.0], []
+    logger = SpecDecodingLogger(10.0, lines.append, clock=lambda: now[0])
+    m = SpecDecodingMetrics(num_speculative_tokens=2)
+    m.observe([2, 2], [2, 0])
+    now[0] = 5.0
+    assert not logger.maybe_log(m) and lines == []          # interval not over
+    now[0] = 10.0
+    assert logger.maybe_log(m)
+    assert lines[0] == ("SpecDecoding metrics: Mean acceptance length: 2.00, Accepted throughput: 0.20 tokens/s, "
+                        "Drafted throughput: 0.40 tokens/s, Accepted: 2 tokens, Drafted: 4 tokens, "
+                        "Per-position acceptance rate: 0.500, 0.500, Avg Draft acceptance rate: 50.0%")
+    m.observe([2], [1])                                      # the next line counts only the new step
+    now[0] = 20.0
+    assert logger.maybe_log(m)
+    assert "Mean acceptance length: 2.00" in lines[1] and "Accepted: 1 tokens, Drafted: 2 tokens" in lines[1]
+    assert "Per-position acceptance rate: 1.000, 0.000" in lines[1]
+    now[0] = 30.0
+    assert not logger.maybe_log(m) and len(lines) == 2       # no drafting since: no line

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+from pathlib import Path
 import os
 import socket
 import subprocess
@@ -294,6 +295,63 @@ def test_api_key(tokenizer_dir):
         assert r.status_code == 200 and "eagle_zoo:request_success_total" in r.text
 
 
+def test_tokenize_detokenize_version(scripted):
+    import eagle_zoo
+
+    tok = scripted.engine.tokenizer
+    r = _post(scripted, "/tokenize", {"model": "smol", "prompt": "Hello world"})
+    assert r.status_code == 200, r.text
+    ids = tok.encode("Hello world", add_special_tokens=True)
+    assert r.json() == {"count": len(ids), "max_model_len": 64, "tokens": ids, "token_strs": None}
+    messages = [{"role": "user", "content": "hi"}]
+    r = _post(scripted, "/tokenize", {"messages": messages, "return_token_strs": True})
+    want = tok.encode(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
+                      add_special_tokens=False)
+    assert r.json()["tokens"] == want and r.json()["token_strs"] == tok.convert_ids_to_tokens(want)
+    r = _post(scripted, "/detokenize", {"tokens": want})
+    assert r.status_code == 200 and r.json() == {"prompt": tok.decode(want)}
+    assert_openai_error(_post(scripted, "/detokenize", {"tokens": [10 ** 7]}), 400, "tokens")
+    assert_openai_error(_post(scripted, "/tokenize", {"prompt": "a", "messages": messages}), 400, "prompt")
+    r = _post(scripted, "/tokenize", {"model": "nope", "prompt": "a"})
+    assert r.status_code in (400, 404) and r.json()["error"]["param"] == "model"
+    assert _post(scripted, "/tokenize", {"prompt": "a", "unknown_field": 1}).status_code == 400
+    assert httpx.get(scripted.url + "/version").json() == {"version": eagle_zoo.__version__}
+
+
+def test_startup_line_names_target_draft_method_and_why():
+    from eagle_zoo.config import SpeculativeConfig
+    from eagle_zoo.serve.cli import chat_template, startup_line
+
+    spec = SpeculativeConfig.parse({"model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"})
+    llm = SimpleNamespace(model_path="/m/target", speculative_config=spec, engine=SimpleNamespace(k=3))
+    line = startup_line(llm)
+    assert line.startswith("serving target /m/target, draft yuhuili/EAGLE3-LLaMA3.1-Instruct-8B, method eagle3 "
+                           "(inferred: the name") and line.endswith("num_speculative_tokens 3")
+    assert startup_line(SimpleNamespace(model_path="/m", speculative_config=None)) == \
+        "serving target /m, no speculative decoding"
+    assert chat_template("{{ messages }}") == "{{ messages }}"
+    with pytest.raises(ValueError, match="--chat-template nofile: no such file"):
+        chat_template("nofile")
+
+
+def test_engine_spec_counters_under_both_prefixes():
+    """The engine snapshot's Vector of per-position counts becomes one labelled counter
+    per position, under eagle_zoo: and vllm: names."""
+    from eagle_zoo.serve.metrics import ServerMetrics
+
+    spec = SpecDecodingMetrics(num_speculative_tokens=2)
+    spec.observe([2, 2, 2], [2, 1, 0])
+    loop = SimpleNamespace(snapshot={"running": 1, "waiting": 0, "spec": spec.get_metrics(prefix=""),
+                                     "mean_acceptance_length": spec.mean_acceptance_length})
+    values = metric_values(ServerMetrics(loop).render().decode())
+    for prefix in ("eagle_zoo:", "vllm:"):
+        assert metric(values, prefix + "spec_decode_num_drafts_total") == 3
+        assert metric(values, prefix + "spec_decode_num_accepted_tokens_total") == 3
+        assert [metric(values, prefix + "spec_decode_num_accepted_tokens_per_pos_total", position=str(i))
+                for i in range(2)] == [2, 1]
+        assert metric(values, prefix + "num_requests_running") == 1
+
+
 def test_stream_text_deltas_hold_back_partial_characters_and_stop_prefixes():
     d = _TextDeltas(["END"])
     assert d("ab\ufffd", False) == "ab"  # incomplete UTF-8 character waits
@@ -418,6 +476,13 @@ def test_concurrent_load_all_complete_and_metrics_add_up(server, offline):
     assert grew("eagle_zoo:server_prompt_tokens_total") == sum(r[2].prompt_tokens for r in results)
     assert grew("eagle_zoo:e2e_request_latency_seconds_count") == len(results)
     assert metric(after, "eagle_zoo:num_requests_running") == 0
+    # vLLM's names count the same
+    assert grew("vllm:request_success_total", finished_reason="length") == n_length
+    assert grew("vllm:generation_tokens_total") == sum(r[2].completion_tokens for r in results)
+    assert grew("vllm:prompt_tokens_total") == sum(r[2].prompt_tokens for r in results)
+    assert grew("vllm:e2e_request_latency_seconds_count") == len(results)
+    assert grew("vllm:time_to_first_token_seconds_count") == len(results)
+    assert metric(after, "vllm:num_requests_running") == 0
     print(f"load: {len(results)} requests from 16 clients in {elapsed:.1f} s")
 
 
@@ -456,10 +521,12 @@ def test_speculative_server_from_cli_equals_plain(tokenizer_dir, offline, varian
     before the previous one is read back, requests joining and leaving in between)."""
     port = free_port()
     spec = json.dumps({"method": "ngram", "num_speculative_tokens": 3})
-    mode = ["--speculative-config", spec] if variant == "ngram" else ["--async-scheduling"]
+    # ngram: info logs (the start-up line, periodic SpecDecoding lines), uvicorn's quiet
+    mode = (["--speculative-config", spec, "--log-level", "info", "--uvicorn-log-level", "warning",
+             "--log-stats-interval", "0.5"] if variant == "ngram" else ["--async-scheduling", "--log-level", "warning"])
     cmd = [sys.executable, "-m", "eagle_zoo.cli", "serve", MODEL, *mode, "--port", str(port),
            "--device", "cpu", "--dtype", "float32", "--max-model-len", "256", "--max-num-seqs", "4",
-           "--served-model-name", MODEL, "smol", "--log-level", "warning"]
+           "--served-model-name", MODEL, "smol"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "EAGLE_ZOO_API_KEY": KEY})
     url = f"http://127.0.0.1:{port}"
@@ -491,6 +558,16 @@ def test_speculative_server_from_cli_equals_plain(tokenizer_dir, offline, varian
         assert sum(per_pos) == accepted and per_pos == sorted(per_pos, reverse=True)
         mal = metric(values, "eagle_zoo:spec_decode_mean_acceptance_length")
         assert mal == pytest.approx(1 + accepted / drafts)
+        for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):  # vLLM's names too
+            assert metric(values, f"vllm:spec_decode_{name}_total") == metric(values, f"eagle_zoo:spec_decode_{name}_total")
+        assert [metric(values, "vllm:spec_decode_num_accepted_tokens_per_pos_total", position=str(i))
+                for i in range(3)] == per_pos
+        proc.terminate()
+        logged = proc.communicate(timeout=30)[0]
+        assert f"serving target {Path(tokenizer_dir).resolve()}, draft prompt lookup (n-grams of " in logged, logged
+        assert "method ngram (given in --speculative-config), num_speculative_tokens 3" in logged, logged
+        lines = [line for line in logged.splitlines() if "SpecDecoding metrics: Mean acceptance length: " in line]
+        assert lines and "Per-position acceptance rate: " in lines[0], logged
     finally:
         proc.terminate()
         try:

@@ -143,6 +143,27 @@ def test_plain_draft_directory(tmp_path):
     assert cfg.method == "draft_model" and cfg.num_speculative_tokens == 3
 
 
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_head_stating_its_method_wins_over_the_name(tmp_path, method):
+    cfg = parse({"model": checkpoint(tmp_path, "Qwen3-0.6B", {**LLAMA, "eagle_zoo_method": method})})
+    assert cfg.method == method and "eagle_zoo_method" in cfg.inferred_from
+
+
+def test_head_stating_an_unknown_method(tmp_path):
+    raises({"model": checkpoint(tmp_path, "h", {**LLAMA, "eagle_zoo_method": "medusa"})},
+           "eagle_zoo_method='medusa'", "'eagle', 'eagle3'")
+
+
+def test_eagle_weights_error_names_method():
+    from eagle_zoo.config.speculative import eagle_weights_error
+
+    assert eagle_weights_error("d", ["model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight"], "x") is None
+    err = eagle_weights_error("d", ["fc.weight", "layers.0.self_attn.q_proj.weight"], "because")
+    assert "'method' to 'eagle'" in str(err) and "fc.weight" in str(err)
+    err = eagle_weights_error("d", ["d2t", "fc.weight", "midlayer.mlp.up_proj.weight"], None)
+    assert "'method' to 'eagle3'" in str(err) and "sets method='draft_model'" in str(err)
+
+
 def test_directory_without_config_uses_the_name(tmp_path):
     (tmp_path / "EAGLE3-head").mkdir()
     assert parse({"model": str(tmp_path / "EAGLE3-head")}).method == "eagle3"

@@ -218,7 +218,7 @@ def test_draft_that_does_not_split_stops_the_workers(models, tmp_path):
     """The error comes from building the head (after the workers started): it names the
     option, the workers are stopped and the next tensor-parallel LLM starts normally."""
     head = cf.write_yuhuili_eagle(tmp_path / "head", fc_bias=False, kind="safetensors", intermediate_size=67).path
-    spec = {"model": str(head), "num_speculative_tokens": K, "draft_tensor_parallel_size": 2}
+    spec = {"method": "eagle", "model": str(head), "num_speculative_tokens": K, "draft_tensor_parallel_size": 2}
     with pytest.raises(parallel.TensorParallelError,
                        match=r"speculative_config.draft_tensor_parallel_size=2: the draft .* 67 is not divisible"):
         make_llm(models["target"], spec, tp=2)

@@ -19,6 +19,7 @@ from eagle_zoo.train.batching import collate
 from eagle_zoo.train.build import build_head, head_config
 from eagle_zoo.train.data import GenerateSettings, TokenData, encode_prompt, generate_data, read_prompts
 from eagle_zoo.train.eagle3 import ttt_mask, ttt_steps_forward
+from eagle_zoo.config.speculative import infer_method
 from eagle_zoo.train.save import FORMATS, export_tensors, parse_size, save_head
 from eagle_zoo.train.trainer import Trainer, TrainSettings
 from eagle_zoo.train.vocab import coverage, select_draft_vocab, token_counts, vocab_maps
@@ -480,12 +481,17 @@ def test_saved_heads_reload_with_the_same_logits(tiny, tmp_path, method, layers)
         assert config.get("transformer_layer_config", config)["num_hidden_layers"] == layers  # speculators nest it
         loaded = load(str(out), target=target, dtype=torch.float32)
         assert loaded.format == fmt and loaded.method == method and len(loaded.head.layers) == layers
+        assert infer_method(str(out)).method == method  # "yuhuili-eagle" has no EAGLE marker in its name
         with torch.no_grad():
             torch.testing.assert_close(_logits(loaded.head, method, ids, feats), expected, rtol=0, atol=0)
 
     # bf16 files: the reloaded head equals the trained one with weights rounded to bf16.
     out = tmp_path / "bf16"
     save_head(head, result.flat_config, FORMATS[method][0], out, mapping=trainer.mapping, skip=skip)
+    # the head states its method: a directory named "bf16" is inferred from its config.json
+    inferred = infer_method(str(out))
+    assert (inferred.method, inferred.reason) == (method, f"config.json has eagle_zoo_method={method!r} "
+                                                           f"(the method the head states)")
     tensors = load_state_dict(out)
     assert all(t.dtype == torch.bfloat16 for n, t in tensors.items() if n not in ("d2t", "t2d"))
     with torch.no_grad():

@@ -51,6 +51,13 @@ MTP_MODEL_TYPES = (
 MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")
 EAGLE3_CONFIG_KEYS = ("draft_vocab_size", "eagle_aux_hidden_state_layer_ids")
 SPECULATORS_TYPES = {"eagle3": ("eagle3", False), "peagle": ("eagle3", True), "eagle": ("eagle", False)}
+# The config.json key by which a head written by `eagle-zoo train` states its method
+# (train/save.py), so that inference never depends on the directory's name.
+HEAD_METHOD_KEY = "eagle_zoo_method"
+HEAD_METHODS = ("eagle", "eagle3")
+# Tensor names only EAGLE heads have (a separate draft model has none of them):
+# EAGLE-1's fc, EAGLE-3's midlayer and vocabulary maps.
+EAGLE_WEIGHT_MARKERS = ("fc.weight", "midlayer.", "d2t", "t2d")
 
 SAMPLING_KEYS = (
     "temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "min_tokens", "n",
@@ -125,6 +132,15 @@ def _infer_from_config(config: dict) -> Optional[Inference]:
     def found(method: str, why: str, parallel: bool = False) -> Inference:
         return Inference(method, parallel, f"config.json has {why}")
 
+    declared = config.get(HEAD_METHOD_KEY)
+    if declared is not None:
+        if declared not in HEAD_METHODS:
+            raise _error(
+                f"the draft's config.json has {HEAD_METHOD_KEY}={declared!r}; it must be one of "
+                f"{', '.join(map(repr, HEAD_METHODS))}: fix the key or set 'method' explicitly"
+            )
+        return found(declared, f"{HEAD_METHOD_KEY}={declared!r} (the method the head states)")
+
     kind = config.get("speculators_model_type")
     if kind is not None:
         if kind not in SPECULATORS_TYPES:
@@ -182,6 +198,23 @@ def _infer_from_name(model: str, had_config: bool) -> Inference:
         "draft_model", False,
         f"{prefix}the name {name!r} has no EAGLE marker: a separate draft model "
         f"(set 'method' to choose another)",
+    )
+
+
+def eagle_weights_error(model: str, tensor_names, inferred_from: Optional[str]) -> Optional[SpeculativeConfigError]:
+    """The error for a draft taken as ``draft_model`` whose checkpoint holds EAGLE head
+    weights (which a separate draft model never has); None when it holds none.
+    ``inferred_from`` is why draft_model was inferred, None when it was given."""
+    found = [n for n in tensor_names if any(n.startswith(m) for m in EAGLE_WEIGHT_MARKERS)]
+    if not found:
+        return None
+    method = "eagle3" if any(n.startswith(("midlayer.", "d2t", "t2d")) for n in found) else "eagle"
+    how = (f"method was inferred as 'draft_model' because {inferred_from}" if inferred_from
+           else "speculative_config sets method='draft_model'")
+    return _error(
+        f"speculative_config model {model!r} holds EAGLE head weights ({', '.join(found[:3])}), but {how}; "
+        f"a draft_model must be a whole model sharing the target's vocabulary. Set speculative_config "
+        f"'method' to {method!r} (e.g. {{\"method\": \"{method}\", \"model\": {str(model)!r}}})"
     )
 
 

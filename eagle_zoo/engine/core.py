@@ -345,7 +345,8 @@ class EngineCore:
                 seq.finish_reason = "length"
             if seq.finish_reason is not None:
                 self.scheduler.finish(seq)
-                self.metrics.observe_request(len(seq.prompt_token_ids), len(seq.output_token_ids))
+                self.metrics.observe_request(len(seq.prompt_token_ids), len(seq.output_token_ids),
+                                             seq.finish_reason)
                 done.append(seq)
         return done
 

@@ -6,8 +6,10 @@
 """
 from __future__ import annotations
 
+import inspect
 import json
 import operator
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional, Sequence as Seq, Union
 
@@ -79,8 +81,17 @@ class LLM:
         tokenizer: Optional[str] = None,
         enforce_eager: bool = False,
         async_scheduling: Optional[bool] = None,
+        **engine_args: Any,
     ):
-        init_args = {k: v for k, v in locals().items() if k != "self"}  # tensor-parallel workers rebuild from these
+        """``engine_args``: vLLM's other engine arguments (``gpu_memory_utilization``,
+        ``enable_prefix_caching``, ``quantization``, ...): accepted where they have no effect
+        here (one logged line names them), an error where they would change results
+        (engine/engine_args.py)."""
+        from . import engine_args as _engine_args
+
+        _engine_args.check(engine_args, _OWN_ARGS)
+        # tensor-parallel workers rebuild from these (engine_args are checked, and do nothing)
+        init_args = {k: v for k, v in locals().items() if k in _OWN_ARGS}
         if async_scheduling and isinstance(tensor_parallel_size, int) and tensor_parallel_size > 1:  # before ranks start
             raise ValueError("async_scheduling=True is not supported with tensor_parallel_size > 1 (the ranks' "
                              "run-ahead is untested): leave async_scheduling off")
@@ -98,6 +109,7 @@ class LLM:
         with target_scope(self.parallel):
             loaded = load_model(model, self.dtype, self.device, revision=revision)
         self.model_path = loaded.path
+        self._model_name = model
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         if tokenizer is not None:
@@ -185,6 +197,7 @@ class LLM:
                                  graph_pool=graph_pool,
                                  padded_drafter_batch=not spec.disable_padded_drafter_batch)
         if spec.method == "draft_model":
+            _refuse_eagle_weights(spec)
             draft = load_model(spec.model, self.dtype, self.device, revision=spec.revision)
             if draft.config.vocab_size != loaded.config.vocab_size:
                 raise ValueError(
@@ -252,8 +265,20 @@ class LLM:
             raise ValueError(f"{self.model_path}: the model has no chat template; use generate() with plain prompts")
         return self.tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
 
-    def get_metrics(self):
-        return self.engine.metrics.get_metrics()
+    def get_metrics(self) -> list:
+        """vLLM's metrics, shaped and named as vLLM's ``LLM.get_metrics()`` returns them
+        (eagle_zoo.metrics: Counter, Gauge, Histogram, Vector), labelled ``model_name`` and
+        ``engine``: the gauges ``vllm:num_requests_running`` / ``vllm:num_requests_waiting``,
+        then engine/metrics.py's counters (``vllm:spec_decode_num_drafts``,
+        ``vllm:spec_decode_num_accepted_tokens_per_pos`` as a Vector, ...), counted since
+        the LLM was built."""
+        from .metrics import Gauge
+
+        labels = {"model_name": str(self._model_name), "engine": "0"}
+        sched = self.engine.scheduler
+        return [Gauge("vllm:num_requests_running", dict(labels), float(len(sched.running))),
+                Gauge("vllm:num_requests_waiting", dict(labels), float(len(sched.waiting))),
+                *self.engine.metrics.get_metrics("vllm:", labels)]
 
     def get_tokenizer(self):
         return self.tokenizer
@@ -263,6 +288,10 @@ class LLM:
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
                 ids = prompt["prompt_token_ids"]
+                # transformers' apply_chat_template(..., tokenize=True) returns a BatchEncoding
+                # in recent versions (a list of ids in the versions vLLM's examples were written for)
+                if isinstance(ids, Mapping) and "input_ids" in ids:
+                    ids = ids["input_ids"]
                 try:
                     if isinstance(ids, (str, bytes)):
                         raise TypeError
@@ -301,6 +330,25 @@ class LLM:
         if len(sampling_params) != n:
             raise ValueError(f"got {len(sampling_params)} SamplingParams for {n} prompts: give one, or one per prompt")
         return sampling_params
+
+
+_OWN_ARGS = tuple(p for p in inspect.signature(LLM.__init__).parameters if p not in ("self", "engine_args"))
+
+
+def _refuse_eagle_weights(spec: SpeculativeConfig) -> None:
+    """A head's directory taken as a separate draft model fails here, saying to set
+    ``method``, instead of with a missing-weight error from the model loader."""
+    from ..checkpoints.tensors import CheckpointError, tensor_names
+    from ..config.speculative import eagle_weights_error
+    from .model_loader import resolve_model_dir
+
+    try:
+        names = tensor_names(resolve_model_dir(str(spec.model), spec.revision))
+    except (CheckpointError, OSError, ValueError):  # the loader reports what is wrong with it
+        return
+    error = eagle_weights_error(str(spec.model), names, spec.inferred_from)
+    if error is not None:
+        raise error
 
 
 def read_draft_config(model: str) -> Optional[dict]:

@@ -50,6 +50,37 @@ def _full_shape(module: nn.Module) -> tuple:
     return tuple(module.weight.shape)
 
 
+class HeadNeedsTargetError(RuntimeError):
+    """A head loaded without its target was run before the target's modules were given."""
+
+
+class NeedsTarget(nn.Module):
+    """Stands in for a module a head shares with its target (``embed_tokens`` /
+    ``lm_head``) when the head was loaded without one; running it raises an error that
+    says what to pass. ``share_from_target`` replaces it (its shape is the one expected)."""
+
+    def __init__(self, name: str, num_embeddings: int, embedding_dim: int, source: str):
+        super().__init__()
+        self.name, self.num_embeddings, self.embedding_dim, self.source = name, num_embeddings, embedding_dim, source
+
+    def _missing(self) -> HeadNeedsTargetError:
+        return HeadNeedsTargetError(
+            f"{self.source}: the head has no {self.name}.weight of its own and was loaded without a "
+            f"target; give it the target's first: loaded.attach_target(eagle_zoo.load_target(<target id>)) "
+            f"or eagle_zoo.load(<head>, target=<target model>)"
+        )
+
+    @property
+    def weight(self):
+        raise self._missing()
+
+    def forward(self, *args, **kwargs):
+        raise self._missing()
+
+    def extra_repr(self) -> str:
+        return f"{self.name}: the target's ({self.num_embeddings}, {self.embedding_dim}), not given yet"
+
+
 class _HeadBase(nn.Module):
     weight_mapping: ClassVar[WeightMapping] = WeightMapping()
     make_norm = staticmethod(rms_norm)
@@ -59,6 +90,18 @@ class _HeadBase(nn.Module):
     def load_weights(self, weights: Weights, source: str) -> set[str]:
         self.loaded = load_weights(self, weights, self.weight_mapping, source, self.optional_weights)
         return self.loaded
+
+    def leave_for_target(self, source: str) -> list[str]:
+        """Put a NeedsTarget in place of each of embed_tokens / lm_head the checkpoint
+        lacks (instead of its random initial weights); returns their names."""
+        left = []
+        for name in ("embed_tokens", "lm_head"):
+            if f"{name}.weight" in getattr(self, "loaded", ()):
+                continue
+            rows, cols = _full_shape(getattr(self, name))
+            setattr(self, name, NeedsTarget(name, rows, cols, source))
+            left.append(name)
+        return left
 
     def share_from_target(self, target: nn.Module) -> list[str]:
         """Use the target's embed_tokens / lm_head where the checkpoint had none.

@@ -4,7 +4,8 @@
 
 Routes: GET /health, GET /metrics, GET /v1/models, POST /v1/completions,
 POST /v1/chat/completions (``stream: true`` answers with server-sent events ending
-in ``data: [DONE]``). Every error body is OpenAI-shaped:
+in ``data: [DONE]``), and vLLM's POST /tokenize, POST /detokenize, GET /version
+(serve/tokenize.py). Every error body is OpenAI-shaped:
 ``{"error": {"message", "type", "param", "code"}}``.
 """
 from __future__ import annotations
@@ -31,12 +32,14 @@ from .protocol import (APIError, AssistantMessage, ChatChoice, ChatChunkChoice, 
 log = logging.getLogger("eagle_zoo.serve")
 
 
-def create_app(llm, *, served_model_names: Optional[list[str]] = None, api_key: Optional[str] = None) -> FastAPI:
+def create_app(llm, *, served_model_names: Optional[list[str]] = None, api_key: Optional[str] = None,
+               log_stats_interval_s: Optional[float] = None) -> FastAPI:
     """An app serving ``llm`` (an eagle_zoo LLM: uses .engine and .tokenizer).
-    The engine thread starts and stops with the app (its lifespan)."""
+    The engine thread starts and stops with the app (its lifespan).
+    ``log_stats_interval_s``: log vLLM's "SpecDecoding metrics" line this often (None: never)."""
     engine = llm.engine
     names = list(served_model_names or [str(getattr(llm, "model_path", "model"))])
-    loop = EngineLoop(engine)
+    loop = EngineLoop(engine, log_stats_interval_s=log_stats_interval_s)
     metrics = ServerMetrics(loop)
     prep = RequestPreparer(llm.tokenizer, max_model_len=engine.max_model_len,
                            vocab_size=engine.target.config.vocab_size, served_model_names=names)
@@ -96,6 +99,10 @@ def create_app(llm, *, served_model_names: Optional[list[str]] = None, api_key: 
             choices=[ChatChoice(index=u.index, message=AssistantMessage(content=u.text),
                                 finish_reason=u.finish_reason) for u in results])
 
+    from . import tokenize
+
+    tokenize.install(app, prep.tokenizer, max_model_len=engine.max_model_len,
+                     vocab_size=engine.target.config.vocab_size, check_model=prep.model_name)
     return app
 
 
@@ -129,7 +136,7 @@ class _Run:
                         raise APIError(f"request failed: {u.error}", status=500, type="internal_error")
                     if u.num_tokens and not self._first_token_seen:
                         self._first_token_seen = True
-                        self.metrics.ttft.observe(time.perf_counter() - self._t0)
+                        self.metrics.first_token(time.perf_counter() - self._t0)
                     if u.finish_reason:
                         finished += 1
                         n_prompt = len(self.prompts[u.index][0])

@@ -18,7 +18,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "or '{\"model\": \"<eagle head>\"}' (docs/speculative-config.md)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
-    p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
                    help="shard the target over N GPUs of this host (default 1; docs/tensor-parallel.md)")
     p.add_argument("--max-num-seqs", type=int, help="requests decoded together (default 64 on CUDA, 8 on CPU)")
     p.add_argument("--max-model-len", type=int, help="context length: prompt + output (default min(model's, 2048))")
@@ -35,6 +35,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "tensor parallelism; also EAGLE_ZOO_ASYNC_SCHEDULING=0/1")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="server log verbosity (default info)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer directory or id (default: the model's)")
+    p.add_argument("--revision", default=None, help="the model's hub revision")
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs, as LLM(enforce_eager=True)")
+    p.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
+                   help="a Jinja chat template, or a file holding one, used instead of the tokenizer's")
+    p.add_argument("--disable-log-stats", action="store_true",
+                   help="no periodic 'SpecDecoding metrics' log lines (default: one every "
+                        "--log-stats-interval seconds while drafting happens)")
+    p.add_argument("--log-stats-interval", type=float, default=10.0, metavar="S",
+                   help="seconds between 'SpecDecoding metrics' log lines (default 10)")
+    p.add_argument("--uvicorn-log-level", default=None,
+                   choices=["critical", "error", "warning", "info", "debug", "trace"],
+                   help="uvicorn's own log level (default: --log-level)")
+    from ..engine.engine_args import add_cli_arguments
+
+    add_cli_arguments(p, taken=lambda flag: flag in p._option_string_actions)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,19 +69,57 @@ def run(args: argparse.Namespace) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         logging.warning("binding to %s without --api-key: anyone who can reach it can use it", args.host)
 
+    from ..engine.engine_args import from_cli
     from ..engine.llm import LLM
     from .app import create_app
 
     try:
         llm = LLM(args.model, spec, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
                   max_num_seqs=args.max_num_seqs, seed=args.seed, tensor_parallel_size=args.tensor_parallel_size,
-                  async_scheduling=args.async_scheduling)
+                  async_scheduling=args.async_scheduling, tokenizer=args.tokenizer, revision=args.revision,
+                  enforce_eager=args.enforce_eager, **from_cli(args))
     except (ValueError, NotImplementedError, FileNotFoundError) as exc:
         return _fail(str(exc))
-    app = create_app(llm, served_model_names=args.served_model_name or [args.model], api_key=args.api_key)
+    if args.chat_template is not None:
+        try:
+            llm.tokenizer.chat_template = chat_template(args.chat_template)
+        except (OSError, ValueError) as exc:
+            return _fail(str(exc))
+    logging.getLogger("eagle_zoo.serve").info("%s", startup_line(llm))
+    app = create_app(llm, served_model_names=args.served_model_name or [args.model], api_key=args.api_key,
+                     log_stats_interval_s=None if args.disable_log_stats else args.log_stats_interval)
     # On Ctrl-C open streams get a few seconds, then the engine fails what is left.
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level or args.log_level,
+                timeout_graceful_shutdown=5)
     return 0
+
+
+def startup_line(llm) -> str:
+    """What is served: target, draft, method and why that method (inferred or given)."""
+    spec = llm.speculative_config
+    target = f"target {llm.model_path}"
+    if spec is None:
+        return f"serving {target}, no speculative decoding"
+    why = f"inferred: {spec.inferred_from}" if spec.inferred_from else "given in --speculative-config"
+    if spec.method == "ngram":
+        draft = f"prompt lookup (n-grams of {spec.prompt_lookup_min}..{spec.prompt_lookup_max} tokens)"
+    else:
+        draft = spec.model if spec.model is not None else "the target's own MTP layers"
+    return (f"serving {target}, draft {draft}, method {spec.method} ({why}), "
+            f"num_speculative_tokens {getattr(llm.engine, 'k', spec.num_speculative_tokens)}")
+
+
+def chat_template(value: str) -> str:
+    """--chat-template: a file's text when ``value`` names a file, else the template itself."""
+    from pathlib import Path
+
+    path = Path(value)
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    if "{" not in value:
+        raise ValueError(f"--chat-template {value}: no such file, and not a Jinja template (no '{{'): "
+                         f"give the path of a template file or the template text")
+    return value
 
 
 def _fail(message: str) -> int:

@@ -56,8 +56,14 @@ class _Live:
 
 
 class EngineLoop:
-    def __init__(self, engine):
+    def __init__(self, engine, log_stats_interval_s: Optional[float] = None):
+        """``log_stats_interval_s``: log the speculative counters this often (vLLM's
+        periodic "SpecDecoding metrics" line; engine/metrics.py); None: never."""
+        from ..engine.metrics import SpecDecodingLogger
+
         self.engine = engine
+        self.stats_logger = (SpecDecodingLogger(log_stats_interval_s, log.info)
+                             if log_stats_interval_s is not None else None)
         self._inbox: deque = deque()  # deque append/popleft are thread-safe
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -172,12 +178,14 @@ class EngineLoop:
                 if seq.finished:
                     del self._live[rid]
         self._take_snapshot()
+        if self.stats_logger is not None:
+            self.stats_logger.maybe_log(self.engine.metrics)
         log.debug("step %d: %.1f ms", self.steps, 1e3 * (time.perf_counter() - t0))
 
     def _take_snapshot(self) -> None:
         sched, spec = self.engine.scheduler, self.engine.metrics
         self.snapshot = {"running": len(sched.running), "waiting": len(sched.waiting),
-                         "spec": spec.get_metrics(), "mean_acceptance_length": spec.mean_acceptance_length}
+                         "spec": spec.get_metrics(prefix=""), "mean_acceptance_length": spec.mean_acceptance_length}
 
     def _fail_all(self, message: str) -> None:
         for rid, live in list(self._live.items()):

@@ -1,5 +1,9 @@
 """Write a trained head in a published layout (docs/formats.md), readable by eagle_zoo.load.
 
+Every config.json written states the head's method (``eagle_zoo_method``: eagle /
+eagle3; speculators configs by their speculators_model_type), so `speculative_config`
+method inference never depends on the directory's name.
+
     yuhuili-eagle        config.json (the target's config, num_hidden_layers 1) +
                          fc.*, layers.0.* (no input_layernorm); embed_tokens only
                          when asked (the loader shares the target's otherwise)
@@ -27,11 +31,13 @@ from safetensors.torch import save_file
 
 from converters.plan import parse_size  # noqa: F401  (re-exported: '14MB' -> bytes, as `eagle-zoo convert shard`)
 
+from ..config.speculative import HEAD_METHOD_KEY
 from ..models.layers import FusedColumnLinear
 from ..specs import WeightMapping
 
 FORMATS = {"eagle": ("yuhuili-eagle",), "eagle3": ("yuhuili-eagle3", "speculators-eagle3")}
 PREFIX = {"yuhuili-eagle": "layers.0.", "yuhuili-eagle3": "midlayer.", "speculators-eagle3": "layers.0."}
+FORMAT_METHOD = {fmt: method for method, fmts in FORMATS.items() for fmt in fmts}
 INFO_FILE = "eagle_zoo_training.json"
 
 
@@ -163,7 +169,12 @@ def save_head(head, flat_config: dict, fmt: str, out, *, mapping: WeightMapping,
     tensors = export_tensors(head, mapping, skip, dtype)
     tensors = {_rename(n, PREFIX[fmt]): t for n, t in tensors.items()}
     flat = dict(flat_config, torch_dtype=str(dtype).replace("torch.", ""))
-    config = speculators_config(flat, target_name, num_speculative_tokens) if fmt.startswith("speculators") else flat
+    # The head states its method, so method inference never reads the directory's name
+    # (config/speculative.py HEAD_METHOD_KEY); speculators configs state theirs already.
+    if fmt.startswith("speculators"):
+        config = speculators_config(flat, target_name, num_speculative_tokens)
+    else:
+        config = {**flat, HEAD_METHOD_KEY: FORMAT_METHOD[fmt]}
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
