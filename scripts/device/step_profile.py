@@ -1,9 +1,8 @@
 """Where a batch-1 decode step of a SmolLM2-shaped model goes on the GPU.
 
 Random bf16 weights in SmolLM2-135M's shape, or Llama-3-8B's with --shape 8b (no GGUF
-needed, so it runs on a bare lease). EAGLE_ZOO_TRITON_LINEAR=0 runs the layers without
-kernels/linear.py (cuBLAS and the module path), EAGLE_ZOO_PDL=0 without programmatic
-dependent launch (kernels/_triton.py), for before / after in one lease. Prints, each the median of several timed runs (CUDA events, after warm-up):
+needed, so it runs on a bare GPU machine). Prints, each the median of several timed runs
+(CUDA events, after warm-up):
   graph      one replay of the captured target forward (the GPU time of the layers)
   runner     ModelRunner.run: input copies + replay + output clone
   logits     lm_head + greedy argmax
