@@ -80,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                          "(e.g. \"Explain,Write a,Compare\"; steers the kind of request; * is a free "
                                          "row, the target's own first word: \"*,Explain,*,Write a\")")
     steer.add_argument("--openers-file", help="as --openers, one opener a line (for openers with commas, or "
-                                              "thousands of them: e.g. scripts/topic_openers.py's); blank lines skipped")
+                                              "thousands of them: e.g. `eagle-zoo openers`'s); blank lines skipped")
     _common(g)
 
     for method, help_text in (("eagle", "train an EAGLE-1 head"), ("eagle3", "train an EAGLE-3 head (TTT)")):
