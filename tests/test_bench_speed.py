@@ -237,15 +237,20 @@ def _dev(monkeypatch, tmp_path, rows):
     monkeypatch.setattr(bench, "package_files", lambda: tmp_path / "eagle_zoo")
 
 
-def test_demo_takes_one_prompt_of_each_dev_category(monkeypatch, tmp_path):
+def test_demo_takes_the_shortest_early_prompt_of_each_dev_category(monkeypatch, tmp_path):
+    """One prompt per category, in the set's order of categories: the shortest of the
+    category's first DEV_CANDIDATES (a later, shorter one is not looked at)."""
     from eagle_zoo import demo
 
-    _dev(monkeypatch, tmp_path, ROWS + [{"prompt": "2 + 2?", "category": "math"}])
+    late = [{"prompt": "Write a poem about the sea, now much longer than before.", "category": "writing"}] * 3
+    _dev(monkeypatch, tmp_path, [ROWS[0]] + late + ROWS[1:] + [{"prompt": "2 + 2?", "category": "math"}])
     source, rows = demo.demo_rows()
-    assert "dev set" in source
+    assert "dev set" in source and demo.DEV_CANDIDATES == 5
     assert [(r["category"], r["prompt"]) for r in rows] == [
-        ("writing", "Write a poem about the sea."), ("chat", "Another one?"), ("math", "2 + 2?")]
-    assert rows[1]["messages"] == CHAT
+        ("writing", "Write two lines on rain."), ("chat", "Say hello."), ("math", "2 + 2?")]
+    _dev(monkeypatch, tmp_path, [ROWS[1], ROWS[3]])
+    assert demo.demo_rows()[1][0]["messages"] == [{"role": "user", "content": "Say hello."}]
+    _dev(monkeypatch, tmp_path, ROWS + [{"prompt": "2 + 2?", "category": "math"}])
     assert len(demo.demo_rows(limit=2)[1]) == 2
 
 
@@ -265,6 +270,7 @@ def test_demo_prints_per_prompt_and_overall_speed_up(tiny, monkeypatch, tmp_path
 
     _dev(monkeypatch, tmp_path, ROWS)
     monkeypatch.setattr(demo, "DEFAULT_TARGET", tiny.target)
+    monkeypatch.setattr(demo, "MAX_MODEL_LEN", 256)  # the tiny target's context
     monkeypatch.setattr(demo, "speculative_config",
                         lambda draft, k: {"model": draft, "method": "eagle", "num_speculative_tokens": k})
     args = SimpleNamespace(num_prompts=None, max_tokens=8, num_speculative_tokens=2, draft=tiny.head)
