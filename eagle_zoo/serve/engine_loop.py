@@ -7,9 +7,12 @@ step, pushes a snapshot of each live request (its full output text so far, its
 token count, its finish reason) onto that request's asyncio queue with
 ``call_soon_threadsafe``. Handlers turn snapshots into deltas themselves.
 
-Failure isolation: an error adding one request fails that request only. An error
-inside ``step()`` cannot be pinned on one request, so every request in flight fails
-(each gets the error, their slots are freed) and the loop keeps serving.
+Failure isolation: an error adding one request fails that request only. Inside
+``step()`` the engine pins an error on the request whose own inputs caused it and
+finishes that request alone with reason "error" (EngineCore._decode_isolated); the
+loop turns that into an error update for it while the others go on. An error no
+request is found to cause (the device, the model itself) fails every request in
+flight (each gets the error, their slots are freed) and the loop keeps serving.
 """
 from __future__ import annotations
 
@@ -167,6 +170,12 @@ class EngineLoop:
             n = len(seq.output_token_ids)
             if n != live.sent_tokens or seq.finished:
                 live.sent_tokens = n
+                error = getattr(seq, "error", None)
+                if error is not None:
+                    log.warning("request %s failed in the engine: %s", rid, error)
+                    self._send(live, Update(live.index, seq.output_text, n, error=error))
+                    del self._live[rid]
+                    continue
                 reason = seq.finish_reason if seq.finished else None
                 self._send(live, Update(live.index, seq.output_text, n, reason))
                 if seq.finished:
