@@ -7,6 +7,7 @@ import logging
 import sys
 
 from .. import envs
+from .limits import DEFAULT_MAX_PROMPTS_PER_REQUEST, DEFAULT_MAX_REQUEST_BYTES, ServerLimits
 
 API_KEY_ENV = envs.API_KEY
 
@@ -33,6 +34,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="launch each decode step before the previous one is read back (greedy requests; "
                         "README, engine options); default: on for a CUDA device, off on the CPU and with "
                         "tensor parallelism; also EAGLE_ZOO_ASYNC_SCHEDULING=0/1")
+    p.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES, metavar="N",
+                   help="largest request body accepted; a larger one gets 413 "
+                        f"(default {DEFAULT_MAX_REQUEST_BYTES} = 8 MiB)")
+    p.add_argument("--max-prompts-per-request", type=int, default=DEFAULT_MAX_PROMPTS_PER_REQUEST, metavar="N",
+                   help="most prompts one /v1/completions request may hold; more get 400 "
+                        f"(default {DEFAULT_MAX_PROMPTS_PER_REQUEST})")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="server log verbosity (default info)")
 
@@ -53,6 +60,12 @@ def run(args: argparse.Namespace) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         logging.warning("binding to %s without --api-key: anyone who can reach it can use it", args.host)
 
+    try:
+        limits = ServerLimits(max_request_bytes=args.max_request_bytes,
+                              max_prompts_per_request=args.max_prompts_per_request)
+    except ValueError as exc:
+        return _fail(str(exc).replace("ServerLimits.", "--").replace("_", "-"))
+
     from ..engine.llm import LLM
     from .app import create_app
 
@@ -62,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
                   async_scheduling=args.async_scheduling)
     except (ValueError, NotImplementedError, FileNotFoundError) as exc:
         return _fail(str(exc))
-    app = create_app(llm, served_model_names=args.served_model_name or [args.model], api_key=args.api_key)
+    app = create_app(llm, served_model_names=args.served_model_name or [args.model], api_key=args.api_key,
+                     limits=limits)
     # On Ctrl-C open streams get a few seconds, then the engine fails what is left.
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
     return 0

@@ -18,13 +18,15 @@ Prepared = list[tuple[list[int], SamplingParams]]
 
 
 class RequestPreparer:
-    def __init__(self, tokenizer, *, max_model_len: int, vocab_size: int, served_model_names: list[str]):
+    def __init__(self, tokenizer, *, max_model_len: int, vocab_size: int, served_model_names: list[str],
+                 max_prompts_per_request: Optional[int] = None):
         # The engine thread detokenizes with the engine's tokenizer; handlers get
         # their own copy so the two threads never share one Rust tokenizer object.
         self.tokenizer = copy.deepcopy(tokenizer) if tokenizer is not None else None
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.served_model_names = list(served_model_names)
+        self.max_prompts_per_request = max_prompts_per_request
 
     def model_name(self, requested: Optional[str]) -> str:
         if requested is None:
@@ -42,6 +44,11 @@ class RequestPreparer:
             prompts = [prompts]
         if not prompts:
             raise APIError("prompt is empty: give a string, a list of strings or token ids", param="prompt")
+        cap = self.max_prompts_per_request
+        if cap is not None and len(prompts) > cap:
+            raise APIError(f"prompt holds {len(prompts)} prompts; this server takes at most {cap} per request "
+                           "(eagle-zoo serve --max-prompts-per-request): split them over several requests",
+                           param="prompt")
         explicit = "max_tokens" in req.model_fields_set
         out = []
         for prompt in prompts:
