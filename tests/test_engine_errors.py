@@ -225,20 +225,34 @@ def _poisoned(**kw) -> SamplingParams:
     return sp
 
 
-def test_a_request_that_breaks_a_step_fails_alone(target):
-    """One engine, four requests decoded together; one of them breaks the batched step.
-    That one finishes with reason "error" naming the field; the others give exactly what
-    they give in a run without it (greedy and seeded sampling alike)."""
+@pytest.mark.parametrize("when", ["at prefill", "in a batched decode step"])
+def test_a_request_that_breaks_a_step_fails_alone(target, when):
+    """One engine, four requests decoded together; one of them breaks a step (its own
+    prefill, or the batched decode step of all four). That one finishes with reason
+    "error" naming the field; the others give exactly what they give in a run without
+    it (greedy and seeded sampling alike)."""
     llm = LLM(str(target), device="cpu", max_model_len=MAX_MODEL_LEN, max_num_seqs=4)
+    engine = llm.engine
     good = [ids(5, start=7), ids(7, start=20), ids(4, start=40)]
     good_params = [GREEDY, SamplingParams(temperature=0.9, top_p=0.8, seed=11, max_tokens=6, ignore_eos=True),
                    SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)]
     alone = [o.outputs[0] for o in llm.generate(good, good_params)]
-    mixed = llm.generate(good[:1] + [ids(6, start=30)] + good[1:], good_params[:1] + [_poisoned(seed=3)] + good_params[1:])
-    bad = mixed[1].outputs[0]
-    assert bad.finish_reason == "error" and "top_k" in bad.stop_reason, bad
-    rest = [mixed[i].outputs[0] for i in (0, 2, 3)]
+
+    bad_params = SamplingParams(temperature=0.7, top_k=5, max_tokens=6, ignore_eos=True, seed=3)
+    prompts = [good[0], ids(6, start=30)] + good[1:]
+    seqs = [engine.add_request(p["prompt_token_ids"], sp)
+            for p, sp in zip(prompts, good_params[:1] + [bad_params] + good_params[1:])]
+    if when == "at prefill":
+        bad_params.top_k = 2**70  # past the checks made at creation
+    else:
+        engine.step()  # every request prefilled and one token out
+        assert all(len(s.output_token_ids) == 1 for s in seqs)
+        bad_params.top_k = 2**70
+    while engine.has_unfinished():
+        engine.step()
+    bad = engine.to_output(seqs[1]).outputs[0]
+    assert bad.finish_reason == "error" and "SamplingParams.top_k" in bad.stop_reason, bad
+    rest = [engine.to_output(seqs[i]).outputs[0] for i in (0, 2, 3)]
     assert [o.token_ids for o in rest] == [o.token_ids for o in alone]
     assert [o.finish_reason for o in rest] == ["length"] * 3
-    assert not llm.engine.has_unfinished()
-    assert len(llm.engine.scheduler.free_slots) == 4  # the failed request's slot came back
+    assert len(engine.scheduler.free_slots) == 4  # the failed request's slot came back

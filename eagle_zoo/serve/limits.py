@@ -80,10 +80,11 @@ def parse_request(raw: bytes, model: type[M]) -> M:
         raise APIError(f"the body is not valid JSON: {exc}") from None
     where = find_lone_surrogate(data)
     if where is not None:
-        field = ".".join(str(p) for p in where) or "body"
-        raise APIError(f"{field}: the string holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff "
-                       "escape), which is not text: send valid Unicode",
-                       param=str(where[0]) if where else None)
+        # A key may hold the surrogate itself: written escaped, so the answer is UTF-8.
+        names = [str(p).encode("utf-8", "backslashreplace").decode("utf-8") for p in where]
+        raise APIError(f"{'.'.join(names) or 'body'}: the string holds a lone UTF-16 surrogate (an unpaired "
+                       "\\ud800-\\udfff escape), which is not text: send valid Unicode",
+                       param=names[0] if names else None)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
