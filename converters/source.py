@@ -157,6 +157,6 @@ def copyable_files(directory: Path, used: list[Path], keep_config: bool) -> tupl
             continue
         if p.name.endswith(ckpt.PICKLE_SUFFIXES + ckpt.SAFETENSORS_SUFFIXES):
             skipped.append(p)
-        else:
-            copies.append(p)
+        else:  # copied into the output: a link out of the directory is refused
+            copies.append(ckpt.inside_checkpoint(directory, p.name, p))
     return copies, skipped

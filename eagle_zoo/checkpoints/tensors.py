@@ -5,13 +5,19 @@ first match wins: safetensors is preferred because it cannot run code), never by
 trying one reader after another. Pickled ``.bin`` files are opened only with
 ``torch.load(weights_only=True)``; anything that unpickler refuses is reported as an
 UnsafeCheckpointError and nothing in the file is executed.
+
+Every file a checkpoint names (its weight file, the shards of its index) must be
+inside the checkpoint directory (inside_checkpoint): a relative path without ``..``
+whose real location, symlinks followed, is in the directory. The one exception is a
+Hugging Face hub cache snapshot, whose files are links into the repository's
+``blobs`` folder: there the repository folder is the bound.
 """
 from __future__ import annotations
 
 import json
 import pickle
 import zipfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Iterable, Optional
 
 import torch
@@ -49,13 +55,53 @@ class MissingShardError(CheckpointError):
     """An index names a shard file that is not in the directory."""
 
 
+class OutsideCheckpointError(UnsafeCheckpointError):
+    """A checkpoint names a file outside its directory (absolute, ``..``, or a symlink out)."""
+
+
+def _bound(directory: Path) -> Path:
+    """The folder a checkpoint's files must really be in: the directory itself, or for
+    a hub cache snapshot (``.../models--org--name/snapshots/<rev>``) its repository
+    folder, as the snapshot's files link to ``../../blobs``."""
+    directory = Path(directory)
+    if directory.parent.name == "snapshots" and (directory.parent.parent / "blobs").is_dir():
+        return directory.parent.parent.resolve()
+    return directory.resolve()
+
+
+def inside_checkpoint(directory: Path, name: str, named_by: object) -> Path:
+    """``directory / name``, when ``name`` (as ``named_by`` gives it: an index, a file
+    name) stays inside the checkpoint directory: relative, no ``..``, no symlink (of the
+    file or of a folder on the way) leading out. Otherwise an OutsideCheckpointError;
+    nothing outside is opened because a checkpoint says so."""
+    directory = Path(directory)
+    text = str(name)
+    posix, windows = PurePosixPath(text), PureWindowsPath(text)
+    if (not text or posix.is_absolute() or windows.is_absolute() or windows.drive or ".." in posix.parts
+            or ".." in windows.parts):
+        raise OutsideCheckpointError(
+            f"{named_by} names {text!r}, which is not a file inside {directory}: a checkpoint may only name "
+            "its own files by relative paths without '..'. Fix the entry (the shard's file name in the "
+            "checkpoint directory) or get the checkpoint again from its publisher"
+        )
+    path = directory / text
+    real = path.resolve()
+    bound = _bound(directory)
+    if real != bound and bound not in real.parents:
+        raise OutsideCheckpointError(
+            f"{named_by} names {text!r}, which leads outside {directory} (a symlink to {real}): a checkpoint's "
+            "files must be inside its directory. Copy the file in (not a link) or get the checkpoint again"
+        )
+    return path
+
+
 # -- which files ----------------------------------------------------------------
 def weights_entry(directory: Path) -> Optional[Path]:
     """The file that says where the weights are (a weight file or an index), or None."""
     directory = Path(directory)
     for name, _ in WEIGHT_LAYOUTS:
         if (directory / name).is_file():
-            return directory / name
+            return inside_checkpoint(directory, name, directory / name)
     return None
 
 
@@ -71,6 +117,9 @@ def read_index(index_path: Path) -> dict[str, str]:
         ) from None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise CorruptCheckpointError(f"{index_path}: \"weight_map\" must map tensor names to file names")
+    directory = Path(index_path).parent
+    for tensor, shard in weight_map.items():
+        inside_checkpoint(directory, shard, f"{index_path} (weight_map[{tensor!r}])")
     return weight_map
 
 
