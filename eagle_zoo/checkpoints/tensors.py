@@ -15,7 +15,10 @@ Hugging Face hub cache snapshot, whose files are links into the repository's
 from __future__ import annotations
 
 import json
+import math
+import os
 import pickle
+import struct
 import zipfile
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Iterable, Optional
@@ -217,6 +220,59 @@ def _read_pickle(path: Path) -> dict[str, torch.Tensor]:
     return obj
 
 
+# -- headers without the data -------------------------------------------------------
+# A safetensors header is JSON of at most this size (safetensors' own limit is 100 MB).
+MAX_HEADER_BYTES = 100_000_000
+
+
+def safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """{tensor name: (dtype code such as "F16", shape)} of a safetensors file, read from
+    its header alone with plain file reads: the data is neither read nor memory
+    mapped, so a file of any size (larger than memory too) can be inspected. The header
+    is checked against the file's size (each tensor's bytes inside the file)."""
+    path = Path(path)
+    size = os.path.getsize(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise ValueError("shorter than the 8-byte header length")
+            (n,) = struct.unpack("<Q", head)
+            if n > MAX_HEADER_BYTES or 8 + n > size:
+                raise ValueError(f"a header length of {n} bytes does not fit the file ({size} bytes)")
+            header = json.loads(f.read(n))
+        if not isinstance(header, dict):
+            raise ValueError("the header is not a JSON object")
+        out, data_size = {}, size - 8 - n
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+            if not (isinstance(dtype, str) and isinstance(shape, list)
+                    and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+                    and isinstance(offsets, list) and len(offsets) == 2
+                    and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+                    and 0 <= offsets[0] <= offsets[1] <= data_size):
+                raise ValueError(f"tensor {name!r} has a malformed entry or lies past the end of the file")
+            out[name] = (dtype, tuple(shape))
+        return dict(sorted(out.items()))  # by name, as safetensors' own keys()
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise CorruptCheckpointError(
+            f"{path}: not a readable safetensors file ({exc}); it is truncated or corrupt: download it again"
+        ) from None
+
+
+def checkpoint_numel(directory: Path) -> Optional[int]:
+    """How many numbers a checkpoint's tensors hold, from safetensors headers alone;
+    None when its weights are pickled (counting those means unpickling them)."""
+    total = 0
+    for path in weight_files(directory):
+        if not path.name.endswith(SAFETENSORS_SUFFIXES):
+            return None
+        total += sum(math.prod(shape) for _, shape in safetensors_header(path).values())
+    return total
+
+
 # -- a whole checkpoint -----------------------------------------------------------
 def read_tensors(directory: Path) -> tuple[dict[str, torch.Tensor], list[Path]]:
     """Every tensor of a checkpoint directory and the files they came from.
@@ -254,11 +310,7 @@ def tensor_names(directory: Path) -> list[str]:
         return sorted(read_index(entry))
     (path,) = weight_files(directory)
     if path.name.endswith(SAFETENSORS_SUFFIXES):
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                return sorted(f.keys())
-        except SafetensorError as exc:
-            raise CorruptCheckpointError(f"{path}: not a readable safetensors file ({exc})") from None
+        return sorted(safetensors_header(path))
     return sorted(_read_pickle(path))
 
 
