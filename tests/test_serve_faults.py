@@ -344,3 +344,35 @@ def test_a_poisoned_request_fails_alone_among_concurrent_ones(tiny_target, monke
         assert [token_text(g) for g in got[:2] + got[3:]] == alone
         assert all(st == 200 and text.count("<") >= 10 for st, text in alone), alone
         assert not llm.engine.has_unfinished() and len(llm.engine.scheduler.free_slots) == 4
+
+
+def test_a_large_request_does_not_stall_the_event_loop(tokenizer_dir):
+    """A 600 KB chat message takes seconds to render and tokenize; meanwhile /health
+    answers at once (the work runs in the preparation thread, not the event loop), and
+    the request still gets its answer (a 400: far longer than the context)."""
+    import threading
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    llm = SimpleNamespace(engine=ScriptedEngine(tok), tokenizer=tok, model_path="x")
+    with ServerThread(create_app(llm, served_model_names=["smol"])) as s:
+        body = {"messages": [{"role": "user", "content": "hello world, this is a test. " * 20000}]}
+        answer = {}
+
+        def big():
+            t0 = time.time()
+            answer["response"] = httpx.post(s.url + "/v1/chat/completions", json=body, timeout=120)
+            answer["seconds"] = time.time() - t0
+
+        thread = threading.Thread(target=big)
+        thread.start()
+        latencies = []
+        while thread.is_alive():
+            t0 = time.time()
+            assert httpx.get(s.url + "/health", timeout=30).status_code == 200
+            latencies.append(time.time() - t0)
+            time.sleep(0.05)
+        assert_openai_error(answer["response"], 400, "messages")["code"] == "context_length_exceeded"
+        assert answer["seconds"] > 0.5 and len(latencies) >= 3, (answer["seconds"], latencies)
+        assert max(latencies) < min(1.0, answer["seconds"] / 2), latencies

@@ -37,6 +37,7 @@ import torch
 from ..hookspecs import hookimpl
 from ..specs import CheckpointFormat
 from .formats import CheckpointFormatError, RawCheckpoint, _eagle_config, read_json_object
+from .sizes import check_config_sizes
 from .tensors import CorruptCheckpointError, inside_checkpoint, read_file, weights_entry
 
 PARAMS_FILE = "params.json"
@@ -136,7 +137,9 @@ def read_mistral_eagle(directory: Path) -> RawCheckpoint:
             raise CorruptCheckpointError(f"{f}: tensor {sorted(clash)[0]!r} also appears in another consolidated file")
         weights.update(part)
     weights = _dequantize(weights, directory)
-    config = _eagle_config(hf_config_dict(load_params(directory), path), "eagle", path)
+    hf = hf_config_dict(load_params(directory), path)
+    check_config_sizes(hf, path)
+    config = _eagle_config(hf, "eagle", path, weights)
     return RawCheckpoint(config, weights, files, "mistral-eagle")
 
 
