@@ -54,7 +54,7 @@ def escape(tmp_path: Path, directory: Path, index: Path, data: dict, how: str, k
     if how == "absolute":
         entry = str(secret)
     elif how == "dotdot":
-        entry = os.path.relpath(secret, directory)  # ../outside/secret.*
+        entry = os.path.relpath(secret, directory)  # up one level, into outside/
     elif how == "symlinked file":
         entry = "link-" + shard
         (directory / entry).symlink_to(secret)
@@ -91,7 +91,7 @@ def test_target_loader_refuses_an_index_entry_outside(tmp_path):
     index = target.path / "model.safetensors.index.json"
     data = json.loads(index.read_text())
     secret = outside_file(tmp_path, "safetensors")
-    data["weight_map"]["lm_head.weight"] = "../outside/" + secret.name
+    data["weight_map"]["lm_head.weight"] = os.path.join("..", "outside", secret.name)
     index.write_text(json.dumps(data))
     with pytest.raises(ckpt.OutsideCheckpointError, match=r"weight_map\['lm_head.weight'\].*\.\./outside"):
         LLM(str(target.path), device="cpu", max_model_len=16, max_num_seqs=1)
@@ -117,7 +117,7 @@ def test_mistral_consolidated_file_linked_out_is_refused(tmp_path):
 
 
 def test_a_hub_cache_snapshot_still_loads(tmp_path):
-    """models--org--name/snapshots/<rev>/* link to ../../blobs/<hash>: inside the
+    """models--org--name/snapshots/<rev>/* link to the blobs folder two levels up: inside the
     repository folder, so allowed; a snapshot link out of the repository is not."""
     head = cf.write_yuhuili_eagle(tmp_path / "head", kind="safetensors", shards=2)
     repo = tmp_path / "hub" / "models--org--head"
@@ -126,7 +126,7 @@ def test_a_hub_cache_snapshot_still_loads(tmp_path):
     snap.mkdir(parents=True)
     for i, f in enumerate(sorted(head.path.iterdir())):
         shutil.copy(f, blobs / f"blob{i}")
-        (snap / f.name).symlink_to(Path("../../blobs") / f"blob{i}")
+        (snap / f.name).symlink_to(Path("..", "..", "blobs") / f"blob{i}")
     got = ckpt.load_state_dict(snap)
     assert sorted(got) == sorted(head.weights) and torch.equal(got["fc.weight"], head.weights["fc.weight"])
     index = snap / "model.safetensors.index.json"
@@ -170,13 +170,13 @@ def test_converters_refuse_an_index_entry_outside(tmp_path, capsys, offline, con
 
 
 def test_to_safetensors_never_puts_outside_tensors_in_its_output(tmp_path, offline):
-    """The reported case: pytorch_model.bin.index.json -> ../../outside/...bin."""
+    """The reported case: pytorch_model.bin.index.json naming a .bin two levels up."""
     nested = tmp_path / "a" / "b"
     directory, index, data = sharded_head(nested, "bin")
     secret = outside_file(tmp_path, "bin")
     data["weight_map"]["secret"] = os.path.relpath(secret, directory)
     index.write_text(json.dumps(data))
-    assert data["weight_map"]["secret"].startswith("../../")
+    assert data["weight_map"]["secret"].startswith(os.path.join("..", "..", ""))
     out = tmp_path / "out"
     assert convert("to-safetensors", directory, "-o", out) == 4
     assert not out.exists()

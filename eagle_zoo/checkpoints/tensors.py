@@ -65,7 +65,7 @@ class OutsideCheckpointError(UnsafeCheckpointError):
 def _bound(directory: Path) -> Path:
     """The folder a checkpoint's files must really be in: the directory itself, or for
     a hub cache snapshot (``.../models--org--name/snapshots/<rev>``) its repository
-    folder, as the snapshot's files link to ``../../blobs``."""
+    folder, as the snapshot's files link into its ``blobs`` folder."""
     directory = Path(directory)
     if directory.parent.name == "snapshots" and (directory.parent.parent / "blobs").is_dir():
         return directory.parent.parent.resolve()
