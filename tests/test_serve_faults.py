@@ -297,52 +297,69 @@ def tiny_target(tmp_path_factory):
     return ef.write_target(tmp_path_factory.mktemp("faults") / "target", ef.kind_of("llama"))
 
 
-def test_a_poisoned_request_fails_alone_among_concurrent_ones(tiny_target, monkeypatch):
-    """Four concurrent requests on the real engine; one carries sampling values changed
-    past SamplingParams' checks (as a bug in the server could). It gets a 500 naming the
-    field; the other three get exactly what they get without it."""
+@pytest.mark.parametrize("when", ["at its prefill", "in a batched decode step"])
+def test_a_poisoned_request_fails_alone_among_concurrent_ones(tiny_target, monkeypatch, when):
+    """Three requests running on the real engine; a fourth joins them carrying sampling
+    values changed past SamplingParams' checks (as a bug in the server could), before
+    its prefill or once all four decode together. It gets a 500 naming the field; the
+    other three get exactly what they get without it."""
     from eagle_zoo import LLM
     from eagle_zoo.serve import prepare
 
-    made = prepare.SamplingParams
+    made, poisoned_params = prepare.SamplingParams, []
 
     def poisoning(**kw):  # seed 666 marks the poisoned request
         sp = made(**kw)
         if kw.get("seed") == 666:
-            sp.top_k = 2**70
+            poisoned_params.append(sp)
+            if when == "at its prefill":
+                sp.top_k = 2**70
         return sp
 
     monkeypatch.setattr(prepare, "SamplingParams", poisoning)
     llm = LLM(str(tiny_target), device="cpu", max_model_len=48, max_num_seqs=4)
     assert llm.tokenizer is None  # prompts go as token ids; the answers' text spells out the ids:
     llm.engine.tokenizer = IdText()
-    good = [{"prompt": [5, 6, 7], "max_tokens": 12, "temperature": 0, "ignore_eos": True},
-            {"prompt": [9, 10], "max_tokens": 12, "temperature": 0.9, "seed": 5, "ignore_eos": True},
-            {"prompt": [30, 31, 32, 33], "max_tokens": 10, "temperature": 0, "ignore_eos": True, "stream": True}]
-    poisoned = {"prompt": [40, 41], "max_tokens": 12, "temperature": 0.8, "top_k": 4, "seed": 666}
+    step = llm.engine.step
+    llm.engine.step = lambda: (time.sleep(0.01), step())[1]  # time for the test to act between steps
+    running = llm.engine.scheduler.running
+    good = [{"prompt": [5, 6, 7], "max_tokens": 30, "temperature": 0, "ignore_eos": True},
+            {"prompt": [9, 10], "max_tokens": 30, "temperature": 0.9, "seed": 5, "ignore_eos": True},
+            {"prompt": [30, 31, 32, 33], "max_tokens": 28, "temperature": 0, "ignore_eos": True, "stream": True}]
+    poisoned = {"prompt": [40, 41], "max_tokens": 30, "temperature": 0.8, "top_k": 4, "seed": 666,
+                "ignore_eos": True}
 
     def ask(s, body):
         r = httpx.post(s.url + "/v1/completions", json=body, timeout=60)
         if body.get("stream"):
-            events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
-            return r.status_code, [json.loads(e) for e in events[:-1]]
-        return r.status_code, r.json()
+            events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")
+                      and line != "data: [DONE]"]
+            errors = [e for e in events if "error" in e]
+            text = "".join(c["choices"][0]["text"] for c in events if c.get("choices"))
+            return r.status_code, (errors[0] if errors else text)
+        payload = r.json()
+        return r.status_code, (payload if "error" in payload else payload["choices"][0]["text"])
 
-    def token_text(status_payload):
-        status, payload = status_payload
-        if isinstance(payload, list):
-            return status, "".join(c["choices"][0]["text"] for c in payload if c.get("choices"))
-        return status, payload["choices"][0]["text"]
+    def wait_for(n):
+        deadline = time.time() + 30
+        while len(running) < n:
+            assert time.time() < deadline, f"never {n} requests running together"
+            time.sleep(0.002)
 
     with ServerThread(create_app(llm, served_model_names=["tiny"])) as s:
-        alone = [token_text(ask(s, b)) for b in good]
+        alone = [ask(s, b) for b in good]
+        assert all(st == 200 and text.count("<") >= 28 for st, text in alone), alone
         with cf.ThreadPoolExecutor(4) as pool:
-            futures = [pool.submit(ask, s, b) for b in good[:2] + [poisoned] + good[2:]]
+            futures = [pool.submit(ask, s, b) for b in good]
+            wait_for(3)
+            bad = pool.submit(ask, s, poisoned)
+            if when == "in a batched decode step":
+                wait_for(4)
+                poisoned_params[0].top_k = 2**70
             got = [f.result() for f in futures]
-        status, err = got[2]
+            status, err = bad.result()
         assert status == 500 and "SamplingParams.top_k" in err["error"]["message"], err
-        assert [token_text(g) for g in got[:2] + got[3:]] == alone
-        assert all(st == 200 and text.count("<") >= 10 for st, text in alone), alone
+        assert got == alone
         assert not llm.engine.has_unfinished() and len(llm.engine.scheduler.free_slots) == 4
 
 
