@@ -393,3 +393,12 @@ def test_a_large_request_does_not_stall_the_event_loop(tokenizer_dir):
         assert_openai_error(answer["response"], 400, "messages")["code"] == "context_length_exceeded"
         assert answer["seconds"] > 0.5 and len(latencies) >= 3, (answer["seconds"], latencies)
         assert max(latencies) < min(1.0, answer["seconds"] / 2), latencies
+
+
+def test_limits_must_be_positive(capsys):
+    from eagle_zoo.cli import main
+
+    with pytest.raises(ValueError, match=r"ServerLimits\.max_prompts_per_request must be an integer >= 1, got 0"):
+        ServerLimits(max_prompts_per_request=0)
+    assert main(["serve", "default", "--max-request-bytes", "0"]) == 2
+    assert "--max-request-bytes must be an integer >= 1, got 0" in capsys.readouterr().err
