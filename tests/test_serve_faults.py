@@ -103,6 +103,18 @@ def test_bad_numbers_elsewhere(srv, raw, param):
     refused(srv, "/v1/completions", raw, 400, param)
 
 
+@pytest.mark.parametrize("body, param", [
+    ({"stop": ["x"] * 17}, "stop"),
+    ({"stop": "x" * 1001}, "stop"),
+    ({"stop": ["ok", "x" * 1001]}, "stop"),
+    ({"stop_token_ids": [5] * 1025}, "stop_token_ids"),
+])
+def test_stop_lists_are_bounded(srv, body, param):
+    """The engine thread checks stop strings and ids on every step: their size is capped."""
+    err = refused(srv, "/v1/completions", {"prompt": "hi", **body}, 400, param)
+    assert "at most" in err["message"]
+
+
 def test_bad_numbers_in_chat(srv):
     msgs = '[{"role": "user", "content": "hi"}]'
     for field in ("temperature", "max_completion_tokens", "seed", "top_k"):

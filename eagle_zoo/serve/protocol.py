@@ -22,6 +22,9 @@ from ..engine.sampling_params import SEED_MAX, SEED_MIN, TOKEN_ID_MAX, TOP_K_MAX
 # JSON as the server reads it: no coercion between types, no NaN / Infinity.
 STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 TokenId = Annotated[int, Field(ge=0, le=TOKEN_ID_MAX)]
+# Stop strings and ids are checked on every step for every token of the request: the
+# engine thread's work for them is bounded here, so one request cannot slow the others.
+MAX_STOP_STRINGS, MAX_STOP_STRING_CHARS, MAX_STOP_TOKEN_IDS = 16, 1000, 1024
 
 
 class APIError(Exception):
@@ -86,7 +89,7 @@ class _SamplingRequest(BaseModel):
     stream_options: Optional[StreamOptions] = None
     stop: Optional[Union[str, list[str]]] = None
     seed: Optional[int] = Field(None, ge=SEED_MIN, le=SEED_MAX)
-    stop_token_ids: Optional[list[TokenId]] = None  # extension (vLLM)
+    stop_token_ids: Optional[Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)]] = None  # vLLM
     ignore_eos: bool = False  # extension (vLLM)
     # Accepted only at their neutral value: the engine has no penalties or logprobs.
     presence_penalty: float = 0.0
@@ -94,6 +97,17 @@ class _SamplingRequest(BaseModel):
     logit_bias: Optional[dict[str, float]] = None
     logprobs: Optional[Union[bool, int]] = None
     best_of: Optional[int] = None
+
+    @field_validator("stop")
+    @classmethod
+    def _bounded_stop(cls, stop):
+        stops = [stop] if isinstance(stop, str) else (stop or [])
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are accepted, got {len(stops)}")
+        longest = max((len(x) for x in stops), default=0)
+        if longest > MAX_STOP_STRING_CHARS:
+            raise ValueError(f"a stop string may have at most {MAX_STOP_STRING_CHARS} characters, got one of {longest}")
+        return stop
 
     @field_validator("n")
     @classmethod
