@@ -376,9 +376,10 @@ def test_a_poisoned_request_fails_alone_among_concurrent_ones(tiny_target, monke
 
 
 def test_a_large_request_does_not_stall_the_event_loop(tokenizer_dir):
-    """A 600 KB chat message takes seconds to render and tokenize; meanwhile /health
-    answers at once (the work runs in the preparation thread, not the event loop), and
-    the request still gets its answer (a 400: far longer than the context)."""
+    """A 600 KB chat message takes seconds to render and tokenize; meanwhile a small
+    request is answered and /health answers at once (the work runs in preparation
+    threads, not the event loop), and the large request still gets its answer (a 400:
+    far longer than the context)."""
     import threading
 
     from transformers import AutoTokenizer
@@ -396,6 +397,9 @@ def test_a_large_request_does_not_stall_the_event_loop(tokenizer_dir):
 
         thread = threading.Thread(target=big)
         thread.start()
+        time.sleep(0.2)  # the big one is being tokenized: a small one is not queued behind it
+        small = httpx.post(s.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=60)
+        assert small.status_code == 200 and thread.is_alive(), "the small request waited for the large one"
         latencies = []
         while thread.is_alive():
             t0 = time.time()

@@ -33,6 +33,8 @@ from .protocol import (APIError, AssistantMessage, ChatChoice, ChatChunkChoice, 
 
 log = logging.getLogger("eagle_zoo.serve")
 
+PREPARE_THREADS = 4  # request bodies parsed, validated and tokenized at once
+
 
 def create_app(llm, *, served_model_names: Optional[list[str]] = None, api_key: Optional[str] = None,
                limits: Optional[ServerLimits] = None) -> FastAPI:
@@ -47,9 +49,10 @@ def create_app(llm, *, served_model_names: Optional[list[str]] = None, api_key: 
     prep = RequestPreparer(llm.tokenizer, max_model_len=engine.max_model_len,
                            vocab_size=engine.target.config.vocab_size, served_model_names=names,
                            max_prompts_per_request=limits.max_prompts_per_request)
-    # Parsing, chat templates and tokenization run here, off the event loop; one
-    # thread, as the preparer's tokenizer is not shared between threads.
-    workers = ThreadPoolExecutor(1, thread_name_prefix="eagle-zoo-prepare")
+    # Parsing, chat templates and tokenization run here, off the event loop, each
+    # thread with its own tokenizer copy (RequestPreparer): a large request being
+    # tokenized holds up neither the event loop nor a small request beside it.
+    workers = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="eagle-zoo-prepare")
     created = now()
 
     @asynccontextmanager
