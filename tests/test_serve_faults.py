@@ -376,7 +376,7 @@ def test_a_poisoned_request_fails_alone_among_concurrent_ones(tiny_target, monke
 
 
 def test_a_large_request_does_not_stall_the_event_loop(tokenizer_dir):
-    """A 600 KB chat message takes seconds to render and tokenize; meanwhile a small
+    """A 1.2 MB chat message takes seconds to render and tokenize; meanwhile a small
     request is answered and /health answers at once (the work runs in preparation
     threads, not the event loop), and the large request still gets its answer (a 400:
     far longer than the context)."""
@@ -387,28 +387,33 @@ def test_a_large_request_does_not_stall_the_event_loop(tokenizer_dir):
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     llm = SimpleNamespace(engine=ScriptedEngine(tok), tokenizer=tok, model_path="x")
     with ServerThread(create_app(llm, served_model_names=["smol"])) as s:
-        body = {"messages": [{"role": "user", "content": "hello world, this is a test. " * 20000}]}
-        answer = {}
+        body = {"messages": [{"role": "user", "content": "hello world, this is a test. " * 40000}]}
+        done = {}
 
-        def big():
-            t0 = time.time()
-            answer["response"] = httpx.post(s.url + "/v1/chat/completions", json=body, timeout=120)
-            answer["seconds"] = time.time() - t0
+        def post_timed(name, path, payload):
+            response = httpx.post(s.url + path, json=payload, timeout=120)
+            done[name] = (time.time(), response)
 
-        thread = threading.Thread(target=big)
-        thread.start()
-        time.sleep(0.2)  # the big one is being tokenized: a small one is not queued behind it
-        small = httpx.post(s.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=60)
-        assert small.status_code == 200 and thread.is_alive(), "the small request waited for the large one"
+        t0 = time.time()
+        big = threading.Thread(target=post_timed, args=("big", "/v1/chat/completions", body))
+        big.start()
+        time.sleep(0.1)
+        small = threading.Thread(target=post_timed, args=("small", "/v1/completions",
+                                                          {"prompt": "hi", "max_tokens": 2}))
+        small.start()
         latencies = []
-        while thread.is_alive():
-            t0 = time.time()
+        while big.is_alive():
+            t = time.time()
             assert httpx.get(s.url + "/health", timeout=30).status_code == 200
-            latencies.append(time.time() - t0)
+            latencies.append(time.time() - t)
             time.sleep(0.05)
-        assert_openai_error(answer["response"], 400, "messages")["code"] == "context_length_exceeded"
-        assert answer["seconds"] > 0.5 and len(latencies) >= 3, (answer["seconds"], latencies)
-        assert max(latencies) < min(1.0, answer["seconds"] / 2), latencies
+        small.join(30)
+        big_s = done["big"][0] - t0
+        assert_openai_error(done["big"][1], 400, "messages")["code"] == "context_length_exceeded"
+        assert done["small"][1].status_code == 200
+        assert done["small"][0] < done["big"][0], "the small request waited for the large one"
+        assert big_s > 0.5 and len(latencies) >= 3, (big_s, latencies)
+        assert max(latencies) < min(1.0, big_s / 2), latencies
 
 
 def test_limits_must_be_positive(capsys):
