@@ -190,3 +190,18 @@ def test_converters_refuse_to_copy_a_small_file_linked_out(tmp_path, capsys, off
     out = tmp_path / "out"
     assert convert("to-safetensors", head.path, "-o", out) == 4
     assert "tokenizer.json" in capsys.readouterr().err and not out.exists()
+
+
+def test_legacy_refuses_a_target_index_entry_outside(tmp_path, capsys, offline):
+    """`convert legacy` reads lm_head.weight from the target's shards: that index too."""
+    head = cf.write_yuhuili_eagle(tmp_path / "head")
+    target = cf.write_target(tmp_path / "t", max_shard_size="20KB").path
+    index = target / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    data["weight_map"]["lm_head.weight"] = str(outside_file(tmp_path, "safetensors"))
+    index.write_text(json.dumps(data))
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert convert("legacy", head.path, "--target", target, "-o", out) == 4
+    err = capsys.readouterr().err
+    assert "'lm_head.weight'" in err and "secret.safetensors" in err and not out.exists()
