@@ -79,6 +79,8 @@ def test_head_sizes_far_beyond_its_weights_are_refused_before_allocation(tmp_pat
     ({"intermediate_size": 10**12}, ["'intermediate_size'", "outside"]),
     ({"num_hidden_layers": 100, "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32},
      ["num_hidden_layers=100", "does not belong"]),
+    ({"vocab_size": 4000000, "hidden_size": 65536, "num_attention_heads": 512},
+     ["vocab_size=4000000", "hidden_size=65536", "does not belong"]),
 ])
 def test_target_config_sizes_are_checked_before_allocation(tmp_path, changes, words):
     from eagle_zoo import LLM

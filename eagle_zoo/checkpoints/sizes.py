@@ -7,10 +7,11 @@ allocator error, a machine out of memory, or a TypeError far from the cause. Her
 
 - check_config_sizes: every size key present is an integer (not a string, float or
   boolean) within a bound no published model comes near; the error names the key.
-- check_sizes_fit_weights: the decoder layers the config describes need at least
-  ``num_hidden_layers * 3 * hidden_size * intermediate_size`` numbers (their MLPs
-  alone); a checkpoint holding far fewer (a 16x margin for packed / quantized
-  formats) does not belong to this config.
+- check_sizes_fit_weights: a model of these sizes allocates at least
+  ``num_hidden_layers * 3 * hidden_size * intermediate_size`` numbers (its MLPs
+  alone) plus ``vocab_size * hidden_size`` (its embedding table); a checkpoint
+  holding far fewer (a 16x margin for packed / quantized formats, and heads that
+  borrow the target's embedding) does not belong to this config.
 """
 from __future__ import annotations
 
@@ -73,25 +74,36 @@ def check_config_sizes(config: dict, source: Any) -> None:
                                       "fix the value or get the config again")
 
 
-def _layer_numbers(section: dict) -> Optional[int]:
-    try:
-        layers, hidden, inter = (int(section[k]) for k in ("num_hidden_layers", "hidden_size", "intermediate_size"))
-    except (KeyError, TypeError, ValueError):
-        return None
-    return layers * 3 * hidden * inter
+def _numbers_needed(section: dict) -> tuple[int, list[str]]:
+    """A lower bound on the numbers a model of these sizes allocates (its decoder
+    layers' MLPs and its embedding table), and the keys it comes from."""
+    def get(key):
+        value = section.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    need, keys = 0, []
+    layers, hidden, inter, vocab = (get(k) for k in ("num_hidden_layers", "hidden_size", "intermediate_size",
+                                                        "vocab_size"))
+    if layers and hidden and inter:
+        need += layers * 3 * hidden * inter
+        keys += ["num_hidden_layers", "hidden_size", "intermediate_size"]
+    if vocab and hidden:
+        need += vocab * hidden
+        keys += ["vocab_size"] + ([] if "hidden_size" in keys else ["hidden_size"])
+    return need, keys
 
 
 def check_sizes_fit_weights(config: dict, numel: Optional[int], source: Any) -> None:
-    """Refuses a config whose decoder layers need far more numbers than the checkpoint
-    holds (``numel``; None: unknown, nothing to compare)."""
+    """Refuses a config whose decoder layers and embedding need far more numbers than
+    the checkpoint holds (``numel``; None: unknown, nothing to compare)."""
     if numel is None:
         return
     for section, where in _sections(config, ""):
-        need = _layer_numbers(section)
-        if need is not None and need > MARGIN * numel + SLACK:
-            keys = ", ".join(f"{k}={section[k]}" for k in ("num_hidden_layers", "hidden_size", "intermediate_size"))
+        need, keys = _numbers_needed(section)
+        if need > MARGIN * numel + SLACK:
+            sizes = ", ".join(f"{k}={section[k]}" for k in keys)
             raise ConfigSizeError(
-                f"{source}: {where + ': ' if where else ''}{keys} describe decoder layers of at least {need:,} "
+                f"{source}: {where + ': ' if where else ''}{sizes} describe a model of at least {need:,} "
                 f"numbers, but the checkpoint's tensors hold {numel:,} in all: the config does not belong to "
                 "these weights (nothing was allocated); fix the sizes or get the matching config.json"
             )
