@@ -167,8 +167,10 @@ def test_prompt_longer_than_max_model_len(llm):
     ({"prompt_token_ids": "5 6 7"}, TypeError, "list of integer token ids"),
     ({"prompt_token_ids": [5, 6.5]}, TypeError, "list of integer token ids"),
     (42, TypeError, "strings or dicts, got int"),
+    ("a\ud800b", ValueError, r"lone UTF-16 surrogate \('\\ud800' at character 1\)"),
+    ({"prompt": "\udfff"}, ValueError, "lone UTF-16 surrogate"),
 ], ids=["dict-without-prompt", "text-without-tokenizer", "dict-text-without-tokenizer", "empty",
-        "out-of-vocab", "ids-as-string", "float-id", "int"])
+        "out-of-vocab", "ids-as-string", "float-id", "int", "lone-surrogate", "dict-lone-surrogate"])
 def test_bad_prompts(llm, prompt, exc, match):
     with pytest.raises(exc, match=match):
         llm.generate([ids(4), prompt], GREEDY)
