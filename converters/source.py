@@ -1,5 +1,6 @@
 """Opening checkpoints lazily: names, shapes and dtypes come from safetensors headers
-(or the memory-mapped, weights_only-unpickled .bin), and the bytes of a tensor are
+(read with plain file reads, never memory mapped, so --dry-run works on a file of
+any size; or the memory-mapped, weights_only-unpickled .bin), and the bytes of a tensor are
 read only when the writer asks for them. File choice, index checks and the safe
 unpickling are eagle_zoo.checkpoints.tensors'; this module only adds laziness.
 """
@@ -11,7 +12,6 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import torch
-from safetensors import SafetensorError, safe_open
 
 from eagle_zoo.checkpoints import tensors as ckpt
 
@@ -68,15 +68,9 @@ def open_file(path: Path, names: Optional[set] = None) -> dict[str, LazyTensor]:
     """The tensors of one weight file (or only ``names``), lazily."""
     path = Path(path)
     if path.name.endswith(ckpt.SAFETENSORS_SUFFIXES) and path.is_file():
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                keys = [k for k in f.keys() if names is None or k in names]
-                heads = {k: f.get_slice(k) for k in keys}
-                meta = {k: (tuple(s.get_shape()), s.get_dtype()) for k, s in heads.items()}
-        except SafetensorError as exc:
-            raise ckpt.CorruptCheckpointError(
-                f"{path}: not a readable safetensors file ({exc}); it is truncated or corrupt: download it again"
-            ) from None
+        # The header alone (plain reads, no memory map): any file size can be planned.
+        meta = {k: (shape, code) for k, (code, shape) in ckpt.safetensors_header(path).items()
+                if names is None or k in names}
         out = {}
         for k, (shape, code) in meta.items():
             if code not in DTYPES:
@@ -157,6 +151,6 @@ def copyable_files(directory: Path, used: list[Path], keep_config: bool) -> tupl
             continue
         if p.name.endswith(ckpt.PICKLE_SUFFIXES + ckpt.SAFETENSORS_SUFFIXES):
             skipped.append(p)
-        else:
-            copies.append(p)
+        else:  # copied into the output: a link out of the directory is refused
+            copies.append(ckpt.inside_checkpoint(directory, p.name, p))
     return copies, skipped

@@ -167,8 +167,10 @@ def test_prompt_longer_than_max_model_len(llm):
     ({"prompt_token_ids": "5 6 7"}, TypeError, "list of integer token ids"),
     ({"prompt_token_ids": [5, 6.5]}, TypeError, "list of integer token ids"),
     (42, TypeError, "strings or dicts, got int"),
+    ("a\ud800b", ValueError, r"lone UTF-16 surrogate \('\\ud800' at character 1\)"),
+    ({"prompt": "\udfff"}, ValueError, "lone UTF-16 surrogate"),
 ], ids=["dict-without-prompt", "text-without-tokenizer", "dict-text-without-tokenizer", "empty",
-        "out-of-vocab", "ids-as-string", "float-id", "int"])
+        "out-of-vocab", "ids-as-string", "float-id", "int", "lone-surrogate", "dict-lone-surrogate"])
 def test_bad_prompts(llm, prompt, exc, match):
     with pytest.raises(exc, match=match):
         llm.generate([ids(4), prompt], GREEDY)
@@ -299,3 +301,45 @@ def test_prompt_token_ids_from_a_batch_encoding(llm):
     got = llm.generate({"prompt_token_ids": enc}, GREEDY)[0]
     assert got.prompt_token_ids == ids_list
     assert got.outputs[0].token_ids == llm.generate(ids(7), GREEDY)[0].outputs[0].token_ids
+
+
+# -- failure isolation inside a step ---------------------------------------------------------
+def _poisoned(**kw) -> SamplingParams:
+    """Params that passed the checks at creation and were changed afterwards to a value
+    the step cannot put on the device (the engine's last line of defence)."""
+    sp = SamplingParams(temperature=0.7, top_k=5, max_tokens=6, ignore_eos=True, **kw)
+    sp.top_k = 2**70
+    return sp
+
+
+@pytest.mark.parametrize("when", ["at prefill", "in a batched decode step"])
+def test_a_request_that_breaks_a_step_fails_alone(target, when):
+    """One engine, four requests decoded together; one of them breaks a step (its own
+    prefill, or the batched decode step of all four). That one finishes with reason
+    "error" naming the field; the others give exactly what they give in a run without
+    it (greedy and seeded sampling alike)."""
+    llm = LLM(str(target), device="cpu", max_model_len=MAX_MODEL_LEN, max_num_seqs=4)
+    engine = llm.engine
+    good = [ids(5, start=7), ids(7, start=20), ids(4, start=40)]
+    good_params = [GREEDY, SamplingParams(temperature=0.9, top_p=0.8, seed=11, max_tokens=6, ignore_eos=True),
+                   SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)]
+    alone = [o.outputs[0] for o in llm.generate(good, good_params)]
+
+    bad_params = SamplingParams(temperature=0.7, top_k=5, max_tokens=6, ignore_eos=True, seed=3)
+    prompts = [good[0], ids(6, start=30)] + good[1:]
+    seqs = [engine.add_request(p["prompt_token_ids"], sp)
+            for p, sp in zip(prompts, good_params[:1] + [bad_params] + good_params[1:])]
+    if when == "at prefill":
+        bad_params.top_k = 2**70  # past the checks made at creation
+    else:
+        engine.step()  # every request prefilled and one token out
+        assert all(len(s.output_token_ids) == 1 for s in seqs)
+        bad_params.top_k = 2**70
+    while engine.has_unfinished():
+        engine.step()
+    bad = engine.to_output(seqs[1]).outputs[0]
+    assert bad.finish_reason == "error" and "SamplingParams.top_k" in bad.stop_reason, bad
+    rest = [engine.to_output(seqs[i]).outputs[0] for i in (0, 2, 3)]
+    assert [o.token_ids for o in rest] == [o.token_ids for o in alone]
+    assert [o.finish_reason for o in rest] == ["length"] * 3
+    assert len(engine.scheduler.free_slots) == 4  # the failed request's slot came back

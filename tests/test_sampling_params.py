@@ -32,3 +32,48 @@ def test_errors_name_field_range_and_value(kw, words):
         SamplingParams(**kw)
     assert isinstance(e.value, ValueError)
     assert all(w in str(e.value) for w in words), str(e.value)
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(temperature=NAN), ["temperature", "finite", "nan"]),
+    (dict(temperature=INF), ["temperature", "finite", "inf"]),
+    (dict(temperature=1e7), ["temperature", "at most 1e+06"]),
+    (dict(temperature=10**400), ["temperature", "finite"]),
+    (dict(top_p=NAN), ["top_p", "nan"]),
+    (dict(top_p=1e-46), ["top_p", "at least 1e-08", "top_k=1"]),
+    (dict(top_p=-INF), ["top_p", "-inf"]),
+    (dict(min_p=NAN), ["min_p", "nan"]),
+    (dict(top_k=2**63), ["top_k", str(2**31 - 1), str(2**63)]),
+    (dict(top_k=1180591620717411303424), ["top_k", "1180591620717411303424"]),
+    (dict(top_k=5.0), ["top_k", "integer"]),
+    (dict(top_k=True), ["top_k", "integer"]),
+    (dict(seed=2**64), ["seed", "2**64 - 1", str(2**64)]),
+    (dict(seed=-(2**63) - 1), ["seed", "-2**63"]),
+    (dict(max_tokens=5.0), ["max_tokens", "integer"]),
+    (dict(max_tokens="5"), ["max_tokens", "integer"]),
+    (dict(stop_token_ids=[2**63]), ["stop_token_ids", "2**63"]),
+])
+def test_out_of_range_numbers_are_refused_by_name(kw, words):
+    """Every value that would break the sampler's float32 / int64 math (or torch's seed)
+    is refused when the SamplingParams is made, never later inside an engine step."""
+    with pytest.raises(SamplingParamsError) as e:
+        SamplingParams(**kw)
+    assert all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_range_edges_are_accepted():
+    sp = SamplingParams(temperature=1e6, top_p=1e-8, top_k=2**31 - 1, seed=2**64 - 1, min_p=1.0)
+    assert (sp.top_k, sp.seed) == (2**31 - 1, 2**64 - 1)
+    assert SamplingParams(seed=-(2**63)).seed == -(2**63)
+
+
+def test_sampling_tensors_name_a_value_that_was_changed_after_creation():
+    from eagle_zoo.engine.sampler import SamplingTensors
+
+    sp = SamplingParams(temperature=0.5, top_k=4)
+    sp.top_k = 2**70  # bypasses the checks made at creation
+    with pytest.raises(ValueError, match=r"SamplingParams\.top_k values \[0, 1180591620717411303424\].*do not change"):
+        SamplingTensors.from_params([SamplingParams(), sp])

@@ -20,6 +20,7 @@ import torch
 from ..config.eagle_config import is_eagle3_architecture
 from ..hookspecs import hookimpl
 from ..specs import CheckpointFormat
+from .sizes import check_config_sizes, check_sizes_fit_weights
 from .tensors import CheckpointError, CorruptCheckpointError, read_tensors, weights_entry
 
 # Publisher tensor-name prefixes -> the canonical names (applied to the start of a key).
@@ -72,10 +73,13 @@ def read_json_object(path: Path) -> dict:
 
 
 def load_config_json(directory: Path) -> dict:
+    """config.json as a dict, its size keys checked (types and bounds: sizes.py)."""
     path = Path(directory) / "config.json"
     if not path.is_file():
         raise CheckpointFormatError(f"{directory}: no config.json; an EAGLE head directory needs one")
-    return read_json_object(path)
+    config = read_json_object(path)
+    check_config_sizes(config, path)
+    return config
 
 
 def _is_legacy(cfg: dict) -> bool:
@@ -178,10 +182,13 @@ def validate_vocab_map(weights: dict[str, torch.Tensor], config: dict, source: A
         )
 
 
-def _eagle_config(config: dict, method: str, source: Path, **keywords):
+def _eagle_config(config: dict, method: str, source: Path, weights: dict, **keywords):
     """EagleConfig of a config.json (flat or legacy nested); ``keywords`` become
-    top-level keys (they override the inner config's)."""
+    top-level keys (they override the inner config's). The sizes must fit ``weights``
+    (the checkpoint's tensors) before a head is built from them."""
     from ..config.eagle_config import EagleConfig
+
+    check_sizes_fit_weights(config, sum(t.numel() for t in weights.values()), source)
 
     try:
         config = EagleConfig.from_dict(config, method=method)
@@ -205,7 +212,8 @@ def read_yuhuili_eagle(directory: Path) -> RawCheckpoint:
     # Some of these configs carry a non-HF "bias" key; what the file holds decides
     # whether fc has a bias, and the key must not leak into the HF config.
     cfg.pop("bias", None)
-    config = _eagle_config(cfg, "eagle", directory / "config.json", eagle_fc_bias="fc.bias" in weights)
+    config = _eagle_config(cfg, "eagle", directory / "config.json", weights,
+                           eagle_fc_bias="fc.bias" in weights)
     return RawCheckpoint(config, weights, files, "yuhuili-eagle")
 
 
@@ -214,7 +222,7 @@ def read_yuhuili_eagle3(directory: Path) -> RawCheckpoint:
     cfg = load_config_json(directory)
     weights, files = _read_weights(directory, "yuhuili-eagle3")
     validate_vocab_map(weights, cfg, files[0] if len(files) == 1 else directory)
-    return RawCheckpoint(_eagle_config(cfg, "eagle3", directory / "config.json"), weights, files, "yuhuili-eagle3")
+    return RawCheckpoint(_eagle_config(cfg, "eagle3", directory / "config.json", weights), weights, files, "yuhuili-eagle3")
 
 
 def _speculators_architecture(layer: dict, path: Path) -> str:
@@ -261,7 +269,7 @@ def read_speculators(directory: Path) -> RawCheckpoint:
     validate_vocab_map(weights, flat, files[0] if len(files) == 1 else directory)
     if "mask_hidden" in weights:  # P-EAGLE's feature for parallel slots, stored [1, 1, 3*H]
         weights["mask_hidden"] = weights["mask_hidden"].reshape(-1)
-    return RawCheckpoint(_eagle_config(flat, "eagle3", path, **keywords), weights, files, fmt)
+    return RawCheckpoint(_eagle_config(flat, "eagle3", path, weights, **keywords), weights, files, fmt)
 
 
 def read_legacy_vllm(directory: Path) -> RawCheckpoint:
@@ -274,7 +282,8 @@ def read_legacy_vllm(directory: Path) -> RawCheckpoint:
             f"{directory / 'config.json'}: eagle_fc_bias is {flag} but the weights "
             f"{'hold' if has_bias else 'do not hold'} fc.bias; set \"eagle_fc_bias\": {str(has_bias).lower()}"
         )
-    return RawCheckpoint(_eagle_config(cfg, "eagle", directory / "config.json"), weights, files, "legacy-vllm")
+    return RawCheckpoint(_eagle_config(cfg, "eagle", directory / "config.json", weights), weights, files,
+                         "legacy-vllm")
 
 
 # -- the formats as data ------------------------------------------------------------

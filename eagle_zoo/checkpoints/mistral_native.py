@@ -37,7 +37,8 @@ import torch
 from ..hookspecs import hookimpl
 from ..specs import CheckpointFormat
 from .formats import CheckpointFormatError, RawCheckpoint, _eagle_config, read_json_object
-from .tensors import CorruptCheckpointError, read_file, weights_entry
+from .sizes import check_config_sizes
+from .tensors import CorruptCheckpointError, inside_checkpoint, read_file, weights_entry
 
 PARAMS_FILE = "params.json"
 WEIGHTS_GLOB = "consolidated*.safetensors"
@@ -56,7 +57,9 @@ IGNORED_KEYS = ("vision_encoder", "multimodal", "quantization", "lora")
 
 
 def _weight_files(directory: Path) -> list[Path]:
-    return sorted(p for p in Path(directory).glob(WEIGHTS_GLOB) if p.is_file())
+    """The consolidated*.safetensors files, each checked to be really inside ``directory``."""
+    return [inside_checkpoint(directory, p.name, p)
+            for p in sorted(Path(directory).glob(WEIGHTS_GLOB)) if p.is_file()]
 
 
 def detect_mistral_eagle(directory: Path, cfg: dict) -> bool:
@@ -134,7 +137,9 @@ def read_mistral_eagle(directory: Path) -> RawCheckpoint:
             raise CorruptCheckpointError(f"{f}: tensor {sorted(clash)[0]!r} also appears in another consolidated file")
         weights.update(part)
     weights = _dequantize(weights, directory)
-    config = _eagle_config(hf_config_dict(load_params(directory), path), "eagle", path)
+    hf = hf_config_dict(load_params(directory), path)
+    check_config_sizes(hf, path)
+    config = _eagle_config(hf, "eagle", path, weights)
     return RawCheckpoint(config, weights, files, "mistral-eagle")
 
 

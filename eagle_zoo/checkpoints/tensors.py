@@ -5,13 +5,22 @@ first match wins: safetensors is preferred because it cannot run code), never by
 trying one reader after another. Pickled ``.bin`` files are opened only with
 ``torch.load(weights_only=True)``; anything that unpickler refuses is reported as an
 UnsafeCheckpointError and nothing in the file is executed.
+
+Every file a checkpoint names (its weight file, the shards of its index) must be
+inside the checkpoint directory (inside_checkpoint): a relative path without ``..``
+whose real location, symlinks followed, is in the directory. The one exception is a
+Hugging Face hub cache snapshot, whose files are links into the repository's
+``blobs`` folder: there the repository folder is the bound.
 """
 from __future__ import annotations
 
 import json
+import math
+import os
 import pickle
+import struct
 import zipfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Iterable, Optional
 
 import torch
@@ -49,13 +58,53 @@ class MissingShardError(CheckpointError):
     """An index names a shard file that is not in the directory."""
 
 
+class OutsideCheckpointError(UnsafeCheckpointError):
+    """A checkpoint names a file outside its directory (absolute, ``..``, or a symlink out)."""
+
+
+def _bound(directory: Path) -> Path:
+    """The folder a checkpoint's files must really be in: the directory itself, or for
+    a hub cache snapshot (``.../models--org--name/snapshots/<rev>``) its repository
+    folder, as the snapshot's files link into its ``blobs`` folder."""
+    directory = Path(directory)
+    if directory.parent.name == "snapshots" and (directory.parent.parent / "blobs").is_dir():
+        return directory.parent.parent.resolve()
+    return directory.resolve()
+
+
+def inside_checkpoint(directory: Path, name: str, named_by: object) -> Path:
+    """``directory / name``, when ``name`` (as ``named_by`` gives it: an index, a file
+    name) stays inside the checkpoint directory: relative, no ``..``, no symlink (of the
+    file or of a folder on the way) leading out. Otherwise an OutsideCheckpointError;
+    nothing outside is opened because a checkpoint says so."""
+    directory = Path(directory)
+    text = str(name)
+    posix, windows = PurePosixPath(text), PureWindowsPath(text)
+    if (not text or posix.is_absolute() or windows.is_absolute() or windows.drive or ".." in posix.parts
+            or ".." in windows.parts):
+        raise OutsideCheckpointError(
+            f"{named_by} names {text!r}, which is not a file inside {directory}: a checkpoint may only name "
+            "its own files by relative paths without '..'. Fix the entry (the shard's file name in the "
+            "checkpoint directory) or get the checkpoint again from its publisher"
+        )
+    path = directory / text
+    real = path.resolve()
+    bound = _bound(directory)
+    if real != bound and bound not in real.parents:
+        raise OutsideCheckpointError(
+            f"{named_by} names {text!r}, which leads outside {directory} (a symlink to {real}): a checkpoint's "
+            "files must be inside its directory. Copy the file in (not a link) or get the checkpoint again"
+        )
+    return path
+
+
 # -- which files ----------------------------------------------------------------
 def weights_entry(directory: Path) -> Optional[Path]:
     """The file that says where the weights are (a weight file or an index), or None."""
     directory = Path(directory)
     for name, _ in WEIGHT_LAYOUTS:
         if (directory / name).is_file():
-            return directory / name
+            return inside_checkpoint(directory, name, directory / name)
     return None
 
 
@@ -71,6 +120,9 @@ def read_index(index_path: Path) -> dict[str, str]:
         ) from None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise CorruptCheckpointError(f"{index_path}: \"weight_map\" must map tensor names to file names")
+    directory = Path(index_path).parent
+    for tensor, shard in weight_map.items():
+        inside_checkpoint(directory, shard, f"{index_path} (weight_map[{tensor!r}])")
     return weight_map
 
 
@@ -168,6 +220,59 @@ def _read_pickle(path: Path) -> dict[str, torch.Tensor]:
     return obj
 
 
+# -- headers without the data -------------------------------------------------------
+# A safetensors header is JSON of at most this size (safetensors' own limit is 100 MB).
+MAX_HEADER_BYTES = 100_000_000
+
+
+def safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """{tensor name: (dtype code such as "F16", shape)} of a safetensors file, read from
+    its header alone with plain file reads: the data is neither read nor memory
+    mapped, so a file of any size (larger than memory too) can be inspected. The header
+    is checked against the file's size (each tensor's bytes inside the file)."""
+    path = Path(path)
+    size = os.path.getsize(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise ValueError("shorter than the 8-byte header length")
+            (n,) = struct.unpack("<Q", head)
+            if n > MAX_HEADER_BYTES or 8 + n > size:
+                raise ValueError(f"a header length of {n} bytes does not fit the file ({size} bytes)")
+            header = json.loads(f.read(n))
+        if not isinstance(header, dict):
+            raise ValueError("the header is not a JSON object")
+        out, data_size = {}, size - 8 - n
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+            if not (isinstance(dtype, str) and isinstance(shape, list)
+                    and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+                    and isinstance(offsets, list) and len(offsets) == 2
+                    and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+                    and 0 <= offsets[0] <= offsets[1] <= data_size):
+                raise ValueError(f"tensor {name!r} has a malformed entry or lies past the end of the file")
+            out[name] = (dtype, tuple(shape))
+        return dict(sorted(out.items()))  # by name, as safetensors' own keys()
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise CorruptCheckpointError(
+            f"{path}: not a readable safetensors file ({exc}); it is truncated or corrupt: download it again"
+        ) from None
+
+
+def checkpoint_numel(directory: Path) -> Optional[int]:
+    """How many numbers a checkpoint's tensors hold, from safetensors headers alone;
+    None when its weights are pickled (counting those means unpickling them)."""
+    total = 0
+    for path in weight_files(directory):
+        if not path.name.endswith(SAFETENSORS_SUFFIXES):
+            return None
+        total += sum(math.prod(shape) for _, shape in safetensors_header(path).values())
+    return total
+
+
 # -- a whole checkpoint -----------------------------------------------------------
 def read_tensors(directory: Path) -> tuple[dict[str, torch.Tensor], list[Path]]:
     """Every tensor of a checkpoint directory and the files they came from.
@@ -205,11 +310,7 @@ def tensor_names(directory: Path) -> list[str]:
         return sorted(read_index(entry))
     (path,) = weight_files(directory)
     if path.name.endswith(SAFETENSORS_SUFFIXES):
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                return sorted(f.keys())
-        except SafetensorError as exc:
-            raise CorruptCheckpointError(f"{path}: not a readable safetensors file ({exc})") from None
+        return sorted(safetensors_header(path))
     return sorted(_read_pickle(path))
 
 

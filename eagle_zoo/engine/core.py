@@ -19,6 +19,7 @@ finishes got one step more on the GPU, which is discarded; outputs are unchanged
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 from typing import Iterable, Optional
@@ -142,7 +143,7 @@ class EngineCore:
         seq = Sequence(str(n) if request_id is None else request_id, prompt, list(prompt_token_ids), params, n)
         # Every request gets its own generator (seeded by the request, else derived from
         # the engine seed) so sampled outputs do not depend on batch composition.
-        seed = params.seed if params.seed is not None else self.seed * 1_000_003 + n
+        seed = params.seed if params.seed is not None else (self.seed * 1_000_003 + n) % 2**64
         seq.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.scheduler.add(seq)
         return seq
@@ -156,18 +157,58 @@ class EngineCore:
     # -- one engine step -------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[Sequence]:
-        """Runs one step; returns the sequences that finished in it."""
+        """Runs one step; returns the sequences that finished in it (a request whose own
+        inputs broke the step among them, finished with reason "error"; _fail_request)."""
         plan = self.scheduler.schedule()
         finished = []
         for seq in plan.prefill:
-            self._prefill(seq)
+            try:
+                self._prefill(seq)
+            except Exception as exc:  # one request's prefill: that request alone fails
+                self._fail_request(seq, exc)
+                finished.append(seq)
+                continue
             finished += self._finish_if_done([seq])
         running = [s for s in plan.decode if s.status is Status.RUNNING]
         if running:
-            finished += self._decode(running)
+            finished += self._decode_isolated(running)
         elif self._in_flight is not None:  # every request of it finished: nothing to read
             self._in_flight = None
         return finished
+
+    def _decode_isolated(self, seqs: list[Sequence]) -> list[Sequence]:
+        """_decode, and when it raises, the requests whose own inputs cause the error
+        (check_request) fail alone and the step runs again for the others. A step fails
+        on those inputs before it changes any state (the sampling batch is built first),
+        so the others' outputs are what they would have been without the bad request. An
+        error no request is found to cause (the device, the model) propagates."""
+        try:
+            return self._decode(seqs)
+        except Exception:
+            culprits = [(s, e) for s in seqs if (e := self.check_request(s)) is not None]
+            if not culprits:
+                raise
+        for seq, exc in culprits:
+            self._fail_request(seq, exc)
+        rest = [s for s in seqs if s.status is Status.RUNNING]
+        return [s for s, _ in culprits] + (self._decode(rest) if rest else [])
+
+    def check_request(self, seq: Sequence) -> Optional[Exception]:
+        """The error one request's own per-step inputs raise (its sampling parameters'
+        range checks, its sampling values on the device), or None."""
+        try:
+            dataclasses.replace(seq.params)  # its range checks again (a SamplingParams is mutable)
+            SamplingBatch.from_sequences([seq], self.device)
+        except Exception as exc:
+            return exc
+        return None
+
+    def _fail_request(self, seq: Sequence, exc: BaseException) -> None:
+        """Finishes ``seq`` with reason "error" (the message in seq.error), freeing its slot."""
+        seq.error = f"{type(exc).__name__}: {exc}"
+        seq.finish_reason = "error"
+        self.scheduler.finish(seq)
+        self.metrics.observe_request(len(seq.prompt_token_ids), len(seq.output_token_ids))
 
     def _prefill(self, seq: Sequence) -> None:
         ids = torch.tensor([seq.prompt_token_ids], device=self.device)
@@ -250,6 +291,9 @@ class EngineCore:
         """Queue one chain decode step on the device (no host sync): drafts, the target's
         pass, verification, the proposer's catch-up. base [B]: cached lengths; last [B, 1]."""
         dev = self.device
+        # First, before anything changes state: a request whose sampling values cannot be
+        # put on the device fails here, and the step can run again without it.
+        sampling = SamplingBatch.from_sequences(seqs, dev)
         # Copying every sequence's token list is O(length) per step: only for proposers
         # that read it (n-gram lookup, the draft model's last two tokens).
         reads = self.proposer is not None and (self.proposer.needs_token_history if k else
@@ -276,7 +320,7 @@ class EngineCore:
         else:
             hidden, aux = self.runner.run(input_ids, positions, slots, kv_len, self.aux_layer_ids)
             logits = self.target.compute_logits(hidden)
-            tokens, accepted = verify_drafts(logits, drafts, num_draft, SamplingBatch.from_sequences(seqs, dev))
+            tokens, accepted = verify_drafts(logits, drafts, num_draft, sampling)
         if k:
             self.proposer.on_verify(batch, TargetOutput(input_ids, tokens, positions, hidden, aux), accepted)
         elif self.proposer is not None:  # a plain step (schedule K = 0, or no n-gram match)
@@ -306,9 +350,14 @@ class EngineCore:
         if self.k:
             self.metrics.observe([row[k + 2] for _, row in live], [row[k + 1] for _, row in live],
                                  num_positions=step.num_positions)
+        failed = []
         for seq, row in live:
-            self._append(seq, row[: row[k + 1] + 1])
-        return self._finish_if_done([seq for seq, _ in live])
+            try:
+                self._append(seq, row[: row[k + 1] + 1])
+            except Exception as exc:  # its stop checks or detokenization: it alone fails
+                self._fail_request(seq, exc)
+                failed.append(seq)
+        return failed + self._finish_if_done([seq for seq, _ in live if seq.status is Status.RUNNING])
 
     # -- bookkeeping -----------------------------------------------------------
     def _append(self, seq: Sequence, new_tokens: list[int]) -> None:
@@ -356,7 +405,7 @@ class EngineCore:
             text=seq.output_text,
             token_ids=list(seq.output_token_ids),
             finish_reason=seq.finish_reason,
-            stop_reason=seq.stop_reason,
+            stop_reason=seq.error if seq.error is not None else seq.stop_reason,
         )
         return RequestOutput(
             request_id=seq.request_id,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import json
 import operator
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional, Sequence as Seq, Union
@@ -25,6 +26,9 @@ from .outputs import RequestOutput
 from .parallel import draft_scope, start as start_parallel, target_scope
 from .proposers import DraftModelProposer, EagleProposer, NgramProposer, Proposer
 from .sampling_params import SamplingParams
+
+# A lone UTF-16 surrogate (an unpaired U+D800..U+DFFF code point) cannot be encoded as text.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 DEFAULT_NUM_SPECULATIVE_TOKENS = 3
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
@@ -308,6 +312,10 @@ class LLM:
             special = True
         if not isinstance(prompt, str):
             raise TypeError(f"prompts must be strings or dicts, got {type(prompt).__name__}")
+        surrogate = _LONE_SURROGATE.search(prompt)
+        if surrogate is not None:
+            raise ValueError(f"the prompt holds a lone UTF-16 surrogate ({ascii(surrogate.group())} at character "
+                             f"{surrogate.start()}), which is not text and cannot be encoded: pass valid Unicode")
         if self.tokenizer is None:
             raise ValueError(f"{self.model_path} has no tokenizer: pass {{'prompt_token_ids': [...]}} instead of text")
         return prompt, self.tokenizer.encode(prompt, add_special_tokens=special)

@@ -13,7 +13,9 @@ import torch
 from torch import nn
 
 from .. import hub
-from ..checkpoints.tensors import load_state_dict
+from ..checkpoints.formats import read_json_object
+from ..checkpoints.sizes import check_config_sizes, check_sizes_fit_weights
+from ..checkpoints.tensors import checkpoint_numel, load_state_dict
 from ..default_target import resolve_default
 from ..plugins import get_registry
 
@@ -39,6 +41,8 @@ def load_config(path: Path):
 
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path}: no config.json; a target model directory needs one")
+    # Sizes of the wrong type or out of bounds are named here, before transformers reads them.
+    check_config_sizes(read_json_object(path / "config.json"), path / "config.json")
     return AutoConfig.from_pretrained(str(path))
 
 
@@ -65,6 +69,8 @@ def load_model(
     family = get_registry().family_for_config(config)
     if family.target_model is None:
         raise ValueError(f"family {family.name!r} registers no target model class; cannot serve {model!r}")
+    # Before the model is allocated: its sizes must fit the weights (safetensors headers).
+    check_sizes_fit_weights(config.to_dict(), checkpoint_numel(path), path / "config.json")
     net = family.target_model(config)
     net.load_weights(load_state_dict(path).items(), source=str(path))
     net.to(device=device, dtype=dtype).eval()

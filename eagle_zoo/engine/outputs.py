@@ -10,8 +10,10 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None = None    # "stop" | "length"; None while still running
-    stop_reason: int | str | None = None  # the stop token id / stop string; None for EOS or length
+    # "stop" | "length" | "error" (the engine failed this request alone: its inputs broke
+    # a step; the message is in stop_reason); None while still running
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None  # the stop token id / stop string / error; None for EOS or length
 
     def finished(self) -> bool:
         return self.finish_reason is not None

@@ -57,7 +57,12 @@ class SamplingTensors:
             values = [getattr(sp, name) for sp in params]
             if off is not None and all(v == off for v in values):
                 return None
-            return device_tensor(values, device, dtype)
+            try:
+                return device_tensor(values, device, dtype)
+            except (OverflowError, RuntimeError, TypeError, ValueError) as exc:
+                raise ValueError(f"SamplingParams.{name} values {values} do not fit a {dtype} tensor ({exc}); "
+                                 "SamplingParams checks the ranges when it is created: do not change a "
+                                 "SamplingParams after creating it") from exc
 
         return cls(col("temperature", torch.float32, None), col("top_k", torch.long, 0),
                    col("top_p", torch.float32, 1.0), col("min_p", torch.float32, 0.0))

@@ -31,6 +31,7 @@ class Sequence:
     generator: Optional[torch.Generator] = None
     output_text: str = ""
     detokenizer: Optional[object] = None  # detokenizer.IncrementalDetokenizer, made on first use
+    error: Optional[str] = None  # why the engine failed this request (finish_reason "error")
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -4,7 +4,8 @@ Each checkpoint key is: dropped if it contains an ``ignored`` substring; renamed
 the ``renames`` in order (an ``old`` starting with ``^`` matches only at the start
 of the key); then, if it contains a ``stacked`` part, pointed at the fused
 parameter with that shard id. The parameter's ``weight_loader`` (or a plain
-shape-checked copy) does the rest. Persistent buffers (d2t, t2d) load like
+shape-checked copy) does the rest. A floating-point parameter only takes a
+floating-point tensor (an int32 or bool ``fc.weight`` is refused by name). Persistent buffers (d2t, t2d) load like
 parameters.
 """
 from __future__ import annotations
@@ -65,6 +66,13 @@ def load_weights(
                 f"{source}: unexpected key {key!r} (mapped to {name!r}): {type(module).__name__} has no "
                 f"such parameter. Is this checkpoint for another model family or head type? "
                 f"Parameters look like: {', '.join(list(targets)[:6])}, ..."
+            )
+        if target.is_floating_point() and not tensor.is_floating_point():
+            raise WeightLoadError(
+                f"{source}: key {key!r} -> parameter {name!r} is stored as {tensor.dtype}, but it holds "
+                f"floating-point weights ({target.dtype}); copying would turn integers / booleans into "
+                "meaningless weights. The file is corrupt or was written wrongly: re-export it with float "
+                "tensors (float32, float16 or bfloat16) or download it again"
             )
         loader = getattr(target, "weight_loader", default_weight_loader)
         try:

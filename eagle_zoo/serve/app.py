@@ -10,10 +10,12 @@ in ``data: [DONE]``), and vLLM's POST /tokenize, POST /detokenize, GET /version
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import secrets
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing, asynccontextmanager
 from typing import AsyncIterator, Optional
 
@@ -23,6 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .engine_loop import EngineLoop, Update
+from .limits import ServerLimits, parse_request, read_body
 from .metrics import ServerMetrics
 from .prepare import Prepared, RequestPreparer
 from .protocol import (APIError, AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
@@ -31,18 +34,27 @@ from .protocol import (APIError, AssistantMessage, ChatChoice, ChatChunkChoice, 
 
 log = logging.getLogger("eagle_zoo.serve")
 
+PREPARE_THREADS = 4  # request bodies parsed, validated and tokenized at once
+
 
 def create_app(llm, *, served_model_names: Optional[list[str]] = None, api_key: Optional[str] = None,
-               log_stats_interval_s: Optional[float] = None) -> FastAPI:
-    """An app serving ``llm`` (an eagle_zoo LLM: uses .engine and .tokenizer).
-    The engine thread starts and stops with the app (its lifespan).
-    ``log_stats_interval_s``: log vLLM's "SpecDecoding metrics" line this often (None: never)."""
+               limits: Optional[ServerLimits] = None, log_stats_interval_s: Optional[float] = None) -> FastAPI:
+    """An app serving ``llm`` (an eagle_zoo LLM: uses .engine and .tokenizer), within
+    ``limits`` (limits.py; default ServerLimits()). The engine thread starts and stops
+    with the app (its lifespan). ``log_stats_interval_s``: log vLLM's "SpecDecoding
+    metrics" line this often (None: never)."""
     engine = llm.engine
+    limits = limits or ServerLimits()
     names = list(served_model_names or [str(getattr(llm, "model_path", "model"))])
     loop = EngineLoop(engine, log_stats_interval_s=log_stats_interval_s)
     metrics = ServerMetrics(loop)
     prep = RequestPreparer(llm.tokenizer, max_model_len=engine.max_model_len,
-                           vocab_size=engine.target.config.vocab_size, served_model_names=names)
+                           vocab_size=engine.target.config.vocab_size, served_model_names=names,
+                           max_prompts_per_request=limits.max_prompts_per_request)
+    # Parsing, chat templates and tokenization run here, off the event loop, each
+    # thread with its own tokenizer copy (RequestPreparer): a large request being
+    # tokenized holds up neither the event loop nor a small request beside it.
+    workers = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="eagle-zoo-prepare")
     created = now()
 
     @asynccontextmanager
@@ -52,6 +64,17 @@ def create_app(llm, *, served_model_names: Optional[list[str]] = None, api_key: 
             yield
         finally:
             loop.stop()
+            workers.shutdown(wait=False, cancel_futures=True)
+
+    async def prepare(request: Request, model, endpoint):
+        """Body -> (request model, served name, prepared prompts), off the event loop."""
+        raw = await read_body(request, limits.max_request_bytes)
+
+        def work():
+            body = parse_request(raw, model)
+            return body, prep.model_name(body.model), endpoint(body)
+
+        return await asyncio.get_running_loop().run_in_executor(workers, work)
 
     app = FastAPI(title="eagle-zoo", lifespan=lifespan)
     app.state.engine_loop, app.state.metrics = loop, metrics
@@ -74,10 +97,9 @@ def create_app(llm, *, served_model_names: Optional[list[str]] = None, api_key: 
         return ModelList(data=[ModelCard(id=n, created=created, root=str(getattr(llm, "model_path", n)),
                                          max_model_len=engine.max_model_len) for n in names])
 
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
-        model = prep.model_name(body.model)
-        prompts = prep.completion(body)
+    @app.post("/v1/completions", openapi_extra=_body_schema(CompletionRequest))
+    async def completions(request: Request):
+        body, model, prompts = await prepare(request, CompletionRequest, prep.completion)
         run = _Run(loop, metrics, new_id("cmpl"), prompts, request)
         if body.stream:
             return _sse(_stream_completion(run, model, body))
@@ -86,10 +108,9 @@ def create_app(llm, *, served_model_names: Optional[list[str]] = None, api_key: 
             id=run.id, created=run.created, model=model, usage=run.usage,
             choices=[CompletionChoice(index=u.index, text=u.text, finish_reason=u.finish_reason) for u in results])
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request):
-        model = prep.model_name(body.model)
-        prompts = prep.chat(body)
+    @app.post("/v1/chat/completions", openapi_extra=_body_schema(ChatCompletionRequest))
+    async def chat_completions(request: Request):
+        body, model, prompts = await prepare(request, ChatCompletionRequest, prep.chat)
         run = _Run(loop, metrics, new_id("chatcmpl"), prompts, request)
         if body.stream:
             return _sse(_stream_chat(run, model, body))
@@ -104,6 +125,12 @@ def create_app(llm, *, served_model_names: Optional[list[str]] = None, api_key: 
     tokenize.install(app, prep.tokenizer, max_model_len=engine.max_model_len,
                      vocab_size=engine.target.config.vocab_size, check_model=prep.model_name)
     return app
+
+
+def _body_schema(model) -> dict:
+    """The OpenAPI description of a route that reads its JSON body itself."""
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": {
+        "title": model.__name__, "type": "object"}}}}}
 
 
 # -- one request's run ----------------------------------------------------------------
@@ -262,7 +289,7 @@ class ApiKeyMiddleware:
 def _install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError):
-        if exc.status == 400:
+        if exc.status in (400, 413):
             metrics.failed("bad_request")
         return JSONResponse(exc.body(), exc.status)
 

@@ -7,6 +7,7 @@ import logging
 import sys
 
 from .. import envs
+from .limits import DEFAULT_MAX_PROMPTS_PER_REQUEST, DEFAULT_MAX_REQUEST_BYTES, ServerLimits
 
 API_KEY_ENV = envs.API_KEY
 
@@ -33,6 +34,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="launch each decode step before the previous one is read back (greedy requests; "
                         "README, engine options); default: on for a CUDA device, off on the CPU and with "
                         "tensor parallelism; also EAGLE_ZOO_ASYNC_SCHEDULING=0/1")
+    p.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES, metavar="N",
+                   help="largest request body accepted; a larger one gets 413 "
+                        f"(default {DEFAULT_MAX_REQUEST_BYTES} = 8 MiB)")
+    p.add_argument("--max-prompts-per-request", type=int, default=DEFAULT_MAX_PROMPTS_PER_REQUEST, metavar="N",
+                   help="most prompts one /v1/completions request may hold; more get 400 "
+                        f"(default {DEFAULT_MAX_PROMPTS_PER_REQUEST})")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="server log verbosity (default info)")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory or id (default: the model's)")
@@ -70,6 +77,12 @@ def run(args: argparse.Namespace) -> int:
         logging.warning("binding to %s without --api-key: anyone who can reach it can use it", args.host)
 
     from ..engine.engine_args import from_cli
+    try:
+        limits = ServerLimits(max_request_bytes=args.max_request_bytes,
+                              max_prompts_per_request=args.max_prompts_per_request)
+    except ValueError as exc:
+        return _fail(str(exc).replace("ServerLimits.", "--").replace("_", "-"))
+
     from ..engine.llm import LLM
     from .app import create_app
 
@@ -87,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
             return _fail(str(exc))
     logging.getLogger("eagle_zoo.serve").info("%s", startup_line(llm))
     app = create_app(llm, served_model_names=args.served_model_name or [args.model], api_key=args.api_key,
+                     limits=limits,
                      log_stats_interval_s=None if args.disable_log_stats else args.log_stats_interval)
     # On Ctrl-C open streams get a few seconds, then the engine fails what is left.
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level or args.log_level,

@@ -7,9 +7,22 @@ step, pushes a snapshot of each live request (its full output text so far, its
 token count, its finish reason) onto that request's asyncio queue with
 ``call_soon_threadsafe``. Handlers turn snapshots into deltas themselves.
 
-Failure isolation: an error adding one request fails that request only. An error
-inside ``step()`` cannot be pinned on one request, so every request in flight fails
-(each gets the error, their slots are freed) and the loop keeps serving.
+Fair admission: an HTTP request's prompts wait here, not in the engine's queue. The
+engine is given a prompt only when it has a free slot for it, taken round robin
+over the HTTP requests waiting (one prompt each in turn), so a request with one
+prompt behind a request with many waits for about one slot to free up per request
+ahead of it, not for the whole batch.
+
+The running / waiting gauges (``snapshot``) are refreshed after every step and after
+every batch of orders (an abort from a client that went away shows at once, also
+when the engine then idles).
+
+Failure isolation: an error adding one request fails that request only. Inside
+``step()`` the engine pins an error on the request whose own inputs caused it and
+finishes that request alone with reason "error" (EngineCore._decode_isolated); the
+loop turns that into an error update for it while the others go on. An error no
+request is found to cause (the device, the model itself) fails every request in
+flight (each gets the error, their slots are freed) and the loop keeps serving.
 """
 from __future__ import annotations
 
@@ -17,7 +30,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable, Optional
 
@@ -68,6 +81,9 @@ class EngineLoop:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._live: dict[str, _Live] = {}
+        # HTTP request id -> its prompts not yet given to the engine, in arrival order
+        # (fair admission: _admit); (engine request id, token ids, params, _Live) each.
+        self._pending: OrderedDict[str, deque] = OrderedDict()
         self._thread: Optional[threading.Thread] = None
         # Read by the metrics collector from another thread: replaced, never mutated.
         self.snapshot: dict = {"running": 0, "waiting": 0, "spec": None}
@@ -101,8 +117,8 @@ class EngineLoop:
             raise RuntimeError("the engine thread is not running")
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
         ids = [f"{request_id}-{i}" for i in range(len(prompts))]
-        for i, (token_ids, params) in enumerate(prompts):
-            self._inbox.append(("add", ids[i], token_ids, params, _Live(i, loop, queue)))
+        self._inbox.append(("add", request_id, [(ids[i], token_ids, params, _Live(i, loop, queue))
+                                                for i, (token_ids, params) in enumerate(prompts)]))
         self._wake.set()
         pending = set(range(len(prompts)))
         next_check = time.monotonic() + DISCONNECT_POLL_S
@@ -147,22 +163,54 @@ class EngineLoop:
         while self._inbox:  # orders that arrived too late
             order = self._inbox.popleft()
             if order[0] == "add":
-                self._send(order[4], Update(order[4].index, "", 0, error="the server is shutting down"))
+                for _, _, _, live in order[2]:
+                    self._send(live, Update(live.index, "", 0, error="the server is shutting down"))
 
     def _drain_inbox(self) -> None:
+        changed = False
         while self._inbox:
+            changed = True
             order = self._inbox.popleft()
             if order[0] == "add":
-                _, rid, token_ids, params, live = order
-                try:
-                    live.seq = self.engine.add_request(token_ids, params, request_id=rid)
-                except Exception as exc:  # this request alone fails
-                    log.warning("request %s rejected by the engine: %s", rid, exc)
-                    self._send(live, Update(live.index, "", 0, error=f"{type(exc).__name__}: {exc}"))
-                    continue
-                self._live[rid] = live
+                self._pending[order[1]] = deque(order[2])
             elif self._live.pop(order[1], None) is not None:
                 self.engine.abort(order[1])
+            else:  # not given to the engine yet
+                self._drop_pending(order[1])
+        if self._admit() or changed:
+            self._take_snapshot()
+
+    def _drop_pending(self, rid: str) -> None:
+        for request_id, prompts in list(self._pending.items()):
+            kept = deque(p for p in prompts if p[0] != rid)
+            if len(kept) != len(prompts):
+                if kept:
+                    self._pending[request_id] = kept
+                else:
+                    del self._pending[request_id]
+                return
+
+    def _admit(self) -> bool:
+        """Gives the engine pending prompts while it has free slots for them, one per
+        HTTP request in turn (round robin). Returns whether any was taken."""
+        sched = self.engine.scheduler
+        room = len(sched.free_slots) - len(sched.waiting)
+        took = False
+        while room > 0 and self._pending:
+            request_id, prompts = self._pending.popitem(last=False)
+            rid, token_ids, params, live = prompts.popleft()
+            if prompts:
+                self._pending[request_id] = prompts  # to the back of the line
+            took = True
+            try:
+                live.seq = self.engine.add_request(token_ids, params, request_id=rid)
+            except Exception as exc:  # this request alone fails
+                log.warning("request %s rejected by the engine: %s", rid, exc)
+                self._send(live, Update(live.index, "", 0, error=f"{type(exc).__name__}: {exc}"))
+                continue
+            self._live[rid] = live
+            room -= 1
+        return took
 
     def _step(self) -> None:
         t0 = time.perf_counter()
@@ -173,6 +221,12 @@ class EngineLoop:
             n = len(seq.output_token_ids)
             if n != live.sent_tokens or seq.finished:
                 live.sent_tokens = n
+                error = getattr(seq, "error", None)
+                if error is not None:
+                    log.warning("request %s failed in the engine: %s", rid, error)
+                    self._send(live, Update(live.index, seq.output_text, n, error=error))
+                    del self._live[rid]
+                    continue
                 reason = seq.finish_reason if seq.finished else None
                 self._send(live, Update(live.index, seq.output_text, n, reason))
                 if seq.finished:
@@ -184,7 +238,8 @@ class EngineLoop:
 
     def _take_snapshot(self) -> None:
         sched, spec = self.engine.scheduler, self.engine.metrics
-        self.snapshot = {"running": len(sched.running), "waiting": len(sched.waiting),
+        pending = sum(len(p) for p in self._pending.values())
+        self.snapshot = {"running": len(sched.running), "waiting": len(sched.waiting) + pending,
                          "spec": spec.get_metrics(prefix=""), "mean_acceptance_length": spec.mean_acceptance_length}
 
     def _fail_all(self, message: str) -> None:
@@ -195,6 +250,10 @@ class EngineLoop:
                 log.exception("abort of %s failed", rid)
             self._send(live, Update(live.index, "", live.sent_tokens, error=message))
         self._live.clear()
+        for prompts in self._pending.values():
+            for _, _, _, live in prompts:
+                self._send(live, Update(live.index, "", 0, error=message))
+        self._pending.clear()
         try:
             self._take_snapshot()
         except Exception:

@@ -9,22 +9,28 @@ answer equals ``LLM.generate`` / ``LLM.chat`` for the same prompt and parameters
 from __future__ import annotations
 
 import copy
+import threading
 from typing import Optional
 
 from ..engine.sampling_params import SamplingParams
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, _SamplingRequest
 
 Prepared = list[tuple[list[int], SamplingParams]]
+_COPY_LOCK = threading.Lock()  # copying reads the original: one copy at a time
 
 
 class RequestPreparer:
-    def __init__(self, tokenizer, *, max_model_len: int, vocab_size: int, served_model_names: list[str]):
-        # The engine thread detokenizes with the engine's tokenizer; handlers get
-        # their own copy so the two threads never share one Rust tokenizer object.
-        self.tokenizer = copy.deepcopy(tokenizer) if tokenizer is not None else None
+    def __init__(self, tokenizer, *, max_model_len: int, vocab_size: int, served_model_names: list[str],
+                 max_prompts_per_request: Optional[int] = None):
+        # The engine thread detokenizes with the engine's tokenizer; each preparation
+        # thread gets its own copy, so no two threads share one Rust tokenizer object
+        # (and a long prompt being encoded does not hold up a short one).
+        self._original = copy.deepcopy(tokenizer) if tokenizer is not None else None
+        self._local = threading.local()
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.served_model_names = list(served_model_names)
+        self.max_prompts_per_request = max_prompts_per_request
 
     def model_name(self, requested: Optional[str]) -> str:
         if requested is None:
@@ -42,6 +48,11 @@ class RequestPreparer:
             prompts = [prompts]
         if not prompts:
             raise APIError("prompt is empty: give a string, a list of strings or token ids", param="prompt")
+        cap = self.max_prompts_per_request
+        if cap is not None and len(prompts) > cap:
+            raise APIError(f"prompt holds {len(prompts)} prompts; this server takes at most {cap} per request "
+                           "(eagle-zoo serve --max-prompts-per-request): split them over several requests",
+                           param="prompt")
         explicit = "max_tokens" in req.model_fields_set
         out = []
         for prompt in prompts:
@@ -68,6 +79,17 @@ class RequestPreparer:
         return [(ids, self._params(req, len(ids), max_tokens, max_tokens is not None, param))]
 
     # -- helpers -----------------------------------------------------------------
+    @property
+    def tokenizer(self):
+        """This thread's copy of the tokenizer (None for a model without one)."""
+        if self._original is None:
+            return None
+        tok = getattr(self._local, "tokenizer", None)
+        if tok is None:
+            with _COPY_LOCK:
+                tok = self._local.tokenizer = copy.deepcopy(self._original)
+        return tok
+
     def _need_tokenizer(self):
         if self.tokenizer is None:
             raise APIError("this model has no tokenizer: send prompts as token ids to /v1/completions",

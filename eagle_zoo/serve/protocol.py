@@ -3,14 +3,28 @@
 Only what the engine can honour is accepted. Options it cannot honour (n > 1,
 logprobs, penalties, ...) are rejected with a 400 naming the option, never
 silently ignored; unknown extra keys are ignored, as OpenAI clients send some.
+
+Types are strict (JSON's own types: ``"5"`` is not a number, ``"yes"`` not a
+boolean, ``5.0`` not an integer) and numbers must be finite; every numeric field has
+the range SamplingParams accepts, so nothing out of range reaches the engine.
 """
 from __future__ import annotations
 
+import re
 import time
 import uuid
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ..engine.sampling_params import SEED_MAX, SEED_MIN, TOKEN_ID_MAX, TOP_K_MAX, TOP_P_MIN
+
+# JSON as the server reads it: no coercion between types, no NaN / Infinity.
+STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+TokenId = Annotated[int, Field(ge=0, le=TOKEN_ID_MAX)]
+# Stop strings and ids are checked on every step for every token of the request: the
+# engine thread's work for them is bounded here, so one request cannot slow the others.
+MAX_STOP_STRINGS, MAX_STOP_STRING_CHARS, MAX_STOP_TOKEN_IDS = 16, 1000, 1024
 
 
 class APIError(Exception):
@@ -30,27 +44,52 @@ def error_body(message: str, type: str = "invalid_request_error", param: Optiona
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def find_lone_surrogate(value: Any, path: tuple = ()) -> Optional[tuple]:
+    """The path (keys and indexes) of the first string in a parsed JSON value, key or
+    value, that holds a lone UTF-16 surrogate (``"\\ud800"`` escapes without their pair):
+    such a string cannot be encoded as UTF-8, so no tokenizer can take it. None if none."""
+    if isinstance(value, str):
+        return path if _SURROGATE.search(value) else None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if isinstance(k, str) and _SURROGATE.search(k):
+                return path + (k,)
+            found = find_lone_surrogate(v, path + (k,))
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            found = find_lone_surrogate(v, path + (i,))
+            if found is not None:
+                return found
+    return None
+
+
 # -- requests ---------------------------------------------------------------------
 class StreamOptions(BaseModel):
+    model_config = STRICT
     include_usage: bool = False
 
 
 class _SamplingRequest(BaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
     model: Optional[str] = None
     temperature: Optional[float] = Field(None, ge=0, le=2)
-    top_p: Optional[float] = Field(None, gt=0, le=1)
-    top_k: Optional[int] = Field(None, ge=-1)  # extension (vLLM): -1 or 0 = off
+    top_p: Optional[float] = Field(None, ge=TOP_P_MIN, le=1)  # below it float32 rounds the cut to 0
+    top_k: Optional[int] = Field(None, ge=-1, le=TOP_K_MAX)  # extension (vLLM): -1 or 0 = off
     max_tokens: Optional[int] = Field(None, ge=1)
     n: int = 1
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     stop: Optional[Union[str, list[str]]] = None
-    seed: Optional[int] = None
-    stop_token_ids: Optional[list[int]] = None  # extension (vLLM)
+    seed: Optional[int] = Field(None, ge=SEED_MIN, le=SEED_MAX)
+    stop_token_ids: Optional[Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)]] = None  # vLLM
     ignore_eos: bool = False  # extension (vLLM)
     # Accepted only at their neutral value: the engine has no penalties or logprobs.
     presence_penalty: float = 0.0
@@ -58,6 +97,17 @@ class _SamplingRequest(BaseModel):
     logit_bias: Optional[dict[str, float]] = None
     logprobs: Optional[Union[bool, int]] = None
     best_of: Optional[int] = None
+
+    @field_validator("stop")
+    @classmethod
+    def _bounded_stop(cls, stop):
+        stops = [stop] if isinstance(stop, str) else (stop or [])
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are accepted, got {len(stops)}")
+        longest = max((len(x) for x in stops), default=0)
+        if longest > MAX_STOP_STRING_CHARS:
+            raise ValueError(f"a stop string may have at most {MAX_STOP_STRING_CHARS} characters, got one of {longest}")
+        return stop
 
     @field_validator("n")
     @classmethod
@@ -71,15 +121,15 @@ class _SamplingRequest(BaseModel):
             "presence_penalty": self.presence_penalty != 0,
             "frequency_penalty": self.frequency_penalty != 0,
             "logit_bias": bool(self.logit_bias),
-            "logprobs": self.logprobs not in (None, False),
+            # Completions' logprobs=0 still asks for the sampled token's logprob; only
+            # leaving it out (or chat's logprobs=false) is off.
+            "logprobs": self.logprobs is not None and self.logprobs is not False,
             "best_of": self.best_of not in (None, 1),
         }
         for name, bad in unsupported.items():
             if bad:
                 raise APIError(f"{name}={getattr(self, name)!r} is not supported by this server: leave it out",
                                param=name)
-        if self.stop_token_ids and any(t < 0 for t in self.stop_token_ids):
-            raise APIError("stop_token_ids must be non-negative token ids", param="stop_token_ids")
 
     @property
     def stop_list(self) -> list[str]:
@@ -94,7 +144,7 @@ class _SamplingRequest(BaseModel):
 
 class CompletionRequest(_SamplingRequest):
     # A string, a list of strings, a list of token ids or a list of those.
-    prompt: Union[str, list[str], list[int], list[list[int]]]
+    prompt: Union[str, list[str], list[TokenId], list[list[TokenId]]]
     max_tokens: Optional[int] = Field(16, ge=1)  # OpenAI's default for completions
     echo: bool = False
     suffix: Optional[str] = None
@@ -108,7 +158,7 @@ class CompletionRequest(_SamplingRequest):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     role: Literal["system", "developer", "user", "assistant"]
     content: Optional[Union[str, list[dict[str, Any]]]] = None
 
@@ -120,7 +170,11 @@ class ChatMessage(BaseModel):
             if part.get("type") != "text":
                 raise APIError(f"message content part of type {part.get('type')!r} is not supported: "
                                "send text parts only", param="messages")
-            parts.append(str(part.get("text", "")))
+            text = part.get("text", "")
+            if not isinstance(text, str):
+                raise APIError(f"a text part's text must be a string, got {type(text).__name__}",
+                               param="messages")
+            parts.append(text)
         return "".join(parts)
 
 
