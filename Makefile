@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PLUGINS := $(wildcard plugins/*/pyproject.toml)
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test test-benchmarks clean
 
 setup: $(VENV)/.installed
 
@@ -24,8 +24,13 @@ $(VENV)/.installed: pyproject.toml setup.py $(PLUGINS)
 demo: setup
 	$(BIN)/python -m eagle_zoo.demo
 
+# The benchmark-marked tests reproduce the shipped heads' catalog records on all 80
+# MT-bench questions (several minutes each on two cores): test-benchmarks runs them.
 test: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not benchmark"
+
+test-benchmarks: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m benchmark
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -74,7 +74,7 @@ def test_bench_test_passes_on_a_few_prompts(method, tmp_path):
         recorded(method, num_prompts=4, batch=4, max_tokens=64), rel=0.02)
 
 
-@pytest.mark.slow
+@pytest.mark.benchmark
 @pytest.mark.parametrize("method", sorted(IDS))
 def test_bench_test_reproduces_the_catalog_on_all_80_questions(method, tmp_path):
     """The catalog's own setting (80 MT-bench first turns, k = 3, 256 tokens, fp32,
