@@ -75,7 +75,9 @@ def add_arguments(p):
     p.add_argument("--prompt-lookup-min", type=int, default=None, help="ngram: shortest n-gram looked up")
     p.add_argument("--enable-chunked-prefill", action="store_true",
                    help="accepted for spec_decode.py command lines; no effect (prompts are prefilled whole)")
-    p.add_argument("--max-num-seqs", type=int, default=None, help="requests decoded together: the batch of catalog records (default: the engine's, 64 on a GPU, 8 on the CPU)")
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help="requests decoded together: the batch of catalog records (default: the engine's, 64 on a "
+                        "GPU, 8 on the CPU)")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--device", default=None)
     p.add_argument("--seed", type=int, default=0)

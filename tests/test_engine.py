@@ -277,19 +277,23 @@ def test_eagle_high_acceptance_counters_exact(bigram):
     llm, outs = run(target, prompts, MAX_TOKENS, spec)
     assert tokens(outs) == [c[:m] for c, m in zip(cont, MAX_TOKENS)]
     m = check_metrics(llm, outs, k, "eagle")
-    g = ef.bigram_head_next_tokens(head, target)
-
-    def chain(history):
-        draft = [g[history[-1]]]
-        while len(draft) < k:
-            draft.append(g[draft[-1]])
-        return draft
+    chain = bigram_chain(ef.bigram_head_next_tokens(head, target), k)
 
     want = expected_counters(prompts, cont, MAX_TOKENS, k, chain)
     assert (m.num_drafts, m.num_draft_tokens, m.num_accepted_tokens, m.num_accepted_tokens_per_pos) == want
     # Multi-token acceptance, all-accepted rounds and rejections all happened.
     assert m.num_accepted_tokens_per_pos[-1] > 0
     assert m.num_accepted_tokens < m.num_draft_tokens
+
+
+def bigram_chain(next_token: list[int], k: int):
+    """The K drafts a bigram head proposes after a history: its next token, chained."""
+    def chain(history):
+        draft = [next_token[history[-1]]]
+        while len(draft) < k:
+            draft.append(next_token[draft[-1]])
+        return draft
+    return chain
 
 
 def vllm_acceptance_loop(llm, num_spec_tokens: int) -> None:
@@ -335,13 +339,7 @@ def test_vllm_metrics_loop_prints_the_counters(bigram, capsys):
     cont = ef.hf_greedy(target, prompts, [m + k for m in MAX_TOKENS])
     llm, outs = run(target, prompts, MAX_TOKENS, {"method": "eagle", "model": str(head),
                                                   "num_speculative_tokens": k})
-    g = ef.bigram_head_next_tokens(head, target)
-
-    def chain(history):
-        draft = [g[history[-1]]]
-        while len(draft) < k:
-            draft.append(g[draft[-1]])
-        return draft
+    chain = bigram_chain(ef.bigram_head_next_tokens(head, target), k)
 
     drafts, drafted, accepted, per_pos = expected_counters(prompts, cont, MAX_TOKENS, k, chain)
     assert drafts > 0

@@ -55,7 +55,6 @@ def test_long_context_prompts_reach_thousands_of_words(mix):
 
 
 def test_multi_turn_chats_end_in_a_user_turn_and_encode(mix):
-    from transformers import AutoTokenizer  # noqa: F401  (the tokenizer below is transformers')
     _, dev = mix
     chat = next(r for r in dev if r["category"] == "chat")
     assert [m["role"] for m in chat["messages"]] == ["user", "assistant", "user"]

@@ -218,7 +218,7 @@ def build_writing(passages: list[dict], q: list[dict], rng: random.Random) -> li
     return out
 
 
-def build_roleplay(prompts: list[dict], rng: random.Random) -> list[dict]:
+def build_roleplay(prompts: list[dict]) -> list[dict]:
     return [_record("roleplay", [_src(r)], prompt=r["prompt"]) for r in prompts if r["source"] == "gpteacher-roleplay"]
 
 
@@ -231,7 +231,7 @@ def build_coding(prompts: list[dict], q: list[dict], rng: random.Random) -> list
     return out
 
 
-def build_math(prompts: list[dict], q: list[dict], rng: random.Random) -> list[dict]:
+def build_math(prompts: list[dict], q: list[dict]) -> list[dict]:
     out = [_record("math", [_src(r)], prompt=r["prompt"]) for r in prompts if r["source"] == "gsm8k-train"]
     out += [_record("math", [_src(r)], prompt=r["question"]) for r in q if r["type"] == "math_word_problem"]
     return out
@@ -260,7 +260,7 @@ def build_extraction(passages: list[dict], rng: random.Random) -> list[dict]:
     return out
 
 
-def build_classification(s: list[dict], passages: list[dict], rng: random.Random) -> list[dict]:
+def build_classification(s: list[dict], passages: list[dict]) -> list[dict]:
     out = []
     for row in s:
         if row["lang"] != "en":
@@ -305,7 +305,7 @@ def build_summarization(passages: list[dict], rng: random.Random, st: MixSetting
     return out
 
 
-def build_closed_qa(q: list[dict], rng: random.Random) -> list[dict]:
+def build_closed_qa(q: list[dict]) -> list[dict]:
     return [_record("closed_qa", [_src(r)], prompt=r["question"]) for r in q if r["type"] == "factual"]
 
 
@@ -349,11 +349,11 @@ def build_side(src: dict[str, list[dict]], dev: bool, st: MixSettings, retrieval
     p, q, s, passages = (side(src[k]) for k in ("prompts", "questions", "sentences", "passages"))
     rng = random.Random(f"{st.seed}-{'dev' if dev else 'train'}")
     built = {
-        "chat": build_chat(q, s, rng), "writing": build_writing(passages, q, rng), "roleplay": build_roleplay(p, rng),
-        "coding": build_coding(p, q, rng), "math": build_math(p, q, rng),
-        "extraction": build_extraction(passages, rng), "classification": build_classification(s, passages, rng),
+        "chat": build_chat(q, s, rng), "writing": build_writing(passages, q, rng), "roleplay": build_roleplay(p),
+        "coding": build_coding(p, q, rng), "math": build_math(p, q),
+        "extraction": build_extraction(passages, rng), "classification": build_classification(s, passages),
         "translation": build_translation(s, rng), "summarization": build_summarization(passages, rng, st),
-        "closed_qa": build_closed_qa(q, rng), "retrieval_qa": build_retrieval_qa(passages, rng, st, retrieval_count),
+        "closed_qa": build_closed_qa(q), "retrieval_qa": build_retrieval_qa(passages, rng, st, retrieval_count),
     }
     for rows in built.values():
         rng.shuffle(rows)
@@ -390,12 +390,9 @@ def build_mix(sources_dir, st: MixSettings = MixSettings(), guard: Optional[Benc
 
 def _interleave(lists: list[list[dict]]) -> list[dict]:
     """Round-robin over the lists in proportion to their lengths (a smooth mix of categories)."""
-    total = sum(len(l) for l in lists)
     keyed = [((i + 0.5) / len(l), c, i) for c, l in enumerate(lists) if l for i in range(len(l))]
     keyed.sort()
-    out = [lists[c][i] for _, c, i in keyed]
-    assert len(out) == total
-    return out
+    return [lists[c][i] for _, c, i in keyed]
 
 
 def write_jsonl(rows: list[dict], path) -> None:
