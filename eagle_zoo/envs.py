@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Optional
 
 # Process-wide default of LLM(async_scheduling=None) and `eagle-zoo serve`'s
-# --async-scheduling: 0 / false / no / off or 1 / true / yes / on. Unset (or any other
-# value): on for one CUDA device, off on the CPU; never on with tensor parallelism.
+# --async-scheduling: 0 / false / no / off or 1 / true / yes / on (any other value is
+# refused). Unset: on for one CUDA device, off on the CPU; never on with tensor parallelism.
 ASYNC_SCHEDULING = "EAGLE_ZOO_ASYNC_SCHEDULING"
 # Directory of the default target's converted checkpoint (SmolLM2-135M-Instruct from its
 # GGUF, default_target.py); default ~/.cache/eagle_zoo.
@@ -39,9 +39,14 @@ _FALSE = ("0", "false", "no", "off")
 
 
 def async_scheduling() -> Optional[bool]:
-    """EAGLE_ZOO_ASYNC_SCHEDULING as a bool, None when unset or not a yes / no value."""
+    """EAGLE_ZOO_ASYNC_SCHEDULING as a bool, None when unset or empty."""
     value = os.environ.get(ASYNC_SCHEDULING, "").strip().lower()
-    return True if value in _TRUE else False if value in _FALSE else None
+    if value in _TRUE or value in _FALSE:
+        return value in _TRUE
+    if value:
+        raise ValueError(f"{ASYNC_SCHEDULING}={os.environ[ASYNC_SCHEDULING]!r}: use 1 / true / yes / on or "
+                         "0 / false / no / off, or unset it for the default")
+    return None
 
 
 def cache_dir() -> Path:
@@ -62,7 +67,11 @@ def plugin_allow_list() -> Optional[str]:
 
 
 def tp_start_timeout_s() -> float:
-    return float(os.environ.get(TP_START_TIMEOUT, "900"))
+    value = os.environ.get(TP_START_TIMEOUT, "900")
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{TP_START_TIMEOUT}={value!r}: give a number of seconds (default 900)") from None
 
 
 def tp_rank() -> Optional[int]:

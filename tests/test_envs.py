@@ -36,10 +36,19 @@ def test_every_variable_is_documented_above_its_name():
 
 
 @pytest.mark.parametrize("value, want", [("1", True), ("on", True), ("TRUE", True), ("0", False), ("no", False),
-                                         ("", None), ("maybe", None)])
+                                         ("", None)])
 def test_async_scheduling_values(monkeypatch, value, want):
     monkeypatch.setenv(envs.ASYNC_SCHEDULING, value)
     assert envs.async_scheduling() is want
+
+
+def test_values_that_mean_nothing_are_refused_by_name(monkeypatch):
+    monkeypatch.setenv(envs.ASYNC_SCHEDULING, "maybe")
+    with pytest.raises(ValueError, match="EAGLE_ZOO_ASYNC_SCHEDULING='maybe': use 1 / true"):
+        envs.async_scheduling()
+    monkeypatch.setenv(envs.TP_START_TIMEOUT, "ten")
+    with pytest.raises(ValueError, match="EAGLE_ZOO_TP_START_TIMEOUT='ten': give a number of seconds"):
+        envs.tp_start_timeout_s()
 
 
 def test_read_when_asked_not_at_import(monkeypatch, tmp_path):
