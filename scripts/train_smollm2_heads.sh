@@ -36,6 +36,7 @@ GEN_BATCH=${GEN_BATCH:-2048}
 SYNTH_BATCH=${SYNTH_BATCH:-$([ "$DEVICE" = cuda ] && echo 4096)}  # empty: the command's own default
 MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-256}
 MAX_PROMPTS=${MAX_PROMPTS:-100000}
+SETS="short long"  # the data directories step 1 writes under $WORK/data (short and long-context prompts)
 EAGLE_TOKENS=${EAGLE_TOKENS:-32768}
 EAGLE3_TOKENS=${EAGLE3_TOKENS:-16384}
 DRAFT_VOCAB=${DRAFT_VOCAB:-12000}  # 24% of the vocabulary, as 32000 of Llama-3's 128256; lm_head 13.8 MB
@@ -72,7 +73,7 @@ done
 
 if [ "$RESUME" = 1 ]; then
   DATA=()
-  for d in short long; do [ -f "$WORK/data/$d/data.safetensors" ] && DATA+=("$WORK/data/$d"); done
+  for d in $SETS; do [ -f "$WORK/data/$d/data.safetensors" ] && DATA+=("$WORK/data/$d"); done
   [ ${#DATA[@]} -gt 0 ] || { say "RESUME=1: no data in $WORK/data; run without RESUME first"; exit 1; }
   say "resuming training on ${DATA[*]}"
 else
@@ -92,7 +93,6 @@ ez train mix --sources "$SOURCES" --train-out "$WORK/prompts.short.jsonl" --long
 # -- 1. data: greedy answers, short and long-context prompts side by side --------------------
 common_data=(--target "$TARGET" --max-prompts "$MAX_PROMPTS" --max-new-tokens "$MAX_NEW_TOKENS"
              --backend static --device "$DEVICE" --max-seconds "$DATA_SECONDS" --no-progress --temperature 0)
-SETS="short long"
 job data-short ez train data "${common_data[@]}" --prompts "$WORK/prompts.short.jsonl" --out "$WORK/data/short" \
   --max-prompt-len 1024 --batch-size "$GEN_BATCH"
 job data-long ez train data "${common_data[@]}" --prompts "$WORK/prompts.long.jsonl" --out "$WORK/data/long" \
@@ -155,7 +155,7 @@ copy_head "$WORK/heads/eagle" "$OUT/eagle"
 copy_head "$WORK/heads/eagle3/yuhuili-eagle3" "$OUT/eagle3"
 mkdir -p "$WORK/report"
 cp "$WORK"/logs/*.log "$WORK/report/" 2>/dev/null
-for d in short long; do cp "$WORK/data/$d/meta.json" "$WORK/report/data-$d-meta.json" 2>/dev/null; done
+for d in $SETS; do cp "$WORK/data/$d/meta.json" "$WORK/report/data-$d-meta.json" 2>/dev/null; done
 cp "$WORK/heads/eagle/eagle_zoo_training.json" "$WORK/report/eagle-training.json" 2>/dev/null
 cp "$WORK/heads/eagle3/yuhuili-eagle3/eagle_zoo_training.json" "$WORK/report/eagle3-training.json" 2>/dev/null
 cp "$WORK/heads/eagle3/speculators-eagle3/config.json" "$WORK/report/eagle3-speculators-config.json" 2>/dev/null
