@@ -111,3 +111,20 @@ def test_n_choices_equal_offline_children(pair):
     chat = srv.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], n=2,
                                                 max_tokens=3, temperature=0)
     assert [c.index for c in chat.choices] == [0, 1] and chat.choices[0].message == chat.choices[1].message
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"min_tokens": 1, "repetition_penalty": 1.2}, "repetition_penalty"),
+    ({"logprobs": 0}, "logprobs"),
+    ({"prompt_logprobs": 1}, "prompt_logprobs"),
+])
+def test_tree_server_refuses_what_trees_do_not_implement(body, param):
+    from eagle_zoo.serve.prepare import RequestPreparer
+    from eagle_zoo.serve.protocol import APIError, CompletionRequest
+
+    prep = RequestPreparer(None, max_model_len=64, vocab_size=100, served_model_names=["m"], tree=True)
+    assert len(prep.completion(CompletionRequest(prompt=[1, 2], n=2))) == 2
+    with pytest.raises(APIError, match="EAGLE-2 tree") as e:
+        prep.completion(CompletionRequest(prompt=[1, 2], **body))
+    assert e.value.param == param and e.value.status == 400

@@ -46,6 +46,16 @@ from .scheduler import Scheduler
 from .sequence import Sequence, Status
 
 
+def tree_unsupported(p: SamplingParams) -> list[str]:
+    """The options of ``p`` that EAGLE-2 tree steps do not implement (their verification
+    has no logits processing and reads no logprobs back): refused by name."""
+    return [name for name, on in (
+        ("presence_penalty", p.presence_penalty != 0), ("frequency_penalty", p.frequency_penalty != 0),
+        ("repetition_penalty", p.repetition_penalty != 1), ("min_tokens", p.min_tokens > 0),
+        ("logit_bias", bool(p.logit_bias)), ("bad_words", bool(p.bad_words)),
+        ("logprobs", p.logprobs is not None), ("prompt_logprobs", p.prompt_logprobs is not None)) if on]
+
+
 def step_strategy(proposer: Optional[Proposer]) -> str:
     """The engine's one step strategy for ``proposer``: "plain" without one, else the
     proposer's ``step_strategy`` ("chain", "tree" or "parallel"; Proposer)."""
@@ -176,11 +186,7 @@ class EngineCore:
                 raise ValueError(f"SamplingParams.{name}={value} exceeds max_logprobs={self.max_logprobs}: ask "
                                  f"for fewer, or raise the engine argument max_logprobs")
         if self.strategy == "tree":
-            asked = [name for name, on in (
-                ("presence_penalty", p.presence_penalty != 0), ("frequency_penalty", p.frequency_penalty != 0),
-                ("repetition_penalty", p.repetition_penalty != 1), ("min_tokens", p.min_tokens > 0),
-                ("logit_bias", bool(p.logit_bias)), ("bad_words", bool(p.bad_words)),
-                ("logprobs", p.logprobs is not None), ("prompt_logprobs", p.prompt_logprobs is not None)) if on]
+            asked = tree_unsupported(p)
             if asked:
                 raise ValueError(f"SamplingParams {', '.join(asked)}: not supported with EAGLE-2 tree speculation "
                                  "(speculative_config 'tree'); use an EAGLE chain (no 'tree') or plain decoding")

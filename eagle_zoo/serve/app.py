@@ -52,7 +52,8 @@ def create_app(llm, *, served_model_names: Optional[list[str]] = None, api_key: 
     prep = RequestPreparer(llm.tokenizer, max_model_len=engine.max_model_len,
                            vocab_size=engine.target.config.vocab_size, served_model_names=names,
                            max_prompts_per_request=limits.max_prompts_per_request,
-                           max_logprobs=getattr(engine, "max_logprobs", None))
+                           max_logprobs=getattr(engine, "max_logprobs", None),
+                           tree=getattr(engine, "strategy", None) == "tree")
     # Parsing, chat templates and tokenization run here, off the event loop, each
     # thread with its own tokenizer copy (RequestPreparer): a large request being
     # tokenized holds up neither the event loop nor a small request beside it.

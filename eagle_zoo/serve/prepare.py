@@ -26,7 +26,8 @@ _COPY_LOCK = threading.Lock()  # copying reads the original: one copy at a time
 
 class RequestPreparer:
     def __init__(self, tokenizer, *, max_model_len: int, vocab_size: int, served_model_names: list[str],
-                 max_prompts_per_request: Optional[int] = None, max_logprobs: Optional[int] = None):
+                 max_prompts_per_request: Optional[int] = None, max_logprobs: Optional[int] = None,
+                 tree: bool = False):
         # The engine thread detokenizes with the engine's tokenizer; each preparation
         # thread gets its own copy, so no two threads share one Rust tokenizer object
         # (and a long prompt being encoded does not hold up a short one).
@@ -37,6 +38,7 @@ class RequestPreparer:
         self.served_model_names = list(served_model_names)
         self.max_prompts_per_request = max_prompts_per_request
         self.max_logprobs = max_logprobs
+        self.tree = tree  # an EAGLE-2 tree engine: what it does not implement is a 400 here
 
     def model_name(self, requested: Optional[str]) -> str:
         if requested is None:
@@ -172,6 +174,14 @@ class RequestPreparer:
                 raise APIError(f"{name}={value} exceeds this server's max_logprobs={self.max_logprobs} "
                                "(eagle-zoo serve --max-logprobs)", param=name)
         try:
-            return SamplingParams(**kwargs)
+            params = SamplingParams(**kwargs)
         except (ValueError, TypeError) as exc:  # the engine's own checks, in its words
             raise APIError(str(exc)) from exc
+        if self.tree:
+            from ..engine.core import tree_unsupported
+
+            asked = tree_unsupported(params)
+            if asked:
+                raise APIError(f"{', '.join(asked)}: not supported by this server's EAGLE-2 tree speculation "
+                               "(speculative_config 'tree'): leave them out", param=asked[0])
+        return params
