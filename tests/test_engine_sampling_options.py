@@ -197,3 +197,48 @@ def test_tree_engine_refuses_options_by_name(tmp_path, models):
         with pytest.raises(ValueError, match=f"{name}: not supported with EAGLE-2 tree"):
             llm.generate(prompt, SamplingParams(max_tokens=4, **kw))
     assert len(llm.generate(prompt, SamplingParams(max_tokens=4, n=2))[0].outputs) == 2
+
+
+@torch.no_grad()
+def test_sampled_speculative_distribution_with_options_matches_reference(models):
+    """Three sampled tokens (top-k 3) with penalties, bias and min_tokens through a draft
+    model that is often wrong: their joint frequency matches the product of the processed
+    conditionals computed from transformers' logits and the reference (chi-square)."""
+    target, hf, llm = models
+    prompt = PROMPTS[0]
+    first = int(hf(torch.tensor([prompt])).logits[0, -1].argmax())
+    sp = SamplingParams(temperature=1.0, top_k=3, max_tokens=3, ignore_eos=True, presence_penalty=1.0,
+                        frequency_penalty=0.5, repetition_penalty=1.5, logit_bias={first: -1.0},
+                        min_tokens=2, stop_token_ids=[first])
+    n = 600
+    engine = llm("draft_model").engine
+    accepted_before = engine.metrics.num_accepted_tokens
+    outs = llm("draft_model").generate([{"prompt_token_ids": prompt}] * n, sp)
+    assert engine.metrics.num_accepted_tokens > accepted_before
+    counts: dict[tuple, int] = {}
+    for o in outs:
+        key = tuple(o.outputs[0].token_ids)
+        counts[key] = counts.get(key, 0) + 1
+
+    def probs(prefix):
+        raw = hf(torch.tensor([prompt + list(prefix)])).logits[0, -1].tolist()
+        x = torch.tensor(reference_logits(raw, prompt, list(prefix), sp, [], eos=(EOS,)), dtype=torch.float64)
+        kth = x.topk(3).values[-1]
+        return x.masked_fill(x < kth, float("-inf")).softmax(-1)
+
+    expected: dict[tuple, float] = {}
+    p1 = probs(())
+    for a in p1.nonzero().flatten().tolist():
+        p2 = probs((a,))
+        for b in p2.nonzero().flatten().tolist():
+            p3 = probs((a, b))
+            for c in p3.nonzero().flatten().tolist():
+                expected[(a, b, c)] = float(p1[a] * p2[b] * p3[c])
+    assert set(counts) <= set(expected), "a token the processed distribution rules out was emitted"
+    bins = [(counts.get(k, 0), n * p) for k, p in expected.items() if n * p >= 5]
+    rare = [(counts.get(k, 0), n * p) for k, p in expected.items() if n * p < 5]
+    if rare:
+        bins.append((sum(c for c, _ in rare), sum(e for _, e in rare)))
+    chi2 = sum((c - e) ** 2 / e for c, e in bins)
+    dof = len(bins) - 1
+    assert chi2 < dof * (1 - 2 / (9 * dof) + 3.09 * (2 / (9 * dof)) ** 0.5) ** 3, (chi2, dof, counts, expected)
