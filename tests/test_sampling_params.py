@@ -24,7 +24,18 @@ def test_normalisation():
     (dict(seed=1.5), ["seed", "integer", "1.5"]),
     (dict(stop=[""]), ["stop", "non-empty"]),
     (dict(stop_token_ids=[-1]), ["stop_token_ids", ">= 0"]),
-    (dict(n=2), ["n must be 1", "2", "submit the prompt n times"]),
+    (dict(n=0), ["n", ">= 1", "0"]),
+    (dict(presence_penalty=2.5), ["presence_penalty", "[-2, 2]", "2.5"]),
+    (dict(frequency_penalty=-3), ["frequency_penalty", "[-2, 2]"]),
+    (dict(repetition_penalty=0), ["repetition_penalty", "> 0", "0"]),
+    (dict(repetition_penalty=float("nan")), ["repetition_penalty", "nan"]),
+    (dict(min_tokens=-1), ["min_tokens", ">= 0"]),
+    (dict(min_tokens=20, max_tokens=10), ["min_tokens", "at most max_tokens (10)", "20"]),
+    (dict(logprobs=-1), ["logprobs", ">= 0", "-1"]),
+    (dict(prompt_logprobs=1.0), ["prompt_logprobs", "integer"]),
+    (dict(logit_bias={"5": 1.0}), ["logit_bias", "token id"]),
+    (dict(logit_bias={5: 101}), ["logit_bias", "[-100, 100]"]),
+    (dict(bad_words=[" "]), ["bad_words", "non-blank"]),
     (dict(ignore_eos="yes"), ["ignore_eos", "True or False"]),
 ])
 def test_errors_name_field_range_and_value(kw, words):
@@ -77,3 +88,16 @@ def test_sampling_tensors_name_a_value_that_was_changed_after_creation():
     sp.top_k = 2**70  # bypasses the checks made at creation
     with pytest.raises(ValueError, match=r"SamplingParams\.top_k values \[0, 1180591620717411303424\].*do not change"):
         SamplingTensors.from_params([SamplingParams(), sp])
+
+
+def test_new_options_defaults_and_normalisation():
+    sp = SamplingParams()
+    assert (sp.presence_penalty, sp.frequency_penalty, sp.repetition_penalty, sp.min_tokens) == (0.0, 0.0, 1.0, 0)
+    assert (sp.logprobs, sp.prompt_logprobs, sp.logit_bias, sp.bad_words) == (None, None, None, None)
+    assert sp.plain_greedy is False and SamplingParams(temperature=0).plain_greedy
+    assert not SamplingParams(temperature=0, logprobs=0).plain_greedy
+    assert not SamplingParams(temperature=0, repetition_penalty=1.1).plain_greedy
+    sp = SamplingParams(logit_bias={3: 1}, bad_words="foo", n=3, seed=2**64 - 1)
+    assert (sp.logit_bias, sp.bad_words, sp.processes_logits) == ({3: 1.0}, ["foo"], True)
+    assert [c.seed for c in (sp.child(0), sp.child(1))] == [2**64 - 1, 0]  # seed + 1 wraps as torch does
+    assert sp.child(2).n == 1 and sp.n == 3

@@ -211,9 +211,17 @@ BAD_COMPLETIONS = [
     ({"prompt": "hi", "top_p": 0}, "top_p"),
     ({"prompt": "hi", "top_p": 1.5}, "top_p"),
     ({"prompt": "hi", "top_k": -2}, "top_k"),
-    ({"prompt": "hi", "n": 2}, "n"),
-    ({"prompt": "hi", "logprobs": 2}, "logprobs"),
-    ({"prompt": "hi", "presence_penalty": 0.5}, "presence_penalty"),
+    ({"prompt": "hi", "n": 0}, "n"),
+    ({"prompt": "hi", "logprobs": -1}, "logprobs"),
+    ({"prompt": "hi", "presence_penalty": 2.5}, "presence_penalty"),
+    ({"prompt": "hi", "repetition_penalty": 0}, "repetition_penalty"),
+    ({"prompt": "hi", "min_tokens": 17}, "min_tokens"),  # more than max_tokens (16)
+    ({"prompt": "hi", "logit_bias": {"x": 1}}, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {"5": 101}}, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {"100000000": 1}}, "logit_bias"),  # outside the vocabulary
+    ({"prompt": "hi", "prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
+    ({"prompt": "hi", "best_of": 3}, "best_of"),
+    ({"prompt": "hi", "bad_words": "x"}, "bad_words"),
     ({"prompt": "hi", "echo": True}, "echo"),
     ({"prompt": ""}, "prompt"),
     ({"prompt": []}, "prompt"),
@@ -235,7 +243,9 @@ BAD_CHATS = [
     ({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0}, "max_completion_tokens"),
     ({"messages": [{"role": "user", "content": "x " * 80}]}, "messages"),  # too long for 64
     ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 64}, "max_tokens"),
-    ({"messages": [{"role": "user", "content": "hi"}], "n": 3, "stream": True}, "n"),
+    ({"messages": [{"role": "user", "content": "hi"}], "n": 0}, "n"),
+    ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "top_logprobs"),  # without logprobs
+    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": 2}, "logprobs"),  # a boolean here
 ]
 
 

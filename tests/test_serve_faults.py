@@ -77,7 +77,7 @@ def still_serves(srv):
 
 # -- numbers: NaN, Infinity, huge, out of range, in every numeric field ----------------------
 NUMERIC = ["temperature", "top_p", "top_k", "max_tokens", "seed", "presence_penalty", "frequency_penalty",
-           "best_of", "logprobs"]
+           "best_of", "logprobs", "repetition_penalty", "min_tokens", "prompt_logprobs", "min_p", "n"]
 BAD_NUMBERS = ["NaN", "Infinity", "-Infinity", "1e400", "1180591620717411303424", "-1180591620717411303424"]
 
 
@@ -97,7 +97,7 @@ def test_bad_numbers_in_every_numeric_field(srv, field, number):
     ('{"prompt": "hi", "seed": 18446744073709551616}', "seed"),  # 2**64
     ('{"prompt": "hi", "top_k": 9223372036854775808}', "top_k"),  # 2**63
     ('{"prompt": "hi", "top_p": 1e-46}', "top_p"),  # rounds to 0 in float32
-    ('{"prompt": "hi", "logprobs": 0}', "logprobs"),  # still asks for a logprob
+    ('{"prompt": "hi", "logit_bias": {"5": 1e400}}', "logit_bias"),
 ], ids=range(10))
 def test_bad_numbers_elsewhere(srv, raw, param):
     refused(srv, "/v1/completions", raw, 400, param)

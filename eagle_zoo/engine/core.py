@@ -9,6 +9,12 @@ decoding):
   (K comes from the adaptive depth schedule when there is one: a plain step then
   still lets the proposer catch up on the emitted token, on_plain_step)
   one device->host copy of (tokens, accepted); stop checks; metrics
+  (requests that asked for logprobs: a second copy of the step's logprobs block, queued
+  behind the first and waited for by the same event: still one host sync a step)
+
+Requests with logits processing (penalties, min_tokens, logit bias, bad words) or
+logprobs are verified on the eager path: the captured greedy graphs and async run-ahead
+serve only plain greedy requests (SamplingParams.plain_greedy).
 
 With async_scheduling (vLLM's option of that name) a step's host work overlaps the
 next step's GPU work: while the running batch stays the same, every request is greedy
@@ -26,6 +32,7 @@ from typing import Iterable, Optional
 
 import torch
 
+from . import logprobs as lp
 from .detokenizer import update_sequence_text
 from .graphs import GraphedForward
 from .host_tensors import device_tensor
@@ -37,6 +44,16 @@ from .verify import SamplingBatch, verify_drafts, verify_greedy
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
+
+
+def tree_unsupported(p: SamplingParams) -> list[str]:
+    """The options of ``p`` that EAGLE-2 tree steps do not implement (their verification
+    has no logits processing and reads no logprobs back): refused by name."""
+    return [name for name, on in (
+        ("presence_penalty", p.presence_penalty != 0), ("frequency_penalty", p.frequency_penalty != 0),
+        ("repetition_penalty", p.repetition_penalty != 1), ("min_tokens", p.min_tokens > 0),
+        ("logit_bias", bool(p.logit_bias)), ("bad_words", bool(p.bad_words)),
+        ("logprobs", p.logprobs is not None), ("prompt_logprobs", p.prompt_logprobs is not None)) if on]
 
 
 def step_strategy(proposer: Optional[Proposer]) -> str:
@@ -61,6 +78,10 @@ class LaunchedStep:
     host_out: Optional[torch.Tensor] = None
     copied: Optional[torch.cuda.Event] = None
     num_positions: Optional[int] = None  # trees: the metrics' positions are the tree's levels
+    # Requests that asked for logprobs: [B, k+1, 2 + 2N] (logprobs.pack), and its host copy.
+    logprobs: Optional[torch.Tensor] = None
+    host_logprobs: Optional[torch.Tensor] = None
+    num_top: int = 0
 
 
 class EngineCore:
@@ -79,6 +100,7 @@ class EngineCore:
         graph_pool=None,
         depth_schedule=None,
         async_scheduling: bool = False,
+        max_logprobs: int = 20,
     ):
         self.target = target
         self.tokenizer = tokenizer
@@ -121,6 +143,8 @@ class EngineCore:
         self._ids = itertools.count()
         self.aux_layer_ids = tuple(getattr(proposer, "aux_layer_ids", ()) or ())
         self.async_scheduling = async_scheduling
+        self.max_logprobs = max_logprobs  # vLLM's engine argument: the most logprobs a request may ask for
+        self._token_text: dict[int, str] = {}  # logprobs' decoded tokens
         self._in_flight: Optional[LaunchedStep] = None  # async scheduling: the step not yet read back
 
     # -- requests --------------------------------------------------------------
@@ -141,12 +165,48 @@ class EngineCore:
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
         seq = Sequence(str(n) if request_id is None else request_id, prompt, list(prompt_token_ids), params, n)
+        self._check_options(seq, vocab)
         # Every request gets its own generator (seeded by the request, else derived from
         # the engine seed) so sampled outputs do not depend on batch composition.
         seed = params.seed if params.seed is not None else (self.seed * 1_000_003 + n) % 2**64
         seq.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.scheduler.add(seq)
         return seq
+
+    def _check_options(self, seq: Sequence, vocab: int) -> None:
+        """Refuses, by name, what this engine cannot honour for ``seq``; turns its bad
+        words into token sequences."""
+        p = seq.params
+        if p.n != 1:
+            raise ValueError(f"SamplingParams.n={p.n}: EngineCore runs one completion per request; LLM.generate "
+                             "and the server expand n into n requests (SamplingParams.child)")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(p, name)
+            if value is not None and value > self.max_logprobs:
+                raise ValueError(f"SamplingParams.{name}={value} exceeds max_logprobs={self.max_logprobs}: ask "
+                                 f"for fewer, or raise the engine argument max_logprobs")
+        if self.strategy == "tree":
+            asked = tree_unsupported(p)
+            if asked:
+                raise ValueError(f"SamplingParams {', '.join(asked)}: not supported with EAGLE-2 tree speculation "
+                                 "(speculative_config 'tree'); use an EAGLE chain (no 'tree') or plain decoding")
+        bad_bias = sorted(t for t in (p.logit_bias or {}) if t >= vocab)
+        if bad_bias:
+            raise ValueError(f"SamplingParams.logit_bias token ids {bad_bias[:5]} are outside the vocabulary "
+                             f"[0, {vocab})")
+        if p.bad_words:
+            if self.tokenizer is None:
+                raise ValueError("SamplingParams.bad_words needs a tokenizer to turn the words into tokens, and "
+                                 "this model has none")
+            from .logits_processing import bad_words_token_ids
+
+            seq.bad_words_ids = bad_words_token_ids(p.bad_words, self.tokenizer)
+            outside = sorted({t for w in seq.bad_words_ids for t in w if not 0 <= t < vocab})
+            if outside:
+                raise ValueError(f"SamplingParams.bad_words encode to token ids {outside[:5]}, outside the "
+                                 f"model's vocabulary [0, {vocab})")
+        if p.logprobs is not None:
+            seq.logprobs, seq.cumulative_logprob = [], 0.0
 
     def abort(self, request_id: str) -> None:
         self.scheduler.abort(request_id)
@@ -198,7 +258,7 @@ class EngineCore:
         range checks, its sampling values on the device), or None."""
         try:
             dataclasses.replace(seq.params)  # its range checks again (a SamplingParams is mutable)
-            SamplingBatch.from_sequences([seq], self.device)
+            self._sampling_batch([seq])
         except Exception as exc:
             return exc
         return None
@@ -210,18 +270,50 @@ class EngineCore:
         self.scheduler.finish(seq)
         self.metrics.observe_request(len(seq.prompt_token_ids), len(seq.output_token_ids))
 
+    def _sampling_batch(self, seqs: list[Sequence]) -> SamplingBatch:
+        """The batch's sampling values on the device; chain and plain steps (and prefill)
+        with its logits processing, tree steps without (they refuse it: _check_options)."""
+        vocab = None if self.strategy == "tree" else self.target.config.vocab_size
+        return SamplingBatch.from_sequences(seqs, self.device, vocab, self.eos_token_ids)
+
+    def _decode_token(self, token: int) -> Optional[str]:
+        """A token's text for logprobs (vLLM: the token decoded alone), cached."""
+        if self.tokenizer is None:
+            return None
+        text = self._token_text.get(token)
+        if text is None:
+            text = self._token_text[token] = self.tokenizer.decode([token])
+        return text
+
     def _prefill(self, seq: Sequence) -> None:
         ids = torch.tensor([seq.prompt_token_ids], device=self.device)
         positions = torch.arange(ids.shape[1], device=self.device).unsqueeze(0)
         slots = torch.tensor([seq.slot], device=self.device)
         hidden, aux = self.runner.run(ids, positions, slots, ids.shape[1], self.aux_layer_ids)
         logits = self.target.compute_logits(hidden[:, -1:])
-        batch = SamplingBatch.from_sequences([seq], self.device)
+        batch = self._sampling_batch([seq])
         tokens, _ = verify_drafts(logits, None, None, batch)
         if self.proposer is not None:
             next_tokens = torch.cat([ids[:, 1:], tokens[:, :1]], dim=1)
             self.proposer.on_prefill(seq.slot, TargetOutput(ids, next_tokens, positions, hidden, aux))
-        self._append(seq, [int(tokens[0, 0])])
+        p = seq.params
+        if p.prompt_logprobs is not None:
+            seq.prompt_logprobs = self._prompt_logprobs(hidden, seq.prompt_token_ids, p.prompt_logprobs)
+        rows = None
+        if p.logprobs is not None:
+            rows = lp.pack(logits, tokens[:, :1], p.logprobs)[0].tolist()
+        self._append(seq, [int(tokens[0, 0])], rows)
+
+    PROMPT_LOGPROBS_CHUNK = 512  # prompt positions whose [chunk, V] logits exist at once
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, prompt: list[int], num_top: int) -> list:
+        out: list = [None]
+        step = self.PROMPT_LOGPROBS_CHUNK
+        for start in range(0, len(prompt) - 1, step):
+            end = min(start + step, len(prompt) - 1)
+            logits = self.target.compute_logits(hidden[:, start:end])[0]
+            out += lp.prompt_logprobs(logits, prompt[start:end + 1], num_top, self._decode_token)[1:]
+        return out
 
     def _decode(self, seqs: list[Sequence]) -> list[Sequence]:
         k = self.k if self.depth_schedule is None or not self.k else self.depth_schedule.choose(len(seqs))
@@ -253,10 +345,11 @@ class EngineCore:
 
     def _may_run_ahead(self, seqs: list[Sequence]) -> bool:
         """Whether the next step of ``seqs`` may be launched before this one is read back:
-        greedy requests (a sampled one's generator must not draw for a discarded step),
+        plain greedy requests (a sampled one's generator must not draw for a discarded step;
+        a processed one's history must hold the step before),
         a proposer without host-side inputs or syncs, and room in the caches for a step
         beyond one that may already have filled a request to max_model_len."""
-        return (self.async_scheduling and all(s.params.greedy for s in seqs)
+        return (self.async_scheduling and all(s.params.plain_greedy for s in seqs)
                 and (self.proposer is None or getattr(self.proposer, "device_only_steps", False))
                 and max(s.num_tokens for s in seqs) + 2 * (self.k + 1) < self.max_model_len)
 
@@ -273,15 +366,20 @@ class EngineCore:
 
     def launched_step(self, seqs: list[Sequence], k: int, tokens: torch.Tensor, accepted: torch.Tensor,
                       drafted: torch.Tensor, slots: torch.Tensor, base: torch.Tensor,
-                      num_positions: Optional[int] = None) -> LaunchedStep:
+                      num_positions: Optional[int] = None, logprobs: Optional[torch.Tensor] = None,
+                      num_top: int = 0) -> LaunchedStep:
         """The LaunchedStep of a step whose emitted tokens [B, k+1] (-1 padded), accepted
-        drafts [B] and drafted tokens [B] are queued on the device."""
+        drafts [B] and drafted tokens [B] are queued on the device (and the logprobs block
+        of logprobs.pack, when a request of the step asked for logprobs)."""
         out = torch.cat([tokens, accepted[:, None], drafted[:, None]], dim=1)
         step = LaunchedStep(seqs, k, out, slots, base + accepted + 1, tokens.gather(1, accepted.view(-1, 1)),
-                            num_positions=num_positions)
+                            num_positions=num_positions, logprobs=logprobs, num_top=num_top)
         if out.is_cuda:
             step.host_out = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
             step.host_out.copy_(out, non_blocking=True)
+            if logprobs is not None:  # behind the same event: still one wait a step
+                step.host_logprobs = torch.empty(logprobs.shape, dtype=logprobs.dtype, pin_memory=True)
+                step.host_logprobs.copy_(logprobs, non_blocking=True)
             step.copied = torch.cuda.Event()
             step.copied.record()
         return step
@@ -293,7 +391,8 @@ class EngineCore:
         dev = self.device
         # First, before anything changes state: a request whose sampling values cannot be
         # put on the device fails here, and the step can run again without it.
-        sampling = SamplingBatch.from_sequences(seqs, dev)
+        sampling = self._sampling_batch(seqs)
+        wants_logprobs = [s.params.logprobs for s in seqs if s.params.logprobs is not None]
         # Copying every sequence's token list is O(length) per step: only for proposers
         # that read it (n-gram lookup, the draft model's last two tokens).
         reads = self.proposer is not None and (self.proposer.needs_token_history if k else
@@ -314,19 +413,24 @@ class EngineCore:
             input_ids = last
         positions = base.unsqueeze(1) + torch.arange(k + 1, device=dev)
         graph = self.greedy_target_graph
-        if batch.all_greedy and num_draft is None and graph is not None and graph.eligible(input_ids):
+        block = None
+        if sampling.plain_greedy and not wants_logprobs and num_draft is None and graph is not None \
+                and graph.eligible(input_ids):
             # A plain step verifies [B, 0] drafts.
             tokens, accepted, hidden, aux = graph(input_ids, positions, slots, drafts if k else input_ids[:, :0])
         else:
             hidden, aux = self.runner.run(input_ids, positions, slots, kv_len, self.aux_layer_ids)
             logits = self.target.compute_logits(hidden)
             tokens, accepted = verify_drafts(logits, drafts, num_draft, sampling)
+            if wants_logprobs:
+                block = lp.pack(logits, tokens, max(wants_logprobs))
         if k:
             self.proposer.on_verify(batch, TargetOutput(input_ids, tokens, positions, hidden, aux), accepted)
         elif self.proposer is not None:  # a plain step (schedule K = 0, or no n-gram match)
             self.proposer.on_plain_step(batch, TargetOutput(input_ids, tokens, positions, hidden, aux))
         drafted = torch.full_like(accepted, k) if num_draft is None else num_draft.to(accepted.dtype)
-        return self.launched_step(seqs, k, tokens, accepted, drafted, slots, base)
+        return self.launched_step(seqs, k, tokens, accepted, drafted, slots, base, logprobs=block,
+                                  num_top=max(wants_logprobs, default=0))
 
     def greedy_target_pass(self, input_ids, positions, slots, drafts):
         """The target over [B, K+1] tokens (whole cache rows) and greedy verification of
@@ -344,25 +448,36 @@ class EngineCore:
         if step.copied is not None:
             step.copied.synchronize()
             host = step.host_out.tolist()
+            host_lp = step.host_logprobs.tolist() if step.host_logprobs is not None else None
         else:
             host = step.out.cpu().tolist()
-        live = [(seq, row) for seq, row in zip(step.seqs, host) if seq.status is Status.RUNNING]
+            host_lp = step.logprobs.cpu().tolist() if step.logprobs is not None else None
+        if host_lp is None:
+            host_lp = [None] * len(host)
+        live = [(seq, row, rows_lp) for seq, row, rows_lp in zip(step.seqs, host, host_lp)
+                if seq.status is Status.RUNNING]
         if self.k:
-            self.metrics.observe([row[k + 2] for _, row in live], [row[k + 1] for _, row in live],
+            self.metrics.observe([row[k + 2] for _, row, _ in live], [row[k + 1] for _, row, _ in live],
                                  num_positions=step.num_positions)
         failed = []
-        for seq, row in live:
+        for seq, row, rows_lp in live:
             try:
-                self._append(seq, row[: row[k + 1] + 1])
+                self._append(seq, row[: row[k + 1] + 1], rows_lp)
             except Exception as exc:  # its stop checks or detokenization: it alone fails
                 self._fail_request(seq, exc)
                 failed.append(seq)
-        return failed + self._finish_if_done([seq for seq, _ in live if seq.status is Status.RUNNING])
+        return failed + self._finish_if_done([seq for seq, _, _ in live if seq.status is Status.RUNNING])
 
     # -- bookkeeping -----------------------------------------------------------
-    def _append(self, seq: Sequence, new_tokens: list[int]) -> None:
-        for t in new_tokens:
+    def _append(self, seq: Sequence, new_tokens: list[int], logprob_rows: Optional[list] = None) -> None:
+        """``logprob_rows``: one logprobs.pack row per new token (a step's rows, for
+        requests that asked for logprobs)."""
+        for i, t in enumerate(new_tokens):
             seq.output_token_ids.append(t)
+            if seq.logprobs is not None:
+                entry = lp.unpack(logprob_rows[i], t, seq.params.logprobs, self._decode_token)
+                seq.logprobs.append(entry)
+                seq.cumulative_logprob += entry[t].logprob
             if self._stop_reason(seq, t):
                 break
             if self._at_length_limit(seq):
@@ -376,6 +491,8 @@ class EngineCore:
 
     def _stop_reason(self, seq: Sequence, token: int) -> bool:
         p = seq.params
+        if len(seq.output_token_ids) < p.min_tokens:  # masked from sampling; and never a stop before
+            return False
         if token in (p.stop_token_ids or ()):
             seq.finish_reason, seq.stop_reason = "stop", token
         elif not p.ignore_eos and token in self.eos_token_ids:
@@ -406,6 +523,8 @@ class EngineCore:
             token_ids=list(seq.output_token_ids),
             finish_reason=seq.finish_reason,
             stop_reason=seq.error if seq.error is not None else seq.stop_reason,
+            logprobs=None if seq.logprobs is None else list(seq.logprobs),
+            cumulative_logprob=seq.cumulative_logprob,
         )
         return RequestOutput(
             request_id=seq.request_id,
@@ -413,4 +532,5 @@ class EngineCore:
             prompt_token_ids=seq.prompt_token_ids,
             outputs=[completion],
             finished=seq.finished,
+            prompt_logprobs=seq.prompt_logprobs,
         )

@@ -145,14 +145,15 @@ def update_sequence_text(seq, tokenizer) -> None:
     the decode of its output (special tokens skipped unless ``params.skip_special_tokens``
     is false), cut at the first stop string (in ``params.stop`` order) found while the
     sequence had no finish reason yet: before it, or after it with
-    ``params.include_stop_str_in_output``."""
+    ``params.include_stop_str_in_output``. Stop strings count only once
+    ``params.min_tokens`` tokens are out (as vLLM)."""
     params = seq.params
     detok = seq.detokenizer
     if detok is None:
         detok = seq.detokenizer = IncrementalDetokenizer(
             tokenizer, skip_special_tokens=getattr(params, "skip_special_tokens", True))
     text = detok.update(seq.output_token_ids)
-    if seq.finish_reason is None:
+    if seq.finish_reason is None and len(seq.output_token_ids) >= getattr(params, "min_tokens", 0):
         hit = find_stop(text, params.stop, detok.stable_len)
         if hit is not None:
             stop, cut = hit

@@ -60,7 +60,6 @@ NO_EFFECT: dict[str, EngineArg] = {
     "scheduling_policy": EngineArg("requests are served first come, first served (order never changes "
                                    "a request's output)", str),
     "preemption_mode": EngineArg("requests are never preempted", str),
-    "max_logprobs": EngineArg("logprobs are not returned", int),
     "enable_expert_parallel": EngineArg("experts are not distributed (results are the same)", None),
     "use_tqdm_on_load": EngineArg("loading shows no progress bar", None),
     "tokenizer_pool_size": EngineArg("tokenization runs in this process", int),

@@ -85,12 +85,14 @@ class LLM:
         tokenizer: Optional[str] = None,
         enforce_eager: bool = False,
         async_scheduling: Optional[bool] = None,
+        max_logprobs: int = 20,
         **engine_args: Any,
     ):
         """``engine_args``: vLLM's other engine arguments (``gpu_memory_utilization``,
         ``enable_prefix_caching``, ``quantization``, ...): accepted where they have no effect
         here (one logged line names them), an error where they would change results
-        (engine/engine_args.py)."""
+        (engine/engine_args.py). ``max_logprobs``: the most logprobs / prompt_logprobs a
+        request may ask for (vLLM's default 20; -1: the vocabulary size)."""
         from . import engine_args as _engine_args
 
         _engine_args.check(engine_args, _OWN_ARGS)
@@ -99,6 +101,9 @@ class LLM:
         if async_scheduling and isinstance(tensor_parallel_size, int) and tensor_parallel_size > 1:  # before ranks start
             raise ValueError("async_scheduling=True is not supported with tensor_parallel_size > 1 (the ranks' "
                              "run-ahead is untested): leave async_scheduling off")
+        if isinstance(max_logprobs, bool) or not isinstance(max_logprobs, int) or max_logprobs < -1:
+            raise ValueError(f"max_logprobs must be an integer >= 0, or -1 for the vocabulary size; got "
+                             f"{max_logprobs!r}")
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.speculative_config = SpeculativeConfig.parse(speculative_config, config_reader=read_draft_config)
@@ -153,6 +158,7 @@ class LLM:
             graph_pool=self.graph_pool,
             depth_schedule=self._depth_schedule(proposer),
             async_scheduling=async_scheduling,
+            max_logprobs=loaded.config.vocab_size if max_logprobs == -1 else max_logprobs,
         )
         if self.parallel is not None:  # rank 0 of workers it started: mirror engine calls to them
             self.engine = self.parallel.attach(self.engine)
@@ -231,10 +237,15 @@ class LLM:
             prompts = [prompts]
         params = self._params_list(sampling_params, len(prompts))
         encoded = [self._encode(prompt) for prompt in prompts]  # bad prompts fail before any is queued
-        seqs = []
+        seqs = []  # every completion's sequence; groups[i]: prompt i's (n of them)
+        groups: list[list] = []
         try:
             for (text, ids), p in zip(encoded, params):
-                seqs.append(self.engine.add_request(ids, p, prompt=text))
+                # n > 1: n engine requests, child i with seed + i (SamplingParams.child)
+                group = [self.engine.add_request(ids, p if p.n == 1 else p.child(i), prompt=text)
+                         for i in range(p.n)]
+                groups.append(group)
+                seqs += group
             progress = None
             if use_tqdm:
                 from tqdm import tqdm
@@ -252,7 +263,17 @@ class LLM:
             for seq in seqs:
                 self.engine.abort(seq.request_id)
             raise
-        return [self.engine.to_output(s) for s in seqs]
+        return [self._request_output(group) for group in groups]
+
+    def _request_output(self, group: list) -> RequestOutput:
+        """One prompt's RequestOutput: its n completions, indexed 0..n-1, as vLLM returns them."""
+        outs = [self.engine.to_output(s) for s in group]
+        first = outs[0]
+        for i, out in enumerate(outs):
+            out.outputs[0].index = i
+        first.outputs = [o.outputs[0] for o in outs]
+        first.finished = all(o.finished for o in outs)
+        return first
 
     def chat(
         self,

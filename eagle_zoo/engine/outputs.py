@@ -14,6 +14,10 @@ class CompletionOutput:
     # a step; the message is in stop_reason); None while still running
     finish_reason: str | None = None
     stop_reason: int | str | None = None  # the stop token id / stop string / error; None for EOS or length
+    # SamplingParams.logprobs set: per output token {token id: Logprob} (engine/logprobs.py),
+    # the chosen token and the top-N; and the sum of the chosen tokens' logprobs.
+    logprobs: list | None = None
+    cumulative_logprob: float | None = None
 
     def finished(self) -> bool:
         return self.finish_reason is not None
@@ -44,3 +48,5 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
     metrics: RequestMetrics | None = None
+    # SamplingParams.prompt_logprobs set: None for the first prompt token, then {token id: Logprob}
+    prompt_logprobs: list | None = None

@@ -32,6 +32,10 @@ class Sequence:
     output_text: str = ""
     detokenizer: Optional[object] = None  # detokenizer.IncrementalDetokenizer, made on first use
     error: Optional[str] = None  # why the engine failed this request (finish_reason "error")
+    bad_words_ids: Optional[list[list[int]]] = None  # params.bad_words as token sequences
+    logprobs: Optional[list] = None  # params.logprobs set: one {token id: Logprob} per output token
+    cumulative_logprob: Optional[float] = None  # the sum of the output tokens' logprobs
+    prompt_logprobs: Optional[list] = None  # params.prompt_logprobs set: vLLM's prompt_logprobs
 
     @property
     def all_token_ids(self) -> list[int]:

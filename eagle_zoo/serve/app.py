@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .engine_loop import EngineLoop, Update
 from .limits import ServerLimits, parse_request, read_body
+from .logprobs import CompletionLogprobsBuilder, chat_logprobs, prompt_logprobs_json
 from .metrics import ServerMetrics
 from .prepare import Prepared, RequestPreparer
 from .protocol import (APIError, AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
@@ -50,7 +51,9 @@ def create_app(llm, *, served_model_names: Optional[list[str]] = None, api_key: 
     metrics = ServerMetrics(loop)
     prep = RequestPreparer(llm.tokenizer, max_model_len=engine.max_model_len,
                            vocab_size=engine.target.config.vocab_size, served_model_names=names,
-                           max_prompts_per_request=limits.max_prompts_per_request)
+                           max_prompts_per_request=limits.max_prompts_per_request,
+                           max_logprobs=getattr(engine, "max_logprobs", None),
+                           tree=getattr(engine, "strategy", None) == "tree")
     # Parsing, chat templates and tokenization run here, off the event loop, each
     # thread with its own tokenizer copy (RequestPreparer): a large request being
     # tokenized holds up neither the event loop nor a small request beside it.
@@ -100,25 +103,35 @@ def create_app(llm, *, served_model_names: Optional[list[str]] = None, api_key: 
     @app.post("/v1/completions", openapi_extra=_body_schema(CompletionRequest))
     async def completions(request: Request):
         body, model, prompts = await prepare(request, CompletionRequest, prep.completion)
-        run = _Run(loop, metrics, new_id("cmpl"), prompts, request)
+        run = _Run(loop, metrics, new_id("cmpl"), prompts, request, n=body.n)
         if body.stream:
             return _sse(_stream_completion(run, model, body))
         results = await run.collect()
+        num_top = body.num_logprobs
+
+        def logprobs(u):
+            return None if num_top is None else CompletionLogprobsBuilder(num_top)(*run.logprobs_of(u.index))
+
         return CompletionResponse(
             id=run.id, created=run.created, model=model, usage=run.usage,
-            choices=[CompletionChoice(index=u.index, text=u.text, finish_reason=u.finish_reason) for u in results])
+            choices=[CompletionChoice(index=u.index, text=u.text, finish_reason=u.finish_reason,
+                                      logprobs=logprobs(u), prompt_logprobs=prompt_logprobs_json(u.prompt_logprobs))
+                     for u in results])
 
     @app.post("/v1/chat/completions", openapi_extra=_body_schema(ChatCompletionRequest))
     async def chat_completions(request: Request):
         body, model, prompts = await prepare(request, ChatCompletionRequest, prep.chat)
-        run = _Run(loop, metrics, new_id("chatcmpl"), prompts, request)
+        run = _Run(loop, metrics, new_id("chatcmpl"), prompts, request, n=body.n)
         if body.stream:
             return _sse(_stream_chat(run, model, body))
         results = await run.collect()
+        num_top = body.num_logprobs
         return ChatCompletionResponse(
             id=run.id, created=run.created, model=model, usage=run.usage,
-            choices=[ChatChoice(index=u.index, message=AssistantMessage(content=u.text),
-                                finish_reason=u.finish_reason) for u in results])
+            prompt_logprobs=prompt_logprobs_json(results[0].prompt_logprobs) if results else None,
+            choices=[ChatChoice(index=u.index, message=AssistantMessage(content=u.text), finish_reason=u.finish_reason,
+                                logprobs=None if num_top is None else chat_logprobs(*run.logprobs_of(u.index), num_top))
+                     for u in results])
 
     from . import tokenize
 
@@ -139,12 +152,15 @@ class _Run:
     the latency / token metrics."""
 
     def __init__(self, loop: EngineLoop, metrics: ServerMetrics, request_id: str, prompts: Prepared,
-                 request: Request):
+                 request: Request, n: int = 1):
         if not loop.is_alive():
             raise APIError("the engine is not running: see the server log", status=503, type="internal_error")
         self.loop, self.metrics, self.id, self.prompts, self.request = loop, metrics, request_id, prompts, request
         self.created = now()
         self.usage = Usage()
+        self.n = n  # completions per prompt: prompt tokens count once per prompt in usage
+        # Per choice: (token ids, {token id: Logprob} entries) of requests asking for logprobs.
+        self._logprobs: dict[int, tuple[list, list]] = {}
         self.stops = [p.stop for _, p in prompts]
         self._t0 = time.perf_counter()
         self._first_token_seen = False
@@ -164,15 +180,23 @@ class _Run:
                     if u.num_tokens and not self._first_token_seen:
                         self._first_token_seen = True
                         self.metrics.first_token(time.perf_counter() - self._t0)
+                    if u.logprobs is not None:
+                        ids, entries = self._logprobs.setdefault(u.index, ([], []))
+                        ids += u.new_token_ids
+                        entries += u.logprobs
                     if u.finish_reason:
                         finished += 1
                         n_prompt = len(self.prompts[u.index][0])
-                        self.usage.add(n_prompt, u.num_tokens)
+                        self.usage.add(n_prompt if u.index % self.n == 0 else 0, u.num_tokens)
                         self.metrics.finished(u.finish_reason, n_prompt, u.num_tokens, time.perf_counter() - self._t0)
                     yield u
         finally:
             if finished < len(self.prompts) and not failed:
                 self.metrics.failed("aborted")
+
+    def logprobs_of(self, index: int) -> tuple[list, list]:
+        """Choice ``index``'s (token ids, logprob entries) so far."""
+        return self._logprobs.get(index, ([], []))
 
     async def collect(self) -> list[Update]:
         final: dict[int, Update] = {}
@@ -217,9 +241,11 @@ def _data(obj) -> str:
 
 
 async def _stream(run: _Run, chunk, first=None, usage_chunk=None) -> AsyncIterator[str]:
-    """SSE events for a run: ``chunk(index, delta_text, finish_reason)`` builds one
-    event; errors after the 200 went out travel as an error event."""
+    """SSE events for a run: ``chunk(index, delta_text, finish_reason, token_ids, entries)``
+    builds one event (token_ids / entries: the logprobs of the tokens since the previous
+    event, for requests that asked); errors after the 200 went out travel as an error event."""
     deltas = [_TextDeltas(stops) for stops in run.stops]
+    pending: dict[int, tuple[list, list]] = {}
     try:
         if first is not None:
             for i in range(len(run.prompts)):
@@ -227,8 +253,13 @@ async def _stream(run: _Run, chunk, first=None, usage_chunk=None) -> AsyncIterat
         async with aclosing(run.updates()) as it:
             async for u in it:
                 text = deltas[u.index](u.text, u.finished)
+                ids, entries = pending.setdefault(u.index, ([], []))
+                if u.logprobs is not None:
+                    ids += u.new_token_ids
+                    entries += u.logprobs
                 if text or u.finish_reason:
-                    yield _data(chunk(u.index, text, u.finish_reason))
+                    pending.pop(u.index)
+                    yield _data(chunk(u.index, text, u.finish_reason, ids, entries))
         if usage_chunk is not None:
             yield _data(usage_chunk())
     except Exception as exc:  # the 200 has gone out: report in the stream
@@ -240,9 +271,16 @@ async def _stream(run: _Run, chunk, first=None, usage_chunk=None) -> AsyncIterat
 
 
 def _stream_completion(run: _Run, model: str, body: CompletionRequest) -> AsyncIterator[str]:
-    def chunk(i, text, reason):
+    num_top = body.num_logprobs
+    builders: dict[int, CompletionLogprobsBuilder] = {}
+
+    def chunk(i, text, reason, ids, entries):
+        logprobs = None
+        if num_top is not None:
+            logprobs = builders.setdefault(i, CompletionLogprobsBuilder(num_top))(ids, entries)
         return CompletionResponse(id=run.id, created=run.created, model=model,
-                                  choices=[CompletionChoice(index=i, text=text, finish_reason=reason)])
+                                  choices=[CompletionChoice(index=i, text=text, finish_reason=reason,
+                                                            logprobs=logprobs)])
 
     def usage():
         return CompletionResponse(id=run.id, created=run.created, model=model, choices=[], usage=run.usage)
@@ -257,8 +295,12 @@ def _stream_chat(run: _Run, model: str, body: ChatCompletionRequest) -> AsyncIte
     def first(i):
         return make([ChatChunkChoice(index=i, delta={"role": "assistant", "content": ""})])
 
-    def chunk(i, text, reason):
-        return make([ChatChunkChoice(index=i, delta={"content": text} if text else {}, finish_reason=reason)])
+    num_top = body.num_logprobs
+
+    def chunk(i, text, reason, ids, entries):
+        logprobs = None if num_top is None else chat_logprobs(ids, entries, num_top)
+        return make([ChatChunkChoice(index=i, delta={"content": text} if text else {}, finish_reason=reason,
+                                     logprobs=logprobs)])
 
     def usage():
         return make([], run.usage)

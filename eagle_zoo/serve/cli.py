@@ -45,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", default=None, help="tokenizer directory or id (default: the model's)")
     p.add_argument("--revision", default=None, help="the model's hub revision")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs, as LLM(enforce_eager=True)")
+    p.add_argument("--max-logprobs", type=int, default=20, metavar="N",
+                   help="the most logprobs / top_logprobs / prompt_logprobs a request may ask for, as LLM("
+                        "max_logprobs=...) (default 20, as vLLM; -1: the vocabulary size)")
     p.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
                    help="a Jinja chat template, or a file holding one, used instead of the tokenizer's")
     p.add_argument("--disable-log-stats", action="store_true",
@@ -90,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         llm = LLM(args.model, spec, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
                   max_num_seqs=args.max_num_seqs, seed=args.seed, tensor_parallel_size=args.tensor_parallel_size,
                   async_scheduling=args.async_scheduling, tokenizer=args.tokenizer, revision=args.revision,
-                  enforce_eager=args.enforce_eager, **from_cli(args))
+                  enforce_eager=args.enforce_eager, max_logprobs=args.max_logprobs, **from_cli(args))
     except (ValueError, NotImplementedError, FileNotFoundError) as exc:
         return _fail(str(exc))
     if args.chat_template is not None:

@@ -51,6 +51,11 @@ class Update:
     num_tokens: int  # output tokens so far
     finish_reason: Optional[str] = None
     error: Optional[str] = None
+    # Requests that asked for logprobs: the tokens new since the previous update and their
+    # {token id: Logprob} entries; prompt_logprobs on the last update.
+    new_token_ids: tuple = ()
+    logprobs: Optional[list] = None
+    prompt_logprobs: Optional[list] = None
 
     @property
     def finished(self) -> bool:
@@ -220,7 +225,7 @@ class EngineLoop:
             seq = live.seq
             n = len(seq.output_token_ids)
             if n != live.sent_tokens or seq.finished:
-                live.sent_tokens = n
+                before, live.sent_tokens = live.sent_tokens, n
                 error = getattr(seq, "error", None)
                 if error is not None:
                     log.warning("request %s failed in the engine: %s", rid, error)
@@ -228,7 +233,12 @@ class EngineLoop:
                     del self._live[rid]
                     continue
                 reason = seq.finish_reason if seq.finished else None
-                self._send(live, Update(live.index, seq.output_text, n, reason))
+                entries = getattr(seq, "logprobs", None)
+                self._send(live, Update(
+                    live.index, seq.output_text, n, reason,
+                    new_token_ids=tuple(seq.output_token_ids[before:n]) if entries is not None else (),
+                    logprobs=entries[before:n] if entries is not None else None,
+                    prompt_logprobs=getattr(seq, "prompt_logprobs", None) if seq.finished else None))
                 if seq.finished:
                     del self._live[rid]
         self._take_snapshot()

@@ -16,12 +16,18 @@ from ..engine.sampling_params import SamplingParams
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, _SamplingRequest
 
 Prepared = list[tuple[list[int], SamplingParams]]
+
+
+def _choices(ids: list[int], params: SamplingParams) -> Prepared:
+    """A prompt's n completions as n engine requests (SamplingParams.child: seed + i)."""
+    return [(ids, params if params.n == 1 else params.child(i)) for i in range(params.n)]
 _COPY_LOCK = threading.Lock()  # copying reads the original: one copy at a time
 
 
 class RequestPreparer:
     def __init__(self, tokenizer, *, max_model_len: int, vocab_size: int, served_model_names: list[str],
-                 max_prompts_per_request: Optional[int] = None):
+                 max_prompts_per_request: Optional[int] = None, max_logprobs: Optional[int] = None,
+                 tree: bool = False):
         # The engine thread detokenizes with the engine's tokenizer; each preparation
         # thread gets its own copy, so no two threads share one Rust tokenizer object
         # (and a long prompt being encoded does not hold up a short one).
@@ -31,6 +37,8 @@ class RequestPreparer:
         self.vocab_size = vocab_size
         self.served_model_names = list(served_model_names)
         self.max_prompts_per_request = max_prompts_per_request
+        self.max_logprobs = max_logprobs
+        self.tree = tree  # an EAGLE-2 tree engine: what it does not implement is a 400 here
 
     def model_name(self, requested: Optional[str]) -> str:
         if requested is None:
@@ -53,12 +61,13 @@ class RequestPreparer:
             raise APIError(f"prompt holds {len(prompts)} prompts; this server takes at most {cap} per request "
                            "(eagle-zoo serve --max-prompts-per-request): split them over several requests",
                            param="prompt")
+        self._check_choices(len(prompts), req.n)
         explicit = "max_tokens" in req.model_fields_set
         out = []
         for prompt in prompts:
             ids = self._encode(prompt, add_special_tokens=True) if isinstance(prompt, str) else list(prompt)
             self._check_prompt(ids, "prompt")
-            out.append((ids, self._params(req, len(ids), req.max_tokens, explicit, "max_tokens")))
+            out += _choices(ids, self._params(req, len(ids), req.max_tokens, explicit, "max_tokens"))
         return out
 
     def chat(self, req: ChatCompletionRequest) -> Prepared:
@@ -76,9 +85,17 @@ class RequestPreparer:
         self._check_prompt(ids, "messages")
         max_tokens = req.requested_max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
-        return [(ids, self._params(req, len(ids), max_tokens, max_tokens is not None, param))]
+        self._check_choices(1, req.n)
+        return _choices(ids, self._params(req, len(ids), max_tokens, max_tokens is not None, param))
 
     # -- helpers -----------------------------------------------------------------
+    def _check_choices(self, num_prompts: int, n: int) -> None:
+        cap = self.max_prompts_per_request
+        if cap is not None and num_prompts * n > cap:
+            raise APIError(f"n={n} completions of {num_prompts} prompt(s) make {num_prompts * n} engine requests; "
+                           f"this server takes at most {cap} per request (eagle-zoo serve "
+                           "--max-prompts-per-request): ask for fewer", param="n")
+
     @property
     def tokenizer(self):
         """This thread's copy of the tokenizer (None for a model without one)."""
@@ -133,7 +150,38 @@ class RequestPreparer:
         )
         if req.top_k is not None:
             kwargs["top_k"] = req.top_k
+        optional = dict(min_p=req.min_p, presence_penalty=req.presence_penalty,
+                        frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
+                        logit_bias=req.bias_dict, bad_words=req.bad_words or None,
+                        logprobs=req.num_logprobs, prompt_logprobs=req.prompt_logprobs)
+        kwargs.update({k: v for k, v in optional.items() if v is not None})
+        kwargs["min_tokens"] = req.min_tokens
+        kwargs["n"] = req.n
+        if req.bad_words and self._original is None:
+            raise APIError("bad_words needs a tokenizer to turn the words into tokens, and this model has none",
+                           param="bad_words")
+        bad_bias = sorted(t for t in (req.bias_dict or {}) if t >= self.vocab_size)
+        if bad_bias:
+            raise APIError(f"logit_bias token ids {bad_bias[:5]} are outside the vocabulary [0, {self.vocab_size})",
+                           param="logit_bias")
+        if req.min_tokens > max_tokens:
+            raise APIError(f"min_tokens={req.min_tokens} exceeds the {max_tokens} tokens this request may generate",
+                           param="min_tokens")
+        asked = {"logprobs" if isinstance(req, CompletionRequest) else "top_logprobs": req.num_logprobs,
+                 "prompt_logprobs": req.prompt_logprobs}
+        for name, value in asked.items():
+            if value is not None and self.max_logprobs is not None and value > self.max_logprobs:
+                raise APIError(f"{name}={value} exceeds this server's max_logprobs={self.max_logprobs} "
+                               "(eagle-zoo serve --max-logprobs)", param=name)
         try:
-            return SamplingParams(**kwargs)
+            params = SamplingParams(**kwargs)
         except (ValueError, TypeError) as exc:  # the engine's own checks, in its words
             raise APIError(str(exc)) from exc
+        if self.tree:
+            from ..engine.core import tree_unsupported
+
+            asked = tree_unsupported(params)
+            if asked:
+                raise APIError(f"{', '.join(asked)}: not supported by this server's EAGLE-2 tree speculation "
+                               "(speculative_config 'tree'): leave them out", param=asked[0])
+        return params

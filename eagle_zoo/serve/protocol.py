@@ -1,8 +1,12 @@
 """Request and response bodies of the OpenAI-compatible API (pydantic).
 
-Only what the engine can honour is accepted. Options it cannot honour (n > 1,
-logprobs, penalties, ...) are rejected with a 400 naming the option, never
-silently ignored; unknown extra keys are ignored, as OpenAI clients send some.
+Only what the engine can honour is accepted: OpenAI's sampling fields and vLLM's
+extensions (top_k, min_p, repetition_penalty, min_tokens, prompt_logprobs, bad_words,
+stop_token_ids, ignore_eos) become SamplingParams fields; n > 1 becomes n engine
+requests (choice index = prompt index * n + completion index). Options it cannot
+honour (echo, suffix, tools, best_of other than n) are rejected with a 400 naming the
+option, never silently ignored; unknown extra keys are ignored, as OpenAI clients send
+some.
 
 Types are strict (JSON's own types: ``"5"`` is not a number, ``"yes"`` not a
 boolean, ``5.0`` not an integer) and numbers must be finite; every numeric field has
@@ -17,7 +21,8 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..engine.sampling_params import SEED_MAX, SEED_MIN, TOKEN_ID_MAX, TOP_K_MAX, TOP_P_MIN
+from ..engine.sampling_params import (LOGIT_BIAS_MAX, PENALTY_MAX, REPETITION_PENALTY_MAX, SEED_MAX, SEED_MIN,
+                                      TOKEN_ID_MAX, TOP_K_MAX, TOP_P_MIN)
 
 # JSON as the server reads it: no coercion between types, no NaN / Infinity.
 STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
@@ -25,6 +30,10 @@ TokenId = Annotated[int, Field(ge=0, le=TOKEN_ID_MAX)]
 # Stop strings and ids are checked on every step for every token of the request: the
 # engine thread's work for them is bounded here, so one request cannot slow the others.
 MAX_STOP_STRINGS, MAX_STOP_STRING_CHARS, MAX_STOP_TOKEN_IDS = 16, 1000, 1024
+# The same for the other per-step work a request brings: its bias entries and bad words.
+MAX_LOGIT_BIAS, MAX_BAD_WORDS, MAX_BAD_WORD_CHARS = 1024, 128, 1000
+# Logprobs: JSON has no -inf; a token the model rules out is sent with this (as vLLM).
+LOGPROB_FLOOR = -9999.0
 
 
 class APIError(Exception):
@@ -91,11 +100,16 @@ class _SamplingRequest(BaseModel):
     seed: Optional[int] = Field(None, ge=SEED_MIN, le=SEED_MAX)
     stop_token_ids: Optional[Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)]] = None  # vLLM
     ignore_eos: bool = False  # extension (vLLM)
-    # Accepted only at their neutral value: the engine has no penalties or logprobs.
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: Optional[dict[str, float]] = None
-    logprobs: Optional[Union[bool, int]] = None
+    min_p: Optional[float] = Field(None, ge=0, le=1)  # extension (vLLM)
+    presence_penalty: Optional[float] = Field(None, ge=-PENALTY_MAX, le=PENALTY_MAX)
+    frequency_penalty: Optional[float] = Field(None, ge=-PENALTY_MAX, le=PENALTY_MAX)
+    repetition_penalty: Optional[float] = Field(None, gt=0, le=REPETITION_PENALTY_MAX)  # extension (vLLM)
+    min_tokens: int = Field(0, ge=0)  # extension (vLLM)
+    logit_bias: Optional[Annotated[dict[str, Annotated[float, Field(ge=-LOGIT_BIAS_MAX, le=LOGIT_BIAS_MAX)]],
+                                   Field(max_length=MAX_LOGIT_BIAS)]] = None
+    bad_words: Optional[Annotated[list[Annotated[str, Field(max_length=MAX_BAD_WORD_CHARS)]],
+                                  Field(max_length=MAX_BAD_WORDS)]] = None  # extension (vLLM)
+    prompt_logprobs: Optional[int] = Field(None, ge=0, le=TOP_K_MAX)  # extension (vLLM)
     best_of: Optional[int] = None
 
     @field_validator("stop")
@@ -111,25 +125,35 @@ class _SamplingRequest(BaseModel):
 
     @field_validator("n")
     @classmethod
-    def _one_choice(cls, n: int) -> int:
-        if n != 1:
-            raise ValueError("only n=1 is supported: send n separate requests (with different seeds)")
+    def _positive_n(cls, n: int) -> int:
+        if n < 1:
+            raise ValueError(f"n must be at least 1, got {n}")
         return n
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_id_keys(cls, bias):
+        for key in bias or {}:
+            if not key.isdigit() or int(key) > TOKEN_ID_MAX:
+                raise ValueError(f"logit_bias keys must be token ids (strings of digits), got {key!r}")
+        return bias
+
     def check_supported(self) -> None:
-        unsupported = {
-            "presence_penalty": self.presence_penalty != 0,
-            "frequency_penalty": self.frequency_penalty != 0,
-            "logit_bias": bool(self.logit_bias),
-            # Completions' logprobs=0 still asks for the sampled token's logprob; only
-            # leaving it out (or chat's logprobs=false) is off.
-            "logprobs": self.logprobs is not None and self.logprobs is not False,
-            "best_of": self.best_of not in (None, 1),
-        }
-        for name, bad in unsupported.items():
-            if bad:
-                raise APIError(f"{name}={getattr(self, name)!r} is not supported by this server: leave it out",
-                               param=name)
+        if self.best_of not in (None, self.n):
+            raise APIError(f"best_of={self.best_of!r} is not supported by this server (it returns every completion "
+                           "it generates): leave it out, or set it to n", param="best_of")
+        if self.prompt_logprobs is not None and self.stream:
+            raise APIError("prompt_logprobs is not supported with stream=true: ask without streaming",
+                           param="prompt_logprobs")
+
+    @property
+    def num_logprobs(self) -> Optional[int]:
+        """SamplingParams.logprobs: the top alternatives per output token, None for none."""
+        return None
+
+    @property
+    def bias_dict(self) -> Optional[dict[int, float]]:
+        return {int(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None
 
     @property
     def stop_list(self) -> list[str]:
@@ -148,6 +172,12 @@ class CompletionRequest(_SamplingRequest):
     max_tokens: Optional[int] = Field(16, ge=1)  # OpenAI's default for completions
     echo: bool = False
     suffix: Optional[str] = None
+    # Per output token the chosen token's logprob and the top N; 0 gives the chosen one's only.
+    logprobs: Optional[int] = Field(None, ge=0, le=TOP_K_MAX)
+
+    @property
+    def num_logprobs(self) -> Optional[int]:
+        return self.logprobs
 
     def check_supported(self) -> None:
         super().check_supported()
@@ -182,11 +212,19 @@ class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Optional[int] = Field(None, ge=1)
     tools: Optional[list[Any]] = None
+    logprobs: bool = False
+    top_logprobs: Optional[int] = Field(None, ge=0, le=TOP_K_MAX)
 
     def check_supported(self) -> None:
         super().check_supported()
         if self.tools:
             raise APIError("tools are not supported by this server: leave them out", param="tools")
+        if self.top_logprobs and not self.logprobs:
+            raise APIError("top_logprobs needs logprobs=true", param="top_logprobs")
+
+    @property
+    def num_logprobs(self) -> Optional[int]:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def requested_max_tokens(self) -> Optional[int]:
@@ -213,11 +251,22 @@ class Usage(BaseModel):
         self.total_tokens = self.prompt_tokens + self.completion_tokens
 
 
+class CompletionLogprobs(BaseModel):
+    """OpenAI's completions logprobs: per token its text, logprob, the top alternatives
+    (text -> logprob, the chosen token among them) and its character offset."""
+
+    tokens: list[str] = []
+    token_logprobs: list[float] = []
+    top_logprobs: list[dict[str, float]] = []
+    text_offset: list[int] = []
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: Optional[CompletionLogprobs] = None
     finish_reason: Optional[str] = None
+    prompt_logprobs: Optional[list[Optional[dict[str, dict[str, Any]]]]] = None  # vLLM's extension
 
 
 class CompletionResponse(BaseModel):
@@ -234,10 +283,24 @@ class AssistantMessage(BaseModel):
     content: str
 
 
+class ChatTopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: Optional[list[int]] = None
+
+
+class ChatTokenLogprob(ChatTopLogprob):
+    top_logprobs: list[ChatTopLogprob] = []
+
+
+class ChatLogprobs(BaseModel):
+    content: Optional[list[ChatTokenLogprob]] = None
+
+
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: Optional[ChatLogprobs] = None
     finish_reason: Optional[str] = None
 
 
@@ -248,12 +311,13 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: Optional[list[Optional[dict[str, dict[str, Any]]]]] = None  # vLLM's extension
 
 
 class ChatChunkChoice(BaseModel):
     index: int
     delta: dict[str, str]  # {"role": "assistant"} first, then {"content": "..."}
-    logprobs: None = None
+    logprobs: Optional[ChatLogprobs] = None
     finish_reason: Optional[str] = None
 
 
