@@ -115,6 +115,13 @@ def add_arguments(p):
     perf.add_argument("--spec-options", default=None,
                       help='JSON object merged into every EAGLE speculative_config, e.g. '
                            '\'{"disable_padded_drafter_batch": true}\'')
+    perf.add_argument("--step-costs", default=None,
+                      help="target shapes of the step-cost tables (random weights; eagle_zoo/perf_steps.py): "
+                           "comma-separated from smollm2, 8b; default smollm2 on CUDA, none on the CPU; '' for none")
+    perf.add_argument("--step-cost-steps", type=int, default=200, help="engine steps timed per step-cost row")
+    perf.add_argument("--acceptance-profile", default=None,
+                      help="per-position acceptance rates (e.g. 0.75,0.57,0.45) for the step-cost tables' projected "
+                           "chain speed-up (labelled a projection)")
     perf.add_argument("--tree", default=None,
                       help="add an EAGLE-2 dynamic tree row per head to the batch-1 table: TOP_K,DEPTH,TOTAL_TOKENS "
                            "(e.g. 8,5,60; speculative_config tree); several shapes separated by ';' "

@@ -6,6 +6,8 @@ Tables (all greedy, MT-bench first turns, chat template):
            with mean acceptance length and speed-up over plain;
   throughput at several batch sizes with and without speculation (and, with
            --depth-schedule, with K chosen per step from the batch size);
+  step costs (--step-costs SHAPES, eagle_zoo/perf_steps.py): where a batch-1 engine step's
+           time goes for plain, chain and tree steps on random-weight targets;
   greedy losslessness: speculative outputs equal to plain outputs, per prompt;
   a Llama-3-8B-shaped random-weight decode step against the weight-bytes floor.
 Timing: warm-up first (graph buckets, every prompt's prefill), torch.cuda.synchronize around timed regions, one run each.
@@ -188,6 +190,13 @@ def run_perf(args) -> int:
         traceback.print_exc()
         record(section, {**label, "error": f"{type(exc).__name__}: {exc}"})
 
+    # -- step costs (random weights, before any real model is loaded) -----------
+    if args.step_costs is None:
+        args.step_costs = "smollm2" if torch.cuda.is_available() and args.device in (None, "cuda") else ""
+    if args.step_costs:
+        from .perf_steps import run_step_costs
+
+        run_step_costs(args, record)
     # -- batch 1 ---------------------------------------------------------------
     plain = make()
     warm(plain)

@@ -1,0 +1,333 @@
+"""The step-cost table of `eagle-zoo bench --perf --step-costs SHAPES`: where one batch-1
+decode step's time goes, for each step strategy, on a target of a given shape.
+
+Timing needs no trained weights: the target has random weights in the shape asked for
+(SmolLM2-135M's or Llama-3.1-8B's) and the draft is a random one-layer EAGLE-3 head of
+the same shape. Each strategy (plain, an EAGLE-3 chain of k drafts, an EAGLE-2 tree) runs
+one request through EngineCore as a user's request runs (CUDA graphs and async
+scheduling where the engine picks them), and the table gives per engine step:
+
+  step      wall time (mean over the timed steps)
+  gpu busy  the union of the device's kernel and copy intervals (torch.profiler), and
+            the number of kernels: step - gpu busy is time the device waited for the host
+  host      wall time minus the time the host spent waiting for the device
+  syncs     host waits for the device (the engine's read-back) and implicit syncs
+            (torch.cuda.set_sync_debug_mode) per step
+  graphs    each captured graph of the step replayed alone (the target pass, the drafts,
+            the catch-up, the whole tree step): what the device needs without the host
+
+then each strategy's step against the plain one, plain decoding's tokens/s (one token a
+step), for the Llama-3.1-8B shape the plain step against the weight-read floor, and, when
+an acceptance profile is given, the speed-up those step costs imply for a chain: a
+projection from the profile, not a measurement.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .perf import COPY_BANDWIDTH, LLAMA3_8B_SHAPE, _tree_options
+
+SHAPES = {
+    "smollm2": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                    num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, rope_theta=100000.0,
+                    tie_word_embeddings=True, rms_norm_eps=1e-5),
+    "8b": {**LLAMA3_8B_SHAPE, "rms_norm_eps": 1e-5},
+}
+# Draft vocabularies of the heads in each shape: SmolLM2's shipped head and Llama-3's
+# published EAGLE-3 heads (32,000 of 128,256).
+DRAFT_VOCAB = {"smollm2": 12000, "8b": 32000}
+PROMPT_TOKENS = 300
+
+
+def random_target(shape: dict, dtype: torch.dtype, device: torch.device, seed: int = 0):
+    """A Llama-architecture target with random weights (norms 1)."""
+    from transformers import LlamaConfig
+
+    from .models.llama import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(**shape, architectures=["LlamaForCausalLM"])
+    with torch.device(device):
+        model = LlamaForCausalLM(config).to(dtype)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.fill_(1.0) if "norm" in name else p.normal_(0, 0.05)
+    return model.eval()
+
+
+def random_eagle3_head(target, draft_vocab_size: int, dtype: torch.dtype, seed: int = 0):
+    """A one-layer EAGLE-3 head of the target's shape, random weights, built as training builds one."""
+    from .plugins import get_registry
+    from .train.build import build_head, head_config
+
+    family = get_registry().family_for_config(target.config)
+    with tempfile.TemporaryDirectory() as tmp:
+        target.config.to_json_file(str(Path(tmp) / "config.json"))
+        config = head_config(Path(tmp), "eagle3", draft_vocab_size=min(draft_vocab_size, target.config.vocab_size))
+    head = build_head(family, config, "eagle3", target, seed)
+    return head.to(dtype).eval()
+
+
+def _engine(target, head, strategy: str, k: int, tree: Optional[dict], dtype, device, max_model_len: int):
+    from .engine.core import EngineCore
+    from .engine.graphs import GraphPool
+    from .engine.proposers import EagleProposer
+
+    pool = GraphPool() if device.type == "cuda" else None
+    n_layers = target.config.num_hidden_layers
+    proposer = None
+    if strategy == "chain":
+        proposer = EagleProposer(head, "eagle3", k, 1, max_model_len + k + 1, dtype, device,
+                                 target_num_layers=n_layers, graph_pool=pool)
+    elif strategy == "tree":
+        from .config.speculative import TreeConfig
+        from .engine.tree_proposer import TreeEagleProposer
+
+        proposer = TreeEagleProposer(head, "eagle3", TreeConfig(**tree), 1, max_model_len, dtype, device,
+                                     target_num_layers=n_layers, graph_pool=pool)
+    return EngineCore(target, None, max_model_len=max_model_len, max_num_seqs=1, dtype=dtype, device=device,
+                      proposer=proposer, graph_pool=pool, async_scheduling=device.type == "cuda")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+class _HostWaits:
+    """Times every torch.cuda.Event.synchronize (the engine's read-back wait) while active."""
+
+    def __init__(self):
+        self.seconds, self.count = 0.0, 0
+
+    def __enter__(self):
+        self._original = original = torch.cuda.Event.synchronize
+        waits = self
+
+        def timed(event):
+            t = time.perf_counter()
+            original(event)
+            waits.seconds += time.perf_counter() - t
+            waits.count += 1
+        torch.cuda.Event.synchronize = timed
+        return self
+
+    def __exit__(self, *exc):
+        torch.cuda.Event.synchronize = self._original
+
+
+def _busy_us(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end] intervals (microseconds)."""
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+def _device_profile(engine, steps: int) -> dict:
+    """GPU busy time and kernels per step over ``steps`` engine steps (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    intervals = [(e.time_range.start, e.time_range.end) for e in kernels]
+    by_name: dict[str, float] = {}
+    for e in kernels:
+        by_name[e.name[:80]] = by_name.get(e.name[:80], 0.0) + (e.time_range.end - e.time_range.start)
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:8]
+    return {"gpu_busy_us": _busy_us(intervals) / steps, "kernels": len(kernels) / steps,
+            "top_kernels_us": {name: round(us / steps, 1) for name, us in top}}
+
+
+def _graph_replays(engine) -> dict:
+    """Median microseconds of one replay of each graph the engine captured for batch 1."""
+    if engine.device.type != "cuda":
+        return {}
+    owners = {"target": engine.runner.graphed, "target+verify": engine.greedy_target_graph,
+              "tree step": engine.tree_step_graph}
+    proposer = engine.proposer
+    if proposer is not None:
+        owners["drafts"] = getattr(proposer, "_graphed_drafts", None)
+        owners["catch-up"] = getattr(proposer, "_graphed_catch_up", None)
+    out = {}
+    for name, owner in owners.items():
+        for key, entry in (owner.graphs.items() if owner is not None else ()):
+            graph = entry[0]
+            times = []
+            for _ in range(5):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda.synchronize()
+                start.record()
+                for _ in range(20):
+                    graph.replay()
+                end.record()
+                torch.cuda.synchronize()
+                times.append(start.elapsed_time(end) * 1e3 / 20)
+            out[f"{name} T={key[1]}"] = round(statistics.median(times), 1)
+    return out
+
+
+def measure_strategy(target, head, strategy: str, *, k: int = 3, tree: Optional[dict] = None,
+                     dtype: torch.dtype, device: torch.device, steps: int = 200, max_model_len: int = 2048,
+                     profile: bool = True) -> dict:
+    """One strategy's row: engine-step wall, host and device time, syncs and graphs (module doc)."""
+    from .engine.sampling_params import SamplingParams
+
+    engine = _engine(target, head, strategy, k, tree, dtype, device, max_model_len)
+    vocab = target.config.vocab_size
+    prompt = torch.randint(0, vocab, (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(1)).tolist()
+    per_step = (tree or {}).get("depth", k) + 1 if strategy != "plain" else 1
+    need = 30 + 3 * steps + (steps if profile else 0)
+    if PROMPT_TOKENS + need * per_step >= max_model_len:
+        raise ValueError(f"step costs: {steps} steps of {per_step} tokens do not fit max_model_len={max_model_len}")
+    seq = engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=need * per_step, ignore_eos=True))
+    for _ in range(30):  # prefill, graph captures, warm-up
+        engine.step()
+    _sync(device)
+    implicit = 0
+    with _HostWaits() as waits, warnings.catch_warnings(record=True) as caught:
+        if device.type == "cuda":
+            torch.cuda.set_sync_debug_mode("warn")
+        n0, start = len(seq.output_token_ids), time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        _sync(device)
+        seconds = time.perf_counter() - start
+        if device.type == "cuda":
+            torch.cuda.set_sync_debug_mode(0)
+        implicit = sum("synchroniz" in str(w.message) for w in caught)
+    row = {"strategy": strategy, "step_us": seconds / steps * 1e6,
+           "host_us": (seconds - waits.seconds) / steps * 1e6,
+           "syncs_per_step": (waits.count + implicit) / steps,
+           "tokens_per_step": (len(seq.output_token_ids) - n0) / steps}
+    if strategy == "chain":
+        row["k"] = k
+    if strategy == "tree":
+        row["tree"] = tree
+    if profile and device.type == "cuda":
+        row.update(_device_profile(engine, steps))
+    row["graphs_us"] = _graph_replays(engine)
+    engine.abort(seq.request_id)
+    while engine.has_unfinished():
+        engine.step()
+    del engine
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return row
+
+
+def step_cost_table(shape_name: str, *, shape: Optional[dict] = None, k: int = 3, tree: Optional[dict] = None,
+                    dtype: torch.dtype = torch.bfloat16, device: Optional[torch.device] = None, steps: int = 200,
+                    acceptance_profile: Optional[list[float]] = None, max_model_len: int = 2048) -> dict:
+    """The table for one target shape (SHAPES[shape_name], or ``shape`` given): rows for
+    plain, chain k and (with ``tree``) a tree; ratios to plain; the 8B floor; the projection."""
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    shape = shape or SHAPES[shape_name]
+    target = random_target(shape, dtype, device)
+    head = random_eagle3_head(target, DRAFT_VOCAB.get(shape_name, shape["vocab_size"]), dtype)
+    strategies = [("plain", {}), ("chain", {"k": k})] + ([("tree", {"tree": tree})] if tree else [])
+    rows = [measure_strategy(target, head, name, dtype=dtype, device=device, steps=steps,
+                             max_model_len=max_model_len, **kw) for name, kw in strategies]
+    plain_us = rows[0]["step_us"]
+    for row in rows:
+        row["vs_plain"] = row["step_us"] / plain_us
+    table = {"shape": shape_name, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
+             "rows": rows, "plain_tokens_per_s": 1e6 / plain_us}
+    if device.type == "cuda":
+        weight_bytes = sum(p.numel() * p.element_size() for n, p in target.named_parameters()
+                           if "embed_tokens" not in n)
+        floor_us = weight_bytes / COPY_BANDWIDTH * 1e6
+        table["weight_read_floor_us"] = floor_us
+        table["plain_vs_floor"] = plain_us / floor_us
+    if acceptance_profile:
+        table["projection"] = project_speedup(acceptance_profile, rows[1]["vs_plain"])
+    del target, head
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return table
+
+
+def project_speedup(acceptance_profile: list[float], chain_vs_plain: float) -> dict:
+    """A chain's speed-up over plain decoding implied by a per-position acceptance profile
+    (the share of drafts accepted at positions 1..k, as `bench` prints it) and the ratio of
+    a chain step to a plain one: (1 + sum of the profile) tokens a step for the cost of
+    ``chain_vs_plain`` plain steps. A projection, not a measurement."""
+    if not acceptance_profile or any(not 0 <= p <= 1 for p in acceptance_profile):
+        raise ValueError(f"acceptance profile {acceptance_profile!r}: give k rates in [0, 1], e.g. 0.75,0.57,0.45")
+    tokens = 1 + sum(acceptance_profile)
+    return {"acceptance_profile": list(acceptance_profile), "mean_acceptance_length": tokens,
+            "projected_speedup": tokens / chain_vs_plain, "label": "projection, not a measurement"}
+
+
+def parse_acceptance_profile(text: Optional[str]) -> Optional[list[float]]:
+    """--acceptance-profile "0.75,0.57,0.45" -> [0.75, 0.57, 0.45] (None when not given)."""
+    if not text:
+        return None
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"--acceptance-profile: expected comma-separated rates in [0, 1] such as "
+                         f"0.75,0.57,0.45, got {text!r}") from None
+    if any(not 0 <= v <= 1 for v in values):
+        raise SystemExit(f"--acceptance-profile: every rate must lie in [0, 1], got {text!r}")
+    return values
+
+
+def format_table(table: dict) -> str:
+    """The table as Markdown rows (BENCHMARKS.md's step-cost tables)."""
+    lines = [f"shape {table['shape']}, {table['device']}, {table['dtype']}, batch 1; plain "
+             f"{table['plain_tokens_per_s']:.1f} tokens/s" +
+             (f"; plain step {table['plain_vs_floor']:.2f}x the weight-read floor "
+              f"({table['weight_read_floor_us']:.1f} us)" if "plain_vs_floor" in table else ""),
+             "| strategy | step us | vs plain | gpu busy us | host us | kernels | syncs | graphs us |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in table["rows"]:
+        name = r["strategy"] + (f" k={r['k']}" if "k" in r else "") + \
+            (" " + ",".join(str(r["tree"][x]) for x in ("top_k", "depth", "total_tokens")) if "tree" in r else "")
+        graphs = ", ".join(f"{n} {us}" for n, us in r["graphs_us"].items()) or "-"
+        busy = f"{r['gpu_busy_us']:.1f}" if "gpu_busy_us" in r else "-"
+        kernels = f"{r['kernels']:.0f}" if "kernels" in r else "-"
+        lines.append(f"| {name} | {r['step_us']:.1f} | {r['vs_plain']:.2f}x | {busy} | {r['host_us']:.1f} | "
+                     f"{kernels} | {r['syncs_per_step']:.2f} | {graphs} |")
+    if "projection" in table:
+        p = table["projection"]
+        lines.append(f"projection (not a measurement): acceptance profile {p['acceptance_profile']} -> "
+                     f"{p['mean_acceptance_length']:.2f} tokens a step -> {p['projected_speedup']:.2f}x plain")
+    return "\n".join(lines)
+
+
+def run_step_costs(args, record) -> None:
+    """The step-cost tables of --step-costs, each recorded under "step_costs"."""
+    tree = None
+    if getattr(args, "tree", None):
+        tree = _tree_options(args.tree)[0][1]
+    profile = parse_acceptance_profile(getattr(args, "acceptance_profile", None))
+    dtype = {"auto": torch.bfloat16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+             "float16": torch.float16}.get(args.dtype)
+    if dtype is None:
+        raise SystemExit(f"--dtype {args.dtype!r}: the step-cost tables take auto, bfloat16, float16 or float32")
+    device = torch.device(args.device) if args.device else None
+    for name in [s for s in args.step_costs.split(",") if s]:
+        if name not in SHAPES:
+            raise SystemExit(f"--step-costs: unknown shape {name!r}; choose from {', '.join(SHAPES)}")
+        table = step_cost_table(name, k=args.tput_k, tree=tree, dtype=dtype, device=device,
+                                steps=args.step_cost_steps, acceptance_profile=profile)
+        print(format_table(table), flush=True)
+        record("step_costs", json.loads(json.dumps(table)))

@@ -1,0 +1,62 @@
+"""The step-cost tables of `bench --perf --step-costs` (eagle_zoo/perf_steps.py), on the CPU
+with a tiny random target: every strategy's row, its ratios, the projection's arithmetic
+and the refusals of bad options."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from eagle_zoo import bench
+from eagle_zoo.perf_steps import format_table, parse_acceptance_profile, project_speedup, run_step_costs, \
+    step_cost_table
+
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=512, max_position_embeddings=4096, rope_theta=10000.0, tie_word_embeddings=True,
+            rms_norm_eps=1e-5)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_table_has_a_row_per_strategy_with_ratios_to_plain():
+    table = step_cost_table("tiny", shape=TINY, k=3, tree={"top_k": 4, "depth": 3, "total_tokens": 12},
+                            dtype=torch.float32, device=torch.device("cpu"), steps=12,
+                            acceptance_profile=[0.7, 0.5, 0.4], max_model_len=1024)
+    plain, chain, tree = table["rows"]
+    assert [r["strategy"] for r in table["rows"]] == ["plain", "chain", "tree"]
+    assert plain["vs_plain"] == 1.0 and plain["tokens_per_step"] == 1.0
+    assert chain["k"] == 3 and 1.0 <= chain["tokens_per_step"] <= 4.0
+    assert 1.0 <= tree["tokens_per_step"] <= 4.0
+    for row in table["rows"]:
+        assert row["step_us"] > 0 and 0 < row["host_us"] <= row["step_us"] + 1e-6
+        assert row["vs_plain"] == pytest.approx(row["step_us"] / plain["step_us"])
+    assert table["plain_tokens_per_s"] == pytest.approx(1e6 / plain["step_us"])
+    projection = table["projection"]
+    assert projection["projected_speedup"] == pytest.approx(2.6 / chain["vs_plain"])
+    assert "projection" in format_table(table) and "| chain k=3 |" in format_table(table)
+
+
+def test_projection_is_tokens_a_step_over_the_step_ratio():
+    p = project_speedup([0.5, 0.25], 1.25)
+    assert p["mean_acceptance_length"] == 1.75 and p["projected_speedup"] == pytest.approx(1.4)
+    assert p["label"] == "projection, not a measurement"
+    with pytest.raises(ValueError, match="acceptance profile"):
+        project_speedup([1.5], 1.0)
+
+
+def test_bad_options_are_refused_by_name():
+    assert parse_acceptance_profile("0.75,0.5") == [0.75, 0.5]
+    assert parse_acceptance_profile(None) is None
+    with pytest.raises(SystemExit, match="--acceptance-profile"):
+        parse_acceptance_profile("0.7,high")
+    with pytest.raises(SystemExit, match="--acceptance-profile"):
+        parse_acceptance_profile("0.7,1.2")
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    args = p.parse_args(["--perf", "--step-costs", "70b", "--device", "cpu"])
+    with pytest.raises(SystemExit, match="--step-costs: unknown shape '70b'"):
+        run_step_costs(args, lambda *a: None)
+    args = p.parse_args(["--perf", "--step-costs", "smollm2", "--dtype", "int8", "--device", "cpu"])
+    with pytest.raises(SystemExit, match="--dtype 'int8'"):
+        run_step_costs(args, lambda *a: None)
