@@ -194,15 +194,16 @@ print(completion.choices[0].message)
 def test_openai_client_extra_body_is_honoured(eagle_server, capsys):
     import openai
 
-    llm = eagle_server.llm
-    tok = llm.tokenizer
+    tok = eagle_server.llm.tokenizer
     allowed = sorted({*tok.encode(" Positive negative neutral. The sentiment is", add_special_tokens=False)})
     scope = run_snippet(CLIENT, base_url=eagle_server.url + "/v1", allowed=allowed)
     text = scope["completion"].choices[0].message.content
     assert scope["completion"].usage.completion_tokens == 8  # ignore_eos
-    # The same request offline: the server honoured every field.
-    from eagle_zoo import SamplingParams
+    # The same request offline, without speculation (the server's engine belongs to its
+    # thread): the server honoured every field, and speculation changed nothing.
+    from eagle_zoo import LLM, SamplingParams
 
+    llm = LLM(model=TARGET, max_model_len=256, dtype="float32")
     prompt = llm.apply_chat_template(
         [{"role": "user", "content": "Classify this sentiment: vLLM is wonderful!"}])
     ref = llm.generate([{"prompt": prompt}], SamplingParams(
@@ -212,6 +213,7 @@ def test_openai_client_extra_body_is_honoured(eagle_server, capsys):
     free = llm.generate([{"prompt": prompt}], SamplingParams(temperature=0, max_tokens=8, top_k=20, ignore_eos=True))
     assert free[0].outputs[0].text != text, "allowed_token_ids changes nothing here: the test would prove nothing"
     assert "ChatCompletionMessage(content=" in capsys.readouterr().out
+    assert eagle_server.llm.engine.metrics.num_drafts > 0
 
     client = openai.OpenAI(base_url=eagle_server.url + "/v1", api_key="EMPTY", max_retries=0)
     for extra, name in (({"guided_choice": ["positive", "negative"]}, "guided_choice"),
