@@ -72,6 +72,7 @@ def options(plain_output: list[int]) -> dict[str, dict]:
         "min_tokens": dict(min_tokens=6, stop_token_ids=[plain_output[2]], ignore_eos=False),
         "logit_bias": dict(logit_bias={plain_output[1]: -5.0, 7: 2.0}),
         "bad_words": dict(bad_words=[str(plain_output[3]), f"{plain_output[5]} {plain_output[6]}"]),
+        "allowed_token_ids": dict(allowed_token_ids=sorted({*plain_output[:3], 5, 9, 11})),
         "all": dict(presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.4, min_tokens=3,
                     logit_bias={9: 1.0}, bad_words=[f"{plain_output[0]} {plain_output[1]}"]),
     }
@@ -96,7 +97,7 @@ def reference_greedy(hf, prompt: list[int], params: SamplingParams, tokenizer) -
 
 
 @pytest.mark.parametrize("option", ["presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens",
-                                    "logit_bias", "bad_words", "all"])
+                                    "logit_bias", "bad_words", "allowed_token_ids", "all"])
 def test_greedy_options_plain_equals_reference_and_speculative_equals_plain(models, option):
     target, hf, llm = models
     base = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)

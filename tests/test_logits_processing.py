@@ -25,7 +25,7 @@ EOS = 1
 
 def reference_logits(raw: list[float], prompt: list[int], generated: list[int], params: SamplingParams,
                      bad_words: list[list[int]], eos=(EOS,)) -> list[float]:
-    """One position, from the definitions: bad words, min_tokens, bias, then repetition /
+    """One position, from the definitions: bad words, min_tokens, bias, allowed_token_ids, then repetition /
     frequency / presence penalties (vLLM's order)."""
     out = list(raw)
     for word in bad_words:
@@ -38,6 +38,8 @@ def reference_logits(raw: list[float], prompt: list[int], generated: list[int], 
             out[t] = -math.inf
     for t, b in (params.logit_bias or {}).items():
         out[t] += b
+    if params.allowed_token_ids is not None:
+        out = [x if v in params.allowed_token_ids else -math.inf for v, x in enumerate(out)]
     for v in range(len(out)):
         count = generated.count(v)
         if params.repetition_penalty != 1 and (v in prompt or count):
@@ -66,6 +68,7 @@ OPTIONS = {
     "repetition_penalty_below_1": dict(repetition_penalty=0.6),
     "min_tokens": dict(min_tokens=3, stop_token_ids=[2]),
     "logit_bias": dict(logit_bias={0: 1.5, 3: -2.0}),
+    "allowed_token_ids": dict(allowed_token_ids=[0, 2, 3]),
     "bad_words": dict(),  # the words are given as token ids (BAD_WORDS)
     "all": dict(presence_penalty=-0.5, frequency_penalty=0.4, repetition_penalty=1.3, min_tokens=2,
                 logit_bias={2: 0.8}),

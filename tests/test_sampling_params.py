@@ -36,6 +36,8 @@ def test_normalisation():
     (dict(logit_bias={"5": 1.0}), ["logit_bias", "token id"]),
     (dict(logit_bias={5: 101}), ["logit_bias", "[-100, 100]"]),
     (dict(bad_words=[" "]), ["bad_words", "non-blank"]),
+    (dict(allowed_token_ids=[]), ["allowed_token_ids", "non-empty"]),
+    (dict(allowed_token_ids=[1, -1]), ["allowed_token_ids", ">= 0"]),
     (dict(ignore_eos="yes"), ["ignore_eos", "True or False"]),
 ])
 def test_errors_name_field_range_and_value(kw, words):
@@ -97,6 +99,7 @@ def test_new_options_defaults_and_normalisation():
     assert sp.plain_greedy is False and SamplingParams(temperature=0).plain_greedy
     assert not SamplingParams(temperature=0, logprobs=0).plain_greedy
     assert not SamplingParams(temperature=0, repetition_penalty=1.1).plain_greedy
+    assert SamplingParams(allowed_token_ids=(5, 3, 5)).allowed_token_ids == [3, 5]
     sp = SamplingParams(logit_bias={3: 1}, bad_words="foo", n=3, seed=2**64 - 1)
     assert (sp.logit_bias, sp.bad_words, sp.processes_logits) == ({3: 1.0}, ["foo"], True)
     assert [c.seed for c in (sp.child(0), sp.child(1))] == [2**64 - 1, 0]  # seed + 1 wraps as torch does

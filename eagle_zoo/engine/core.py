@@ -53,6 +53,7 @@ def tree_unsupported(p: SamplingParams) -> list[str]:
         ("presence_penalty", p.presence_penalty != 0), ("frequency_penalty", p.frequency_penalty != 0),
         ("repetition_penalty", p.repetition_penalty != 1), ("min_tokens", p.min_tokens > 0),
         ("logit_bias", bool(p.logit_bias)), ("bad_words", bool(p.bad_words)),
+        ("allowed_token_ids", p.allowed_token_ids is not None),
         ("logprobs", p.logprobs is not None), ("prompt_logprobs", p.prompt_logprobs is not None)) if on]
 
 
@@ -194,6 +195,9 @@ class EngineCore:
         if bad_bias:
             raise ValueError(f"SamplingParams.logit_bias token ids {bad_bias[:5]} are outside the vocabulary "
                              f"[0, {vocab})")
+        outside = [t for t in (p.allowed_token_ids or []) if t >= vocab]
+        if outside:
+            raise ValueError(f"SamplingParams.allowed_token_ids {outside[:5]} are outside the vocabulary [0, {vocab})")
         if p.bad_words:
             if self.tokenizer is None:
                 raise ValueError("SamplingParams.bad_words needs a tokenizer to turn the words into tokens, and "

@@ -8,7 +8,8 @@ min-p (sampler.py) and before the greedy argmax:
 2. min_tokens: EOS (unless ignore_eos) and stop_token_ids get -inf while fewer than
    min_tokens tokens are out;
 3. logit bias: added;
-4. repetition penalty on tokens of the prompt or the output: positive logits divided by
+4. allowed_token_ids: every other token gets -inf;
+5. repetition penalty on tokens of the prompt or the output: positive logits divided by
    it, negative ones multiplied; frequency penalty times the token's count in the
    output subtracted; presence penalty subtracted once for every token in the output.
 
@@ -64,6 +65,7 @@ class LogitsProcessing:
     min_tokens: Optional[torch.Tensor]  # [B] long
     min_tokens_ban: Optional[torch.Tensor]  # [B, V] bool: what min_tokens masks
     bias: Optional[torch.Tensor]    # [B, V] float
+    disallowed: Optional[torch.Tensor]  # [B, V] bool: outside the row's allowed_token_ids
     words: Optional[torch.Tensor]   # [B, W, L] long: bad words right-aligned, -1 padded on the left
     tail: Optional[torch.Tensor]    # [B, L-1] long: the output's last L-1 tokens, -2 padded
 
@@ -115,6 +117,11 @@ class LogitsProcessing:
             values = device_tensor([[v for _, v in i] + [0.0] * (n - len(i)) for i in items], device,
                                    torch.float32)
             bias = torch.zeros(len(seqs), V, device=hist.device).scatter_add_(1, bias_ids, values)
+        disallowed = None
+        if any(p.allowed_token_ids is not None for p in params):
+            allowed = _mask_rows([[t for t in (p.allowed_token_ids or []) if t < V] for p in params], V, device)
+            limited = device_tensor([p.allowed_token_ids is not None for p in params], device, torch.bool)
+            disallowed = ~allowed & limited.view(-1, 1)  # rows without the option allow every token
         words = tail = None
         word_lists = [getattr(s, "bad_words_ids", None) or [] for s in seqs]
         if any(word_lists):
@@ -126,7 +133,7 @@ class LogitsProcessing:
             tail = device_tensor([[_NO_TOKEN] * (L - 1 - len(t)) + t for t in tails], device, torch.long)
             tail = tail.view(len(seqs), L - 1)
         return cls(device_tensor(active, device, torch.bool), out_counts, num_out, seen, penalties,
-                   min_tokens, ban, bias, words, tail)
+                   min_tokens, ban, bias, disallowed, words, tail)
 
 
 def _mask_rows(rows: list[list[int]], vocab_size: int, device) -> torch.Tensor:
@@ -163,6 +170,8 @@ def process_logits(logits: torch.Tensor, proc: LogitsProcessing, drafts: Optiona
         y = y.masked_fill(short.unsqueeze(-1) & proc.min_tokens_ban.unsqueeze(1), NEG_INF)
     if proc.bias is not None:
         y = y + proc.bias.unsqueeze(1)
+    if proc.disallowed is not None:
+        y = y.masked_fill(proc.disallowed.unsqueeze(1), NEG_INF)
     if proc.penalties is not None:
         presence, frequency, repetition = (proc.penalties[:, i].view(B, 1, 1) for i in range(3))
         if proc.seen is not None:

@@ -73,6 +73,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # per prompt token (but the first): its logprob plus the top-N
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit
     bad_words: list[str] | None = None  # their last token is banned after the others were generated
+    allowed_token_ids: list[int] | None = None  # every other token gets -inf (None: all allowed)
 
     def __post_init__(self) -> None:
         _check(_is_int(self.n) and self.n >= 1, "n", "an integer >= 1", self.n)
@@ -126,6 +127,11 @@ class SamplingParams:
                                                                             for w in words)),
                "bad_words", "None or a list of non-blank strings", self.bad_words)
         self.bad_words = list(words) if words else None
+        allowed = self.allowed_token_ids
+        _check(allowed is None or (isinstance(allowed, (list, tuple)) and len(allowed) > 0 and all(
+            _is_int(t) and 0 <= t <= TOKEN_ID_MAX for t in allowed)), "allowed_token_ids",
+            "None or a non-empty list of token ids >= 0", allowed)
+        self.allowed_token_ids = sorted({int(t) for t in allowed}) if allowed is not None else None
 
     @property
     def greedy(self) -> bool:
@@ -134,10 +140,11 @@ class SamplingParams:
     @property
     def processes_logits(self) -> bool:
         """Whether the logits are changed before sampling (penalties, min_tokens, bias, bad
-        words): the processed distribution depends on the tokens generated so far, so such
+        words, allowed_token_ids): the processed distribution depends on the tokens generated so far, so such
         a request is verified on the engine's eager path, never a captured greedy graph."""
         return (self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
-                or self.min_tokens > 0 or bool(self.logit_bias) or bool(self.bad_words))
+                or self.min_tokens > 0 or bool(self.logit_bias) or bool(self.bad_words)
+                or self.allowed_token_ids is not None)
 
     @property
     def plain_greedy(self) -> bool:

@@ -39,11 +39,13 @@ PREPARE_THREADS = 4  # request bodies parsed, validated and tokenized at once
 
 
 def create_app(llm, *, served_model_names: Optional[list[str]] = None, api_key: Optional[str] = None,
-               limits: Optional[ServerLimits] = None, log_stats_interval_s: Optional[float] = None) -> FastAPI:
+               limits: Optional[ServerLimits] = None, log_stats_interval_s: Optional[float] = None,
+               trust_request_chat_template: bool = False) -> FastAPI:
     """An app serving ``llm`` (an eagle_zoo LLM: uses .engine and .tokenizer), within
     ``limits`` (limits.py; default ServerLimits()). The engine thread starts and stops
     with the app (its lifespan). ``log_stats_interval_s``: log vLLM's "SpecDecoding
-    metrics" line this often (None: never)."""
+    metrics" line this often (None: never). ``trust_request_chat_template``: let a chat
+    request bring its own ``chat_template`` (otherwise a 400, as vLLM)."""
     engine = llm.engine
     limits = limits or ServerLimits()
     names = list(served_model_names or [str(getattr(llm, "model_path", "model"))])
@@ -53,7 +55,8 @@ def create_app(llm, *, served_model_names: Optional[list[str]] = None, api_key: 
                            vocab_size=engine.target.config.vocab_size, served_model_names=names,
                            max_prompts_per_request=limits.max_prompts_per_request,
                            max_logprobs=getattr(engine, "max_logprobs", None),
-                           tree=getattr(engine, "strategy", None) == "tree")
+                           tree=getattr(engine, "strategy", None) == "tree",
+                           trust_request_chat_template=trust_request_chat_template)
     # Parsing, chat templates and tokenization run here, off the event loop, each
     # thread with its own tokenizer copy (RequestPreparer): a large request being
     # tokenized holds up neither the event loop nor a small request beside it.

@@ -50,6 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "max_logprobs=...) (default 20, as vLLM; -1: the vocabulary size)")
     p.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
                    help="a Jinja chat template, or a file holding one, used instead of the tokenizer's")
+    p.add_argument("--trust-request-chat-template", action="store_true",
+                   help="let chat requests bring their own chat_template (default: refused with a 400, as vLLM)")
     p.add_argument("--disable-log-stats", action="store_true",
                    help="no periodic 'SpecDecoding metrics' log lines (default: one every "
                         "--log-stats-interval seconds while drafting happens)")
@@ -103,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
             return _fail(str(exc))
     logging.getLogger("eagle_zoo.serve").info("%s", startup_line(llm))
     app = create_app(llm, served_model_names=args.served_model_name or [args.model], api_key=args.api_key,
-                     limits=limits,
+                     limits=limits, trust_request_chat_template=args.trust_request_chat_template,
                      log_stats_interval_s=None if args.disable_log_stats else args.log_stats_interval)
     # On Ctrl-C open streams get a few seconds, then the engine fails what is left.
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level or args.log_level,

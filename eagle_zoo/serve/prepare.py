@@ -21,13 +21,18 @@ Prepared = list[tuple[list[int], SamplingParams]]
 def _choices(ids: list[int], params: SamplingParams) -> Prepared:
     """A prompt's n completions as n engine requests (SamplingParams.child: seed + i)."""
     return [(ids, params if params.n == 1 else params.child(i)) for i in range(params.n)]
+# apply_chat_template's own arguments: not settable through chat_template_kwargs.
+_TEMPLATE_ARGS = frozenset({"conversation", "tools", "documents", "chat_template", "add_generation_prompt",
+                            "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+                            "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+                            "sanitize_control_tokens"})
 _COPY_LOCK = threading.Lock()  # copying reads the original: one copy at a time
 
 
 class RequestPreparer:
     def __init__(self, tokenizer, *, max_model_len: int, vocab_size: int, served_model_names: list[str],
                  max_prompts_per_request: Optional[int] = None, max_logprobs: Optional[int] = None,
-                 tree: bool = False):
+                 tree: bool = False, trust_request_chat_template: bool = False):
         # The engine thread detokenizes with the engine's tokenizer; each preparation
         # thread gets its own copy, so no two threads share one Rust tokenizer object
         # (and a long prompt being encoded does not hold up a short one).
@@ -39,6 +44,8 @@ class RequestPreparer:
         self.max_prompts_per_request = max_prompts_per_request
         self.max_logprobs = max_logprobs
         self.tree = tree  # an EAGLE-2 tree engine: what it does not implement is a 400 here
+        # A request's own chat template runs on the server (Jinja): only when the operator allows it.
+        self.trust_request_chat_template = trust_request_chat_template
 
     def model_name(self, requested: Optional[str]) -> str:
         if requested is None:
@@ -65,7 +72,9 @@ class RequestPreparer:
         explicit = "max_tokens" in req.model_fields_set
         out = []
         for prompt in prompts:
-            ids = self._encode(prompt, add_special_tokens=True) if isinstance(prompt, str) else list(prompt)
+            ids = (self._encode(prompt, add_special_tokens=req.add_special_tokens) if isinstance(prompt, str)
+                   else list(prompt))
+            ids = self._truncate(ids, req)
             self._check_prompt(ids, "prompt")
             out += _choices(ids, self._params(req, len(ids), req.max_tokens, explicit, "max_tokens"))
         return out
@@ -73,15 +82,32 @@ class RequestPreparer:
     def chat(self, req: ChatCompletionRequest) -> Prepared:
         req.check_supported()
         tok = self._need_tokenizer()
-        if not getattr(tok, "chat_template", None):
-            raise APIError("this model has no chat template: use /v1/completions", param="messages")
+        if req.chat_template is not None and not self.trust_request_chat_template:
+            raise APIError("a chat_template in the request is refused: this server runs only its own template "
+                           "(start it with --trust-request-chat-template to allow one per request, or set it with "
+                           "--chat-template)", param="chat_template")
+        if not (req.chat_template or getattr(tok, "chat_template", None)):
+            raise APIError("this model has no chat template: use /v1/completions, or send chat_template",
+                           param="messages")
+        kwargs = dict(req.chat_template_kwargs or {})
+        clash = sorted(set(kwargs) & _TEMPLATE_ARGS)
+        if clash:
+            raise APIError(f"chat_template_kwargs may not set {clash}: these are the renderer's own arguments "
+                           "(add_generation_prompt, continue_final_message, documents and chat_template are request "
+                           "fields of their own)", param="chat_template_kwargs")
         conversation = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
                         for m in req.messages]
+        if req.continue_final_message and conversation[-1]["role"] != "assistant":
+            raise APIError("continue_final_message needs the last message to be the assistant's (the text to "
+                           "continue)", param="continue_final_message")
         try:
-            text = tok.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+            text = tok.apply_chat_template(conversation, tokenize=False, chat_template=req.chat_template,
+                                           add_generation_prompt=req.add_generation_prompt,
+                                           continue_final_message=req.continue_final_message,
+                                           documents=req.documents, **kwargs)
         except Exception as exc:  # templates raise on role orders they do not accept
             raise APIError(f"the chat template rejected these messages: {exc}", param="messages") from exc
-        ids = self._encode(text, add_special_tokens=False)
+        ids = self._truncate(self._encode(text, add_special_tokens=req.add_special_tokens), req)
         self._check_prompt(ids, "messages")
         max_tokens = req.requested_max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
@@ -89,6 +115,11 @@ class RequestPreparer:
         return _choices(ids, self._params(req, len(ids), max_tokens, max_tokens is not None, param))
 
     # -- helpers -----------------------------------------------------------------
+    def _truncate(self, ids: list[int], req: _SamplingRequest) -> list[int]:
+        """vLLM's truncate_prompt_tokens: the prompt's last N tokens (-1 or None: all)."""
+        k = req.truncate_prompt_tokens
+        return ids[-k:] if k is not None and k > 0 else ids
+
     def _check_choices(self, num_prompts: int, n: int) -> None:
         cap = self.max_prompts_per_request
         if cap is not None and num_prompts * n > cap:
@@ -147,6 +178,9 @@ class RequestPreparer:
             stop=req.stop_list,
             stop_token_ids=list(req.stop_token_ids or []),
             ignore_eos=req.ignore_eos,
+            include_stop_str_in_output=req.include_stop_str_in_output,
+            skip_special_tokens=req.skip_special_tokens,
+            allowed_token_ids=req.allowed_token_ids,
         )
         if req.top_k is not None:
             kwargs["top_k"] = req.top_k
@@ -160,6 +194,10 @@ class RequestPreparer:
         if req.bad_words and self._original is None:
             raise APIError("bad_words needs a tokenizer to turn the words into tokens, and this model has none",
                            param="bad_words")
+        outside = sorted({t for t in (req.allowed_token_ids or []) if t >= self.vocab_size})
+        if outside:
+            raise APIError(f"allowed_token_ids {outside[:5]} are outside the vocabulary [0, {self.vocab_size})",
+                           param="allowed_token_ids")
         bad_bias = sorted(t for t in (req.bias_dict or {}) if t >= self.vocab_size)
         if bad_bias:
             raise APIError(f"logit_bias token ids {bad_bias[:5]} are outside the vocabulary [0, {self.vocab_size})",
