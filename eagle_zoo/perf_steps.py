@@ -27,6 +27,7 @@ import json
 import statistics
 import tempfile
 import time
+import traceback
 import warnings
 from pathlib import Path
 from typing import Optional
@@ -327,7 +328,12 @@ def run_step_costs(args, record) -> None:
     for name in [s for s in args.step_costs.split(",") if s]:
         if name not in SHAPES:
             raise SystemExit(f"--step-costs: unknown shape {name!r}; choose from {', '.join(SHAPES)}")
-        table = step_cost_table(name, k=args.tput_k, tree=tree, dtype=dtype, device=device,
-                                steps=args.step_cost_steps, acceptance_profile=profile)
+        try:
+            table = step_cost_table(name, k=args.tput_k, tree=tree, dtype=dtype, device=device,
+                                    steps=args.step_cost_steps, acceptance_profile=profile)
+        except Exception as exc:  # one shape's failure must not cost the tables after it
+            traceback.print_exc()
+            record("step_costs", {"shape": name, "error": f"{type(exc).__name__}: {exc}"})
+            continue
         print(format_table(table), flush=True)
         record("step_costs", json.loads(json.dumps(table)))
