@@ -273,10 +273,19 @@ class GroupResult:
     outputs: list[list[int]] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     num_draft_tokens: int = 0
+    # From the batch's start until every request had its first token (its prefill): the
+    # rest of ``seconds`` is decoding, which is what speculation changes.
+    first_token_seconds: float = 0.0
 
     @property
     def tokens_per_second(self) -> float:
         return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        """Tokens after each request's first, over the time after the last first token."""
+        seconds = self.seconds - self.first_token_seconds
+        return (self.generated_tokens - self.num_prompts) / seconds if seconds > 0 else 0.0
 
     @property
     def mean_acceptance_length(self) -> Optional[float]:
@@ -374,9 +383,10 @@ def measure(llm, groups: list[tuple[Optional[str], list[dict]]], params, use_tqd
     results = []
     for category, rows in groups:
         llm.engine.metrics.reset()
-        start = time.perf_counter()
+        start, start_monotonic = time.perf_counter(), time.monotonic()
         outs = llm.chat([row["messages"] for row in rows], params, use_tqdm=use_tqdm)
         seconds = time.perf_counter() - start
+        first_tokens = [o.metrics.first_token_time for o in outs if o.metrics and o.metrics.first_token_time]
         m = llm.engine.metrics
         results.append(GroupResult(
             category=category, num_prompts=len(rows),
@@ -385,6 +395,7 @@ def measure(llm, groups: list[tuple[Optional[str], list[dict]]], params, use_tqd
             accepted_per_pos=list(m.num_accepted_tokens_per_pos),
             outputs=[list(o.outputs[0].token_ids) for o in outs],
             texts=[o.outputs[0].text for o in outs],
+            first_token_seconds=max(first_tokens) - start_monotonic if first_tokens else 0.0,
         ))
     return results
 

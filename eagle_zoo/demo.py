@@ -8,7 +8,9 @@ whatever device is here.
    translation, summarization). Each prompt is decoded with the shipped EAGLE-3 head
    (n-gram prompt lookup when no head is installed) and then plainly, back to back, so
    both see the machine in the same state;
-3. per prompt: category, acceptance length, speculative and plain tokens/s, speed-up,
+3. per prompt: category, acceptance length, seconds to the first token (the prompt's
+   prefill, the same work with and without a head), speculative and plain tokens/s after
+   the first token and their ratio (what speculation speeds up), the end-to-end ratio and
    identical outputs; then the same over all prompts.
 """
 from __future__ import annotations
@@ -16,7 +18,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .bench import DATASETS, DEFAULT_TARGET, BenchResult, load_prompt_rows, measure, shipped_dataset, warm_up
+from .bench import DATASETS, DEFAULT_TARGET, BenchResult, GroupResult, load_prompt_rows, measure, shipped_dataset, \
+    warm_up
 
 SHIPPED_HEAD = "eagle-zoo/EAGLE3-SmolLM2-135M-Instruct"
 MAX_TOKENS = 96
@@ -122,27 +125,46 @@ def run(args) -> int:
         turns = len(row["messages"])
         context = f" (the last of {turns} messages)" if turns > 1 else ""
         print(f"\n[{row['category']}]{context} > {row['prompt']}\n{s.texts[0].strip()}")
-    print(f"\n== results (k={k})")
-    header = ("category", "accept", "spec tok/s", "plain tok/s", "speed-up", "identical")
+    print(f"\n== results (k={k}): decoding speed after the first token (prefill is the same work for both), "
+          f"then end to end")
+    header = ("category", "accept", "first token s", "spec tok/s", "plain tok/s", "speed-up", "end to end",
+              "identical")
     lines = [header]
     for s, p in zip(spec_groups, plain_groups):
         lines.append(_line(s.category, s, p, "y" if s.outputs == p.outputs else "n"))
-    spec_all, plain_all = BenchResult.from_groups(spec_groups), BenchResult.from_groups(plain_groups)
     same = sum(s.outputs == p.outputs for s, p in zip(spec_groups, plain_groups))
-    lines.append(_line("overall", spec_all, plain_all, f"{same}/{len(rows)}"))
+    lines.append(_line("overall", _total(spec_groups), _total(plain_groups), f"{same}/{len(rows)}"))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     for line in lines:
         print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))))
+    spec_all = BenchResult.from_groups(spec_groups)
     if spec_all.acceptance_rates:
         print("acceptance rate per draft position: " + ", ".join(f"{r:.3f}" for r in spec_all.acceptance_rates))
     return 0 if same == len(rows) else 1
 
 
-def _line(label, spec, plain, identical) -> tuple[str, ...]:
+def _total(groups: list[GroupResult]) -> GroupResult:
+    """The prompts' sums as one group (prompts ran one at a time, so their times add up)."""
+    return GroupResult(category="overall", num_prompts=sum(g.num_prompts for g in groups),
+                       generated_tokens=sum(g.generated_tokens for g in groups),
+                       seconds=sum(g.seconds for g in groups),
+                       num_drafts=sum(g.num_drafts for g in groups),
+                       num_accepted_tokens=sum(g.num_accepted_tokens for g in groups),
+                       first_token_seconds=sum(g.first_token_seconds for g in groups))
+
+
+def _line(label, spec: GroupResult, plain: GroupResult, identical) -> tuple[str, ...]:
     accept = spec.mean_acceptance_length
-    speedup = spec.tokens_per_second / plain.tokens_per_second if plain.tokens_per_second else None
-    return (str(label), "-" if accept is None else f"{accept:.3f}", f"{spec.tokens_per_second:.1f}",
-            f"{plain.tokens_per_second:.1f}", "-" if speedup is None else f"{speedup:.2f}x", identical)
+    decode = _ratio(spec.decode_tokens_per_second, plain.decode_tokens_per_second)
+    end_to_end = _ratio(spec.tokens_per_second, plain.tokens_per_second)
+    return (str(label), "-" if accept is None else f"{accept:.3f}",
+            f"{spec.first_token_seconds:.3f} / {plain.first_token_seconds:.3f}",
+            f"{spec.decode_tokens_per_second:.1f}", f"{plain.decode_tokens_per_second:.1f}", decode, end_to_end,
+            identical)
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b else "-"
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ and a random EAGLE-1 head; the grouping and timing logic also against a scripted
 from __future__ import annotations
 
 import json
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -14,6 +15,7 @@ import engine_fixtures as ef
 from eagle_zoo import bench, cli
 from eagle_zoo.catalog import CatalogEntry, MeasuredRecord
 from eagle_zoo.engine.metrics import SpecDecodingMetrics
+from eagle_zoo.engine.outputs import RequestMetrics
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -206,7 +208,9 @@ class ScriptedLLM:
         for c in conversations:
             ids = list(range(len(c)))
             self.engine.metrics.observe([2] * len(ids), [1] * len(ids))
-            outs.append(SimpleNamespace(outputs=[SimpleNamespace(token_ids=ids, text="x" * len(ids))]))
+            metrics = RequestMetrics(arrival_time=time.monotonic(), first_token_time=time.monotonic())
+            outs.append(SimpleNamespace(outputs=[SimpleNamespace(token_ids=ids, text="x" * len(ids))],
+                                        metrics=metrics))
         return outs
 
 
@@ -225,6 +229,8 @@ def test_measure_sends_messages_whole_and_times_each_category_as_a_batch(tmp_pat
     assert total.mean_acceptance_length == 2.0 and total.acceptance_rates == [1.0, 0.0]
     one = bench.measure(ScriptedLLM(), bench.group_rows(rows, by_category=False), params=None)
     assert len(one) == 1 and one[0].category is None and one[0].generated_tokens == 8
+    for g in groups + one:  # the batch's prefill phase lies inside its time
+        assert 0 < g.first_token_seconds <= g.seconds
 
 
 # -- make demo -------------------------------------------------------------------------------
@@ -277,10 +283,17 @@ def test_demo_prints_per_prompt_and_overall_speed_up(tiny, monkeypatch, tmp_path
     assert demo.run(args) == 0  # every output identical to plain decoding's
     out = capsys.readouterr().out
     table = out[out.index("== results (k=2)"):].splitlines()[1:]
-    assert table[0].split() == ["category", "accept", "spec", "tok/s", "plain", "tok/s", "speed-up", "identical"]
-    assert [line.split()[0] for line in table[1:4]] == ["writing", "chat", "overall"]
-    assert [line.split()[-1] for line in table[1:4]] == ["y", "y", "2/2"]
-    assert all(line.split()[-2].endswith("x") for line in table[1:4])
+    assert table[0].split() == ["category", "accept", "first", "token", "s", "spec", "tok/s", "plain", "tok/s",
+                                "speed-up", "end", "to", "end", "identical"]
+    rows = [line.split() for line in table[1:4]]
+    assert [r[0] for r in rows] == ["writing", "chat", "overall"]
+    assert [r[-1] for r in rows] == ["y", "y", "2/2"]
+    for r in rows:  # first-token seconds spec / plain, decode tok/s, the decode and end-to-end ratios
+        assert r[3] == "/" and float(r[2]) > 0 and float(r[4]) > 0
+        assert r[-3].endswith("x") and r[-2].endswith("x")
+        assert float(r[-3][:-1]) == pytest.approx(float(r[5]) / float(r[6]), rel=0.02, abs=0.011)
+    # the overall first-token time is the prompts' sum
+    assert float(rows[2][2]) == pytest.approx(float(rows[0][2]) + float(rows[1][2]), abs=0.0011)
 
 
 def test_a_spec_decode_py_command_line_runs_and_prints_its_summary(tiny, tmp_path, capsys):

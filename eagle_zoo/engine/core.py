@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import time
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
@@ -465,6 +466,11 @@ class EngineCore:
                                  num_positions=step.num_positions)
         failed = []
         for seq, row, rows_lp in live:
+            if row[k + 2]:  # the request's own counters (vLLM's RequestOutput.metrics)
+                m = seq.metrics
+                m.num_drafts += 1
+                m.num_draft_tokens += row[k + 2]
+                m.num_accepted_tokens += row[k + 1]
             try:
                 self._append(seq, row[: row[k + 1] + 1], rows_lp)
             except Exception as exc:  # its stop checks or detokenization: it alone fails
@@ -476,6 +482,8 @@ class EngineCore:
     def _append(self, seq: Sequence, new_tokens: list[int], logprob_rows: Optional[list] = None) -> None:
         """``logprob_rows``: one logprobs.pack row per new token (a step's rows, for
         requests that asked for logprobs)."""
+        if new_tokens and not seq.output_token_ids:
+            seq.metrics.first_token_time = time.monotonic()
         for i, t in enumerate(new_tokens):
             seq.output_token_ids.append(t)
             if seq.logprobs is not None:
@@ -536,5 +544,6 @@ class EngineCore:
             prompt_token_ids=seq.prompt_token_ids,
             outputs=[completion],
             finished=seq.finished,
+            metrics=dataclasses.replace(seq.metrics),
             prompt_logprobs=seq.prompt_logprobs,
         )

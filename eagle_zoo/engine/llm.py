@@ -273,6 +273,15 @@ class LLM:
             out.outputs[0].index = i
         first.outputs = [o.outputs[0] for o in outs]
         first.finished = all(o.finished for o in outs)
+        if len(outs) > 1:  # the request's metrics over its n completions
+            times = [o.metrics for o in outs]
+            m = first.metrics
+            firsts = [t.first_token_time for t in times if t.first_token_time is not None]
+            m.first_token_time = min(firsts) if firsts else None
+            m.finished_time = None if any(t.finished_time is None for t in times) else max(t.finished_time for t in times)
+            m.num_drafts = sum(t.num_drafts for t in times)
+            m.num_draft_tokens = sum(t.num_draft_tokens for t in times)
+            m.num_accepted_tokens = sum(t.num_accepted_tokens for t in times)
         return first
 
     def chat(

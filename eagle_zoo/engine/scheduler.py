@@ -6,6 +6,8 @@ cache slot is free and leave as soon as they finish, freeing their slot
 """
 from __future__ import annotations
 
+import time
+
 from collections import deque
 from dataclasses import dataclass
 
@@ -51,6 +53,7 @@ class Scheduler:
             return
         was_running = seq.status is Status.RUNNING
         seq.status = Status.FINISHED
+        seq.metrics.finished_time = time.monotonic()
         if was_running:
             self.running.remove(seq)
             self.free_slots.append(seq.slot)

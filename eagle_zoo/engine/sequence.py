@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 
+from .outputs import RequestMetrics
 from .sampling_params import SamplingParams
 
 
@@ -36,6 +38,8 @@ class Sequence:
     logprobs: Optional[list] = None  # params.logprobs set: one {token id: Logprob} per output token
     cumulative_logprob: Optional[float] = None  # the sum of the output tokens' logprobs
     prompt_logprobs: Optional[list] = None  # params.prompt_logprobs set: vLLM's prompt_logprobs
+    # Timing (time.monotonic) and speculation counters, returned as RequestOutput.metrics.
+    metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(arrival_time=time.monotonic()))
 
     @property
     def all_token_ids(self) -> list[int]:
