@@ -60,6 +60,9 @@ def add_arguments(p):
                    help="a local prompt file: jsonl rows with 'prompt', 'turns', 'messages' or ShareGPT "
                         "'conversations', or a JSON list of such rows (philschmid/mt-bench reads the shipped copy)")
     p.add_argument("--num-prompts", type=int, default=80)
+    p.add_argument("--per-category", type=int, default=None,
+                   help="take only the first N rows of each category of the prompt set (e.g. 10 of each of the dev "
+                        "set's 11 categories); the catalog setting's dataset then says so")
     p.add_argument("--max-tokens", "--output-len", dest="max_tokens", type=int, default=256)
     p.add_argument("--temperature", "--temp", dest="temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -219,19 +222,25 @@ def _conversation(row, where: str) -> list[dict]:
     return [{"role": "user", "content": prompt}]
 
 
-def load_prompt_rows(dataset: Optional[str], num_prompts: int) -> list[dict]:
+def load_prompt_rows(dataset: Optional[str], num_prompts: int, per_category: Optional[int] = None) -> list[dict]:
     """The first ``num_prompts`` rows of a prompt set (MT-bench when ``dataset`` is None;
     see --dataset) as {"prompt": the last user turn, "category": the row's or None,
-    "messages": the chat sent to the target}."""
+    "messages": the chat sent to the target}; with ``per_category``, only the first that
+    many rows of each category count."""
     text, source = _read_dataset(dataset)
-    rows = []
+    rows, taken = [], {}
     for where, row in _records(text, source):
         if len(rows) == num_prompts:
             break
         if not isinstance(row, dict):
             raise SystemExit(f"{where}: expected a JSON object, got {type(row).__name__}")
         messages = _conversation(row, where)
-        rows.append({"prompt": messages[-1]["content"], "category": row.get("category"), "messages": messages})
+        category = row.get("category")
+        if per_category is not None:
+            if taken.get(category, 0) == per_category:
+                continue
+            taken[category] = taken.get(category, 0) + 1
+        rows.append({"prompt": messages[-1]["content"], "category": category, "messages": messages})
     return rows
 
 
@@ -426,7 +435,8 @@ def run_setting(args, llm, num_prompts: int) -> dict:
     """The run's setting in the catalog's terms (eagle_zoo/catalog.py, SETTING_KEYS)."""
     spec = llm.speculative_config
     return {
-        "dataset": dataset_name(args.dataset),
+        "dataset": dataset_name(args.dataset) + (f" ({args.per_category} per category)"
+                                                 if getattr(args, "per_category", None) else ""),
         "num_prompts": num_prompts,
         "device": llm.device.type,
         "dtype": str(llm.dtype).removeprefix("torch."),
@@ -557,7 +567,9 @@ def run(args) -> int:
     resolve_dataset_flags(args)
     if args.enable_chunked_prefill:
         print("--enable-chunked-prefill: no effect here (prompts are prefilled whole; outputs are the same)")
-    rows = load_prompt_rows(args.dataset, args.num_prompts)
+    if args.per_category is not None and args.per_category < 1:
+        raise SystemExit(f"--per-category {args.per_category}: give at least 1 (rows of each category)")
+    rows = load_prompt_rows(args.dataset, args.num_prompts, args.per_category)
     if args.by_category and all(row["category"] is None for row in rows):
         raise SystemExit(f"--by-category: the rows of --dataset {dataset_name(args.dataset)} have no "
                          f"'category' field; add one or drop --by-category")

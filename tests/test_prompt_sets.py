@@ -89,3 +89,14 @@ def test_diagnose_names_rows_without_a_category_after_their_set(tmp_path):
     name, rows = read_rows(str(path), 5)
     assert name == "self_instruct" and rows == [{"prompt": "a", "category": "self_instruct", "messages": _user("a")}]
     assert read_rows("mt-bench", 80)[1][0]["category"] == "writing"
+
+
+def test_per_category_takes_the_first_rows_of_each_category(tmp_path):
+    path = tmp_path / "set.jsonl"
+    rows = [{"prompt": f"{c}{i}", "category": c} for i in range(4) for c in ("a", "b", "c")]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = load_prompt_rows(str(path), 100, per_category=2)
+    assert [r["prompt"] for r in got] == ["a0", "b0", "c0", "a1", "b1", "c1"]
+    assert [r["prompt"] for r in load_prompt_rows(str(path), 4, per_category=2)] == ["a0", "b0", "c0", "a1"]
+    dev = load_prompt_rows("dev", 10 ** 6, per_category=10)
+    assert len(dev) == 110 and all(sum(r["category"] == c for r in dev) == 10 for c in {r["category"] for r in dev})
