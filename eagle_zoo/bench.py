@@ -379,11 +379,23 @@ def group_rows(rows: list[dict], by_category: bool) -> list[tuple[Optional[str],
     return list(groups.items())
 
 
-def warm_up(llm) -> None:
-    """One short request, not timed: the first step pays for allocations and graphs."""
+def warm_up(llm, conversations: list[list[dict]], batch: int = 1) -> None:
+    """Untimed requests, so that neither engine of a comparison pays one-off costs inside
+    its timed run: requests that stop one after another walk the running batch down from
+    ``batch`` to 1, capturing every CUDA-graph bucket on the way; and on CUDA every prompt's
+    prefill once, since Triton compiles a kernel variant per class of prompt length and
+    keeps it for the process, so the engine timed first would pay for compilations the
+    second reuses. On the CPU (no graphs, no Triton) one short request pays the first
+    step's allocations."""
     from .engine.sampling_params import SamplingParams
 
-    llm.chat([[{"role": "user", "content": "Hi"}]], SamplingParams(temperature=0, max_tokens=4))
+    if llm.device.type == "cuda":
+        convs = (conversations * batch)[:batch]
+        llm.chat(convs, [SamplingParams(temperature=0, max_tokens=8 + 4 * i, ignore_eos=True) for i in range(batch)])
+        llm.chat(conversations, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    else:
+        llm.chat(conversations[:1], SamplingParams(temperature=0, max_tokens=4))
+    llm.engine.metrics.reset()
 
 
 def measure(llm, groups: list[tuple[Optional[str], list[dict]]], params, use_tqdm: bool = False) -> list[GroupResult]:
@@ -602,7 +614,8 @@ def run(args) -> int:
         if record is None:
             print(why, file=sys.stderr)
             return 2
-    warm_up(llm)
+    conversations = [row["messages"] for _, group in groups for row in group]
+    warm_up(llm, conversations, llm.engine.scheduler.num_slots)
     first = BenchResult.from_groups(
         measure(llm, groups, params, use_tqdm=True),
         method=llm.speculative_config.method if spec else None,
@@ -614,7 +627,7 @@ def run(args) -> int:
     plain = None
     if spec is not None:
         llm = build_llm(args, None)
-        warm_up(llm)
+        warm_up(llm, conversations, llm.engine.scheduler.num_slots)
         plain = BenchResult.from_groups(measure(llm, groups, params, use_tqdm=True))
         llm.shutdown()
         del llm

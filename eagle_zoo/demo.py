@@ -113,8 +113,9 @@ def run(args) -> int:
     print(f"\n== {DEFAULT_TARGET} on {spec_llm.device.type} ({str(spec_llm.dtype).removeprefix('torch.')}), "
           f"greedy, {len(rows)} prompts one at a time ({source}), {args.max_tokens} new tokens")
     print(f"speculative_config: {spec}")
-    warm_up(spec_llm)
-    warm_up(plain_llm)
+    conversations = [row["messages"] for row in rows]
+    warm_up(spec_llm, conversations)
+    warm_up(plain_llm, conversations)
     spec_groups, plain_groups = [], []
     for row in rows:  # each prompt speculatively, then plainly
         group = [(row["category"], [row])]

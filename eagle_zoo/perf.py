@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .bench import load_prompts
+from .bench import load_prompts, warm_up
 
 COPY_BANDWIDTH = 4.25e12  # bytes/s read + written, measured on an H200 (device-to-device copy)
 # The Llama-3-8B shape of the decode-step floor (LlamaConfig keyword arguments).
@@ -163,15 +163,7 @@ def run_perf(args) -> int:
                    max_num_seqs=max_num_seqs, max_model_len=args.perf_max_model_len, seed=args.seed)
 
     def warm(llm, batch: int = 2):
-        # Requests that stop one after another walk the running batch down through every
-        # CUDA-graph bucket from `batch` to 1, so no graph is captured inside a timed run.
-        convs = (conversations * batch)[:batch]
-        llm.chat(convs, [SamplingParams(temperature=0, max_tokens=8 + 4 * i, ignore_eos=True) for i in range(batch)])
-        # Every prompt's prefill once: Triton specializes a kernel on its integer arguments
-        # (1, multiples of 16), so a prompt length of a new class compiles a variant; the
-        # first config timed used to pay those compilations inside its timed run.
-        llm.chat(conversations, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
-        llm.engine.metrics.reset()
+        warm_up(llm, conversations, batch)
         if llm.engine.depth_schedule is not None:
             llm.engine.depth_schedule.steps_by_depth.clear()
 
