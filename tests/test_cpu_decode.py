@@ -146,3 +146,67 @@ def test_llama_layer_rows_rejects_mismatched_weights_and_slots():
         call(slot=2)
     with pytest.raises(RuntimeError, match="w_qkv"):
         call(qkv=torch.zeros(heads * d, H))
+
+
+def _layer_reference(h, norm1, w, norm2, cos, sin, k_cache, v_cache, slot, pos, kv_len, heads, kv_heads, scale):
+    """The decoder layer written out in float64 torch (writes the rows' k / v into the caches)."""
+    f = lambda x: x.double()  # noqa: E731
+    T, d = h.shape[0], k_cache.shape[-1]
+
+    def rms(x, weight):
+        return f(weight) * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+
+    def rope(x):  # [T, n, d]: x1*cos - x2*sin, x2*cos + x1*sin
+        c, s = f(cos)[:, None], f(sin)[:, None]
+        x1, x2 = x[..., : d // 2], x[..., d // 2:]
+        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1)
+
+    x = f(h)
+    qkv = rms(x, norm1) @ f(w["qkv"]).t()
+    q = rope(qkv[:, : heads * d].view(T, heads, d))
+    k = rope(qkv[:, heads * d: (heads + kv_heads) * d].view(T, kv_heads, d))
+    v = qkv[:, (heads + kv_heads) * d:].view(T, kv_heads, d)
+    keys, values = f(k_cache[slot]).clone(), f(v_cache[slot]).clone()
+    keys[pos], values[pos] = k, v
+    out = torch.zeros(T, heads, d, dtype=torch.float64)
+    for t in range(T):
+        n = min(int(pos[t]) + 1, kv_len)
+        for head in range(heads):
+            g = head // (heads // kv_heads)
+            p = torch.softmax(keys[:n, g] @ q[t, head] * scale, 0)
+            out[t, head] = p @ values[:n, g]
+    h2 = x + out.view(T, -1) @ f(w["o"]).t()
+    gate, up = (rms(h2, norm2) @ f(w["gu"]).t()).chunk(2, -1)
+    return h2 + (torch.nn.functional.silu(gate) * up) @ f(w["down"]).t()
+
+
+@needs_kernel
+@pytest.mark.parametrize("context", [5, 700])
+def test_llama_layer_rows_matches_the_reference_and_a_row_does_not_depend_on_the_others(context):
+    """Grouped-query attention (3 query heads a kv head) over a cache row: every row agrees
+    with the float64 layer, and row 0's bits are the same alone and among 1..8 rows (the
+    later rows sit at later positions, which it does not see)."""
+    g = torch.Generator().manual_seed(context)
+    H, heads, kv_heads, d, inter, max_len = 48, 6, 2, 8, 40, 1024
+    w = {"qkv": torch.randn((heads + 2 * kv_heads) * d, H, generator=g) * 0.3,
+         "o": torch.randn(H, heads * d, generator=g) * 0.3,
+         "gu": torch.randn(2 * inter, H, generator=g) * 0.3, "down": torch.randn(H, inter, generator=g) * 0.3}
+    norm1, norm2 = torch.rand(H, generator=g) + 0.5, torch.rand(H, generator=g) + 0.5
+    caches = torch.randn(2, max_len, kv_heads, d, generator=g), torch.randn(2, max_len, kv_heads, d, generator=g)
+    h = torch.randn(cpu_decode.MAX_ROWS, H, generator=g)
+    pos = torch.arange(context, context + cpu_decode.MAX_ROWS)
+    angles = pos[:, None].double() * 0.05 * torch.arange(1, d // 2 + 1)
+    cos, sin = angles.cos().float(), angles.sin().float()
+
+    def layer(T):
+        k_cache, v_cache = caches[0].clone(), caches[1].clone()
+        return cpu_decode.llama_layer_rows(h[:T], norm1, 1e-5, w["qkv"], w["o"], norm2, 1e-5, w["gu"], w["down"],
+                                           cos[:T], sin[:T], k_cache, v_cache, 1, pos[:T], context + T,
+                                           heads, kv_heads, d ** -0.5)
+
+    full = layer(cpu_decode.MAX_ROWS)
+    ref = _layer_reference(h, norm1, w, norm2, cos, sin, caches[0], caches[1], 1, pos, context + cpu_decode.MAX_ROWS,
+                           heads, kv_heads, d ** -0.5)
+    torch.testing.assert_close(full.double(), ref, rtol=1e-4, atol=1e-4)
+    for T in range(1, cpu_decode.MAX_ROWS):
+        assert torch.equal(layer(T), full[:T]), T

@@ -297,36 +297,13 @@ def bigram_chain(next_token: list[int], k: int):
 
 
 def vllm_acceptance_loop(llm, num_spec_tokens: int) -> None:
-    """vLLM's documented acceptance loop over ``llm.get_metrics()`` (its offline
-    speculative-decoding example), unchanged apart from the import of the metric types."""
-    metrics = llm.get_metrics()
-    num_drafts = 0
-    num_draft_tokens = 0
-    num_accepted_tokens = 0
-    acceptance_counts = [0] * num_spec_tokens
-    for metric in metrics:
-        if metric.name == "vllm:spec_decode_num_drafts":
-            assert isinstance(metric, Counter)
-            num_drafts += metric.value
-        elif metric.name == "vllm:spec_decode_num_draft_tokens":
-            assert isinstance(metric, Counter)
-            num_draft_tokens += metric.value
-        elif metric.name == "vllm:spec_decode_num_accepted_tokens":
-            assert isinstance(metric, Counter)
-            num_accepted_tokens += metric.value
-        elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
-            assert isinstance(metric, Vector)
-            for pos in range(len(metric.values)):
-                acceptance_counts[pos] += metric.values[pos]
+    """vLLM's documented acceptance loop over ``llm.get_metrics()``, as the user-code tests
+    keep it (tests/test_vllm_user_code.py)."""
+    from types import SimpleNamespace
 
-    print(f"num_drafts: {num_drafts}")
-    print(f"num_draft_tokens: {num_draft_tokens}")
-    print(f"num_accepted_tokens: {num_accepted_tokens}")
-    acceptance_length = 1 + (num_accepted_tokens / num_drafts) if num_drafts > 0 else 1
-    print(f"mean acceptance length: {acceptance_length:.2f}")
-    for i in range(len(acceptance_counts)):
-        acceptance_rate = acceptance_counts[i] / num_drafts if num_drafts > 0 else 0
-        print(f"acceptance at token {i}: {acceptance_rate:.2f}")
+    from test_vllm_user_code import METRICS_LOOP, run_snippet
+
+    run_snippet(METRICS_LOOP, llm=llm, args=SimpleNamespace(num_spec_tokens=num_spec_tokens))
 
 
 def test_vllm_metrics_loop_prints_the_counters(bigram, capsys):
@@ -345,7 +322,7 @@ def test_vllm_metrics_loop_prints_the_counters(bigram, capsys):
     assert drafts > 0
     vllm_acceptance_loop(llm, k)
     want = [f"num_drafts: {drafts}", f"num_draft_tokens: {drafted}", f"num_accepted_tokens: {accepted}",
-            f"mean acceptance length: {1 + accepted / drafts:.2f}",
+            f"mean acceptance length: {1 + accepted / drafts:.2f}", "-" * 50,
             *(f"acceptance at token {i}: {a / drafts:.2f}" for i, a in enumerate(per_pos))]
     assert capsys.readouterr().out.splitlines() == want
     metrics = llm.get_metrics()

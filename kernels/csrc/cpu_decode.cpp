@@ -200,36 +200,69 @@ torch::Tensor llama_layer_rows(const torch::Tensor& h, const torch::Tensor& norm
     std::memcpy(kc + at, tok + q_width, kv_width * sizeof(float));
     std::memcpy(vc + at, tok + q_width + kv_width, kv_width * sizeof(float));
   }
-  // Causal attention of each (token, head) over keys [0, min(pos + 1, kv_len)).
+  // Causal attention of each (token, head) over keys [0, min(pos + 1, kv_len)). A kv head's
+  // keys and values are read once for every query that uses them (its group of query heads,
+  // of every token): at long contexts the reads, not the arithmetic, set the pace, and a
+  // query per read made a verification of T tokens read the cache T * group times. Each
+  // query still does the same arithmetic in the same order (its scores in key order, their
+  // max, exp and sum, then the values weighted in key order), so a row's bits do not
+  // depend on T or on the other rows.
   auto attn = torch::empty({T, q_width}, h.options());
   float* ap = attn.data_ptr<float>();
-  std::vector<float> scores(static_cast<size_t>(std::max<int64_t>(kv_len, 1)));
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t keys = std::min(pos[t] + 1, kv_len);
-    for (int64_t head = 0; head < num_heads; ++head) {
-      const float* q = qkvp + t * row + head * d;
-      const int64_t kvh = head / group;
-      float* out = ap + t * q_width + head * d;
-      float m = -INFINITY;
-      for (int64_t j = 0; j < keys; ++j) {
-        scores[j] = dot(q, kc + (slot * max_len + j) * kv_width + kvh * d, d) * static_cast<float>(scale);
-        m = std::max(m, scores[j]);
+  const int64_t nq = T * group;  // the queries of one kv head, token-major
+  int64_t max_keys = 0;
+  for (int64_t t = 0; t < T; ++t) max_keys = std::max(max_keys, std::min(pos[t] + 1, kv_len));
+  const float fscale = static_cast<float>(scale);
+  auto one_kv_head = [&](int64_t kvh) {
+    std::vector<float> scores(static_cast<size_t>(std::max<int64_t>(nq * max_keys, 1)));
+    std::vector<float> m(nq, -INFINITY), l(nq, 0.f);
+    const float* k_head = kc + slot * max_len * kv_width + kvh * d;
+    const float* v_head = vc + slot * max_len * kv_width + kvh * d;
+    for (int64_t j = 0; j < max_keys; ++j) {
+      const float* k = k_head + j * kv_width;
+      for (int64_t t = 0; t < T; ++t) {
+        if (j >= std::min(pos[t] + 1, kv_len)) continue;
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t qi = t * group + g;
+          const float score = dot(qkvp + t * row + (kvh * group + g) * d, k, d) * fscale;
+          scores[qi * max_keys + j] = score;
+          m[qi] = std::max(m[qi], score);
+        }
       }
-      float l = 0.f;
+    }
+    for (int64_t qi = 0; qi < nq; ++qi) {
+      const int64_t keys = std::min(pos[qi / group] + 1, kv_len);
+      float* sc = scores.data() + qi * max_keys;
       for (int64_t j = 0; j < keys; ++j) {
-        scores[j] = std::exp(scores[j] - m);
-        l += scores[j];
+        sc[j] = std::exp(sc[j] - m[qi]);
+        l[qi] += sc[j];
       }
+      float* out = ap + (qi / group) * q_width + (kvh * group + qi % group) * d;
       for (int64_t i = 0; i < d; ++i) out[i] = 0.f;
-      for (int64_t j = 0; j < keys; ++j) {
-        const float* v = vc + (slot * max_len + j) * kv_width + kvh * d;
-        const float p = scores[j];
-        for (int64_t i = 0; i < d; ++i) out[i] += p * v[i];
+    }
+    for (int64_t j = 0; j < max_keys; ++j) {
+      const float* v = v_head + j * kv_width;
+      for (int64_t t = 0; t < T; ++t) {
+        if (j >= std::min(pos[t] + 1, kv_len)) continue;
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t qi = t * group + g;
+          const float p = scores[qi * max_keys + j];
+          float* out = ap + t * q_width + (kvh * group + g) * d;
+          for (int64_t i = 0; i < d; ++i) out[i] += p * v[i];
+        }
       }
-      const float inv = keys > 0 ? 1.f / l : 0.f;
+    }
+    for (int64_t qi = 0; qi < nq; ++qi) {
+      const int64_t keys = std::min(pos[qi / group] + 1, kv_len);
+      const float inv = keys > 0 ? 1.f / l[qi] : 0.f;
+      float* out = ap + (qi / group) * q_width + (kvh * group + qi % group) * d;
       for (int64_t i = 0; i < d; ++i) out[i] *= inv;
     }
-  }
+  };
+  // kv heads over torch's threads once the work is worth a thread (a long context).
+  at::parallel_for(0, num_kv_heads, max_keys * nq >= 4096 ? 1 : num_kv_heads, [&](int64_t begin, int64_t end) {
+    for (int64_t kvh = begin; kvh < end; ++kvh) one_kv_head(kvh);
+  });
   torch::Tensor h2 = h + few_row_linear(attn, w_o);
   torch::Tensor gu = few_row_linear(rms_norm_rows(h2, norm2, eps2), w_gate_up);  // [T, 2I]
   const int64_t inter = gu.size(1) / 2;
