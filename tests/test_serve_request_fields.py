@@ -111,3 +111,16 @@ def test_chat_template_options_shape_the_prompt(scripted):
     assert prompt_tokens(prefill, continue_final_message=True) == len(tok.encode(text, add_special_tokens=False))
     assert prompt_tokens(HI, chat_template_kwargs={"custom_flag": True}) == rendered(
         HI, add_generation_prompt=True, custom_flag=True)
+
+
+def test_message_keys_name_is_passed_on_tool_keys_are_refused():
+    from eagle_zoo.serve.protocol import APIError, ChatMessage
+
+    m = ChatMessage.model_validate({"role": "developer", "content": "Be brief.", "name": "ops"})
+    m.check_supported()
+    assert m.template_message() == {"role": "system", "content": "Be brief.", "name": "ops"}
+    for key, value in (("tool_calls", [{"id": "1"}]), ("tool_call_id", "1"), ("audio", {"id": "a"})):
+        bad = ChatMessage.model_validate({"role": "assistant", "content": "x", key: value})
+        with pytest.raises(APIError, match=f"messages\\[\\]\\.{key} is not supported"):
+            bad.check_supported()
+    ChatMessage.model_validate({"role": "assistant", "content": "x", "tool_calls": []}).check_supported()

@@ -95,8 +95,9 @@ class RequestPreparer:
             raise APIError(f"chat_template_kwargs may not set {clash}: these are the renderer's own arguments "
                            "(add_generation_prompt, continue_final_message, documents and chat_template are request "
                            "fields of their own)", param="chat_template_kwargs")
-        conversation = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                        for m in req.messages]
+        for m in req.messages:
+            m.check_supported()
+        conversation = [m.template_message() for m in req.messages]
         if req.continue_final_message and conversation[-1]["role"] != "assistant":
             raise APIError("continue_final_message needs the last message to be the assistant's (the text to "
                            "continue)", param="continue_final_message")

@@ -280,10 +280,33 @@ class CompletionRequest(_SamplingRequest):
             raise APIError("suffix is not supported by this server: leave it out", param="suffix")
 
 
+# Message keys of tool calling and audio: refused unless empty, as the request's own tool fields.
+MESSAGE_UNSUPPORTED = ("tool_calls", "tool_call_id", "function_call", "audio", "refusal", "reasoning_content")
+
+
 class ChatMessage(BaseModel):
-    model_config = STRICT
+    model_config = REQUEST
     role: Literal["system", "developer", "user", "assistant"]
     content: Optional[Union[str, list[dict[str, Any]]]] = None
+    name: Optional[str] = None  # passed to the chat template with the message, as vLLM does
+
+    def check_supported(self) -> None:
+        """Tool-calling keys: a 400 naming them; keys nobody defines: logged, as at the top level."""
+        extra = self.model_extra or {}
+        for key in MESSAGE_UNSUPPORTED:
+            if extra.get(key) not in (None, [], ""):
+                raise APIError(f"messages[].{key} is not supported by this server (no tool calling or audio): "
+                               "leave it out", param="messages")
+        unknown = sorted(k for k in extra if k not in MESSAGE_UNSUPPORTED)
+        if unknown:
+            log.warning("The following message fields were present in the request but ignored: %s", unknown)
+
+    def template_message(self) -> dict:
+        """The message as the chat template reads it (developer is the template's system)."""
+        message = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.name is not None:
+            message["name"] = self.name
+        return message
 
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
