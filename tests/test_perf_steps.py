@@ -60,3 +60,11 @@ def test_bad_options_are_refused_by_name():
     args = p.parse_args(["--perf", "--step-costs", "smollm2", "--dtype", "int8", "--device", "cpu"])
     with pytest.raises(SystemExit, match="--dtype 'int8'"):
         run_step_costs(args, lambda *a: None)
+
+
+def test_gpu_busy_time_is_the_union_of_kernel_intervals():
+    from eagle_zoo.perf_steps import _busy_us
+
+    assert _busy_us([]) == 0.0
+    assert _busy_us([(0, 10), (5, 12), (20, 25), (21, 22)]) == 17.0  # overlaps count once, gaps not at all
+    assert _busy_us([(20, 25), (0, 10)]) == 15.0
