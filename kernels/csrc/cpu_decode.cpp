@@ -81,6 +81,52 @@ inline void dot2(const float* a0, const float* a1, const float* b, int64_t K, fl
   *out1 = total1;
 }
 
+// dot() for three rows against the same b (a verification of K = 2 drafts): b's vectors
+// loaded once for the three; twelve accumulators and the four b vectors fill the sixteen
+// AVX2 registers. Each row's arithmetic is exactly dot()'s.
+inline void dot3(const float* a0, const float* a1, const float* a2, const float* b, int64_t K, float* out0,
+                 float* out1, float* out2) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  __m256 t0 = s0, t1 = s0, t2 = s0, t3 = s0;
+  __m256 u0 = s0, u1 = s0, u2 = s0, u3 = s0;
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    const __m256 b0 = _mm256_loadu_ps(b + k), b1 = _mm256_loadu_ps(b + k + 8);
+    const __m256 b2 = _mm256_loadu_ps(b + k + 16), b3 = _mm256_loadu_ps(b + k + 24);
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a0 + k), b0, s0);
+    t0 = _mm256_fmadd_ps(_mm256_loadu_ps(a1 + k), b0, t0);
+    u0 = _mm256_fmadd_ps(_mm256_loadu_ps(a2 + k), b0, u0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a0 + k + 8), b1, s1);
+    t1 = _mm256_fmadd_ps(_mm256_loadu_ps(a1 + k + 8), b1, t1);
+    u1 = _mm256_fmadd_ps(_mm256_loadu_ps(a2 + k + 8), b1, u1);
+    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a0 + k + 16), b2, s2);
+    t2 = _mm256_fmadd_ps(_mm256_loadu_ps(a1 + k + 16), b2, t2);
+    u2 = _mm256_fmadd_ps(_mm256_loadu_ps(a2 + k + 16), b2, u2);
+    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a0 + k + 24), b3, s3);
+    t3 = _mm256_fmadd_ps(_mm256_loadu_ps(a1 + k + 24), b3, t3);
+    u3 = _mm256_fmadd_ps(_mm256_loadu_ps(a2 + k + 24), b3, u3);
+  }
+  for (; k + 8 <= K; k += 8) {
+    const __m256 b0 = _mm256_loadu_ps(b + k);
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a0 + k), b0, s0);
+    t0 = _mm256_fmadd_ps(_mm256_loadu_ps(a1 + k), b0, t0);
+    u0 = _mm256_fmadd_ps(_mm256_loadu_ps(a2 + k), b0, u0);
+  }
+  const int64_t tail = k;
+  const __m256 sums[3] = {_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)),
+                          _mm256_add_ps(_mm256_add_ps(t0, t1), _mm256_add_ps(t2, t3)),
+                          _mm256_add_ps(_mm256_add_ps(u0, u1), _mm256_add_ps(u2, u3))};
+  const float* rows[3] = {a0, a1, a2};
+  float* outs[3] = {out0, out1, out2};
+  for (int r = 0; r < 3; ++r) {
+    alignas(32) float l[8];
+    _mm256_store_ps(l, sums[r]);
+    float total = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+    for (k = tail; k < K; ++k) total += rows[r][k] * b[k];
+    *outs[r] = total;
+  }
+}
+
 // The checks both entry points make: float32 CPU tensors, contiguous, at most 8 rows of
 // x [M, K] and a weight whose last dimension is K.
 void check_rows(const char* fn, const torch::Tensor& x, const torch::Tensor& w, int64_t w_dim) {
@@ -108,7 +154,13 @@ torch::Tensor few_row_linear(const torch::Tensor& x, const torch::Tensor& w) {
     for (int64_t n = begin; n < end; ++n) {
       const float* row = wp + n * K;
       int64_t m = 0;
-      for (; m + 2 <= M; m += 2) dot2(xp + m * K, xp + (m + 1) * K, row, K, yp + m * N + n, yp + (m + 1) * N + n);
+      for (; m + 3 <= M; m += 3)
+        dot3(xp + m * K, xp + (m + 1) * K, xp + (m + 2) * K, row, K, yp + m * N + n, yp + (m + 1) * N + n,
+             yp + (m + 2) * N + n);
+      if (m + 2 <= M) {
+        dot2(xp + m * K, xp + (m + 1) * K, row, K, yp + m * N + n, yp + (m + 1) * N + n);
+        m += 2;
+      }
       if (m < M) yp[m * N + n] = dot(xp + m * K, row, K);
     }
   });
