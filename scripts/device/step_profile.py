@@ -19,17 +19,14 @@ import statistics
 import time
 
 import torch
-from transformers import LlamaConfig
 
 from eagle_zoo.engine.core import EngineCore
 from eagle_zoo.engine.graphs import GraphPool
 from eagle_zoo.engine.sampling_params import SamplingParams
-from eagle_zoo.models.llama import LlamaForCausalLM
-from eagle_zoo.perf import COPY_BANDWIDTH, LLAMA3_8B_SHAPE
+from eagle_zoo.perf import COPY_BANDWIDTH
+from eagle_zoo.perf_steps import SHAPES, random_target
 
-SMOLLM2 = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-               num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, rope_theta=100000.0,
-               tie_word_embeddings=True, rms_norm_eps=1e-5)
+
 
 
 def cuda_ms(fn, reps: int, rounds: int = 5) -> float:
@@ -55,15 +52,8 @@ def main() -> None:
     ap.add_argument("--host", action="store_true", help="cProfile 100 engine steps (host time by function)")
     args = ap.parse_args()
     dev, dtype = torch.device("cuda"), torch.bfloat16
-    torch.manual_seed(0)
-    with dev:
-        shape = SMOLLM2 if args.shape == "smollm2" else {**LLAMA3_8B_SHAPE, "rms_norm_eps": 1e-5}
-        model = LlamaForCausalLM(LlamaConfig(**shape)).to(dtype)
-    for p in model.parameters():
-        p.data.normal_(0, 0.05)
-    for n, p in model.named_parameters():
-        if "norm" in n:
-            p.data.fill_(1.0)
+    shape = SHAPES[args.shape]
+    model = random_target(shape, dtype, dev)
     engine = EngineCore(model, None, max_model_len=2048, max_num_seqs=1, dtype=dtype, device=dev,
                         graph_pool=GraphPool())
     runner = engine.runner
