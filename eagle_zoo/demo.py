@@ -9,9 +9,9 @@ whatever device is here.
    (n-gram prompt lookup when no head is installed) and then plainly, back to back, so
    both see the machine in the same state;
 3. per prompt: category, acceptance length, seconds to the first token (the prompt's
-   prefill, the same work with and without a head), speculative and plain tokens/s after
-   the first token and their ratio (what speculation speeds up), the end-to-end ratio and
-   identical outputs; then the same over all prompts.
+   prefill; with a head also the head's pass over the prompt), speculative and plain
+   tokens/s after the first token and their ratio (what speculation speeds up), the
+   end-to-end ratio and identical outputs; then the same over all prompts.
 """
 from __future__ import annotations
 
@@ -126,7 +126,7 @@ def run(args) -> int:
         turns = len(row["messages"])
         context = f" (the last of {turns} messages)" if turns > 1 else ""
         print(f"\n[{row['category']}]{context} > {row['prompt']}\n{s.texts[0].strip()}")
-    print(f"\n== results (k={k}): decoding speed after the first token (prefill is the same work for both), "
+    print(f"\n== results (k={k}): decoding speed after the first token (the prompt's prefill), "
           f"then end to end")
     header = ("category", "accept", "first token s", "spec tok/s", "plain tok/s", "speed-up", "end to end",
               "identical")
