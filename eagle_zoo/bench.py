@@ -381,20 +381,17 @@ def group_rows(rows: list[dict], by_category: bool) -> list[tuple[Optional[str],
 
 def warm_up(llm, conversations: list[list[dict]], batch: int = 1) -> None:
     """Untimed requests, so that neither engine of a comparison pays one-off costs inside
-    its timed run: requests that stop one after another walk the running batch down from
-    ``batch`` to 1, capturing every CUDA-graph bucket on the way; and on CUDA every prompt's
-    prefill once, since Triton compiles a kernel variant per class of prompt length and
-    keeps it for the process, so the engine timed first would pay for compilations the
-    second reuses. On the CPU (no graphs, no Triton) one short request pays the first
-    step's allocations."""
+    its timed run: every prompt's prefill and first decode step once (the first prefill of
+    a new prompt length costs more, once per process: Triton's kernel variants on CUDA,
+    about half as long again on the CPU; the engine timed first would pay for what the
+    second reuses); and on CUDA, requests that stop one after another walk the
+    running batch down from ``batch`` to 1, capturing every CUDA-graph bucket on the way."""
     from .engine.sampling_params import SamplingParams
 
     if llm.device.type == "cuda":
         convs = (conversations * batch)[:batch]
         llm.chat(convs, [SamplingParams(temperature=0, max_tokens=8 + 4 * i, ignore_eos=True) for i in range(batch)])
-        llm.chat(conversations, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
-    else:
-        llm.chat(conversations[:1], SamplingParams(temperature=0, max_tokens=4))
+    llm.chat(conversations, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
     llm.engine.metrics.reset()
 
 
