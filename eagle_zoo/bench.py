@@ -579,6 +579,9 @@ def run(args) -> int:
     if args.per_category is not None and args.per_category < 1:
         raise SystemExit(f"--per-category {args.per_category}: give at least 1 (rows of each category)")
     rows = load_prompt_rows(args.dataset, args.num_prompts, args.per_category)
+    if args.per_category is not None and all(row["category"] is None for row in rows):
+        raise SystemExit(f"--per-category: the rows of --dataset {dataset_name(args.dataset)} have no 'category' "
+                         f"field; add one or use --num-prompts alone")
     if args.by_category and all(row["category"] is None for row in rows):
         raise SystemExit(f"--by-category: the rows of --dataset {dataset_name(args.dataset)} have no "
                          f"'category' field; add one or drop --by-category")

@@ -100,3 +100,14 @@ def test_per_category_takes_the_first_rows_of_each_category(tmp_path):
     assert [r["prompt"] for r in load_prompt_rows(str(path), 4, per_category=2)] == ["a0", "b0", "c0", "a1"]
     dev = load_prompt_rows("dev", 10 ** 6, per_category=10)
     assert len(dev) == 110 and all(sum(r["category"] == c for r in dev) == 10 for c in {r["category"] for r in dev})
+
+
+def test_per_category_is_refused_where_it_cannot_mean_anything(tmp_path):
+    from eagle_zoo import cli
+
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text(json.dumps({"prompt": "Hi."}) + "\n")
+    with pytest.raises(SystemExit, match="--per-category 0: give at least 1"):
+        cli.main(["bench", "--dataset", "dev", "--per-category", "0", "--device", "cpu"])
+    with pytest.raises(SystemExit, match="--per-category: the rows of --dataset .* have no 'category'"):
+        cli.main(["bench", "--dataset", str(plain), "--per-category", "2", "--device", "cpu"])
