@@ -103,8 +103,10 @@ def add_arguments(p):
     perf.add_argument("--eagle", default=None, help="EAGLE-1 head for the batch-1 table")
     perf.add_argument("--eagle3", default=None, help="EAGLE-3 head for the batch-1 and throughput tables")
     perf.add_argument("--ngram", action="store_true", help="add n-gram prompt lookup (min 2, max 4) rows")
-    perf.add_argument("--ks", default="1,2,3,4,5", help="speculative depths of the batch-1 table")
-    perf.add_argument("--batch-sizes", default="1,4,16,64")
+    perf.add_argument("--ks", default="1,2,3,4,5",
+                      help="speculative depths of the batch-1 table; '' for none (with --batch-sizes '' and no "
+                           "head given --tree, only the step-cost tables run and the target is not loaded)")
+    perf.add_argument("--batch-sizes", default="1,4,16,64", help="batch sizes of the throughput table; '' for none")
     perf.add_argument("--tput-k", type=int, default=3, help="k of the throughput table")
     perf.add_argument("--tput-waves", type=int, default=1,
                       help="throughput runs decode WAVES x batch size requests, max_num_seqs = batch size "

@@ -143,7 +143,10 @@ def run_perf(args) -> int:
     prompts = load_prompts(args.dataset, args.num_prompts)
     conversations = [[{"role": "user", "content": p}] for p in prompts]
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
-    ks = [int(k) for k in args.ks.split(",")]
+    try:
+        ks = [int(k) for k in args.ks.split(",") if k.strip()]
+    except ValueError:
+        raise SystemExit(f"--ks: expected comma-separated integers (or '' for none), got {args.ks!r}") from None
     heads = [h for h in (args.eagle, args.eagle3) if h]
     if args.ngram:  # prompt lookup rows beside the heads
         heads.append("ngram")
@@ -189,6 +192,11 @@ def run_perf(args) -> int:
         from .perf_steps import run_step_costs
 
         run_step_costs(args, record)
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
+    if not (ks or (heads and getattr(args, "tree", None)) or batch_sizes or args.hf_prompts):
+        # Only the random-weight tables were asked for (--ks '' --batch-sizes '', no head
+        # with --tree): the target is never loaded, so they run without its weights.
+        return _finish(args, report, out_path)
     # -- batch 1 ---------------------------------------------------------------
     plain = make()
     warm(plain)
@@ -230,7 +238,7 @@ def run_perf(args) -> int:
             del llm
     # -- throughput vs batch size ------------------------------------------------
     spec_head = args.eagle3 or args.eagle
-    for bs in [int(b) for b in args.batch_sizes.split(",") if b]:
+    for bs in batch_sizes:
         n = bs * max(getattr(args, "tput_waves", 1), 1)
         convs = (conversations * ((n + len(conversations) - 1) // len(conversations)))[:n]
         row = {"batch": bs, "requests": n}
@@ -260,6 +268,11 @@ def run_perf(args) -> int:
                 row["adaptive_steps_by_k"] = dict(sorted(llm.engine.depth_schedule.steps_by_depth.items()))
             del llm
         record("throughput", row)
+    return _finish(args, report, out_path)
+
+
+def _finish(args, report: dict, out_path) -> int:
+    """The 8B floor row (--floor, CUDA), then the whole report printed and written."""
     if args.floor and torch.cuda.is_available():
         try:
             report["decode_step_8b"] = decode_step_floor(torch.device("cuda"), torch.bfloat16)

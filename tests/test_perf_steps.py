@@ -68,3 +68,24 @@ def test_gpu_busy_time_is_the_union_of_kernel_intervals():
     assert _busy_us([]) == 0.0
     assert _busy_us([(0, 10), (5, 12), (20, 25), (21, 22)]) == 17.0  # overlaps count once, gaps not at all
     assert _busy_us([(20, 25), (0, 10)]) == 15.0
+
+
+def test_step_cost_tables_alone_never_load_the_target(tmp_path, monkeypatch):
+    """--ks '' --batch-sizes '' and no head: only the random-weight tables run (a GPU machine
+    without the target's weights can run them); the target is never built."""
+    import json
+
+    import eagle_zoo.engine.llm as llm_module
+    from eagle_zoo import cli, perf_steps
+
+    monkeypatch.setattr(llm_module, "LLM", lambda *a, **kw: pytest.fail("the target was loaded"))
+    monkeypatch.setitem(perf_steps.SHAPES, "smollm2", TINY)  # the table's code path at a tiny size
+    out = tmp_path / "perf.json"
+    assert cli.main(["bench", "--perf", "--step-costs", "smollm2", "--step-cost-steps", "4", "--ks", "",
+                     "--batch-sizes", "", "--tree", "2,2,4", "--device", "cpu", "--dtype", "float32",
+                     "--acceptance-profile", "0.5", "--tput-k", "1", "--json", str(out)]) == 0
+    (table,) = json.loads(out.read_text())["step_costs"]
+    assert [r["strategy"] for r in table["rows"]] == ["plain", "chain", "tree"]
+    assert table["projection"]["mean_acceptance_length"] == 1.5
+    with pytest.raises(SystemExit, match="--ks: expected comma-separated integers"):
+        cli.main(["bench", "--perf", "--ks", "three", "--step-costs", "", "--device", "cpu"])
