@@ -53,15 +53,20 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
-def smol_tokenizer():
-    """The embedded default target's tokenizer (SmolLM2, byte-level BPE); the module's
-    tests that ask for it are skipped, with the reason, where it is unavailable."""
-    from transformers import AutoTokenizer
-
+def default_target_dir():
+    """The embedded default target as a model directory (SmolLM2, converted from its GGUF);
+    the module's tests that ask for it are skipped, with the reason, where it is unavailable."""
     from eagle_zoo import default_target as dt
 
     try:
-        path = dt.resolve_default(dt.DEFAULT_MODEL_ID)
+        return dt.resolve_default(dt.DEFAULT_MODEL_ID)
     except dt.DefaultTargetError as exc:
         pytest.skip(f"default target unavailable: {exc}")
-    return AutoTokenizer.from_pretrained(str(path))
+
+
+@pytest.fixture(scope="module")
+def smol_tokenizer(default_target_dir):
+    """The embedded default target's tokenizer (SmolLM2, byte-level BPE)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(default_target_dir))

@@ -99,12 +99,8 @@ def assert_openai_error(r: httpx.Response, status: int, param=None):
 
 
 @pytest.fixture(scope="module")
-def tokenizer_dir():
-    try:
-        dt.gguf_path()
-    except dt.DefaultTargetError as e:
-        pytest.skip(str(e))
-    return dt.resolve_default(MODEL)
+def tokenizer_dir(default_target_dir):
+    return default_target_dir
 
 
 # -- a scripted engine: fast tests of the HTTP layer ---------------------------------------

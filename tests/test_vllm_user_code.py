@@ -26,11 +26,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def heads():
-    try:
-        dt.gguf_path()
-    except dt.DefaultTargetError as e:
-        pytest.skip(str(e))
+def heads(default_target_dir):
     missing = [h for h in (EAGLE, EAGLE3) if get_registry().catalog.get(h) is None]
     if missing:
         pytest.skip(f"shipped heads not installed: {missing}")
