@@ -113,7 +113,6 @@ def add_arguments(p):
                            "(continuous batching keeps the batch full; more waves: longer, steadier runs)")
     perf.add_argument("--hf-prompts", type=int, default=0, help="prompts for the transformers generate peer (0: skip)")
     perf.add_argument("--perf-max-model-len", type=int, default=1024)
-    perf.add_argument("--floor", action="store_true", help="time an 8B-shaped decode step against the bandwidth floor")
     perf.add_argument("--depth-schedule", default=None,
                       help='adaptive depth for an extra "adaptive" column of the throughput table: "auto" or a '
                            'JSON object like \'{"1": 3, "4": 1, "8": 0}\' (num_speculative_tokens_by_batch_size)')

@@ -9,7 +9,6 @@ Tables (all greedy, MT-bench first turns, chat template):
   step costs (--step-costs SHAPES, eagle_zoo/perf_steps.py): where a batch-1 engine step's
            time goes for plain, chain and tree steps on random-weight targets;
   greedy losslessness: speculative outputs equal to plain outputs, per prompt;
-  a Llama-3-8B-shaped random-weight decode step against the weight-bytes floor.
 Timing: warm-up first (graph buckets, every prompt's prefill), torch.cuda.synchronize around timed regions, one run each.
 """
 from __future__ import annotations
@@ -22,12 +21,6 @@ from pathlib import Path
 import torch
 
 from .bench import load_prompts, warm_up
-
-COPY_BANDWIDTH = 4.25e12  # bytes/s read + written, measured on an H200 (device-to-device copy)
-# The Llama-3-8B shape of the decode-step floor (LlamaConfig keyword arguments).
-LLAMA3_8B_SHAPE = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                       num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192,
-                       rope_theta=500000.0, tie_word_embeddings=False)
 
 
 def _sync():
@@ -73,43 +66,6 @@ def hf_generate_tps(model_dir, conversations, max_tokens, device, dtype):
         tokens += out.shape[1] - ids.shape[1]
     del model
     return tokens / seconds
-
-
-@torch.inference_mode()
-def decode_step_floor(device, dtype, steps: int = 50) -> dict:
-    """A Llama-3-8B-shaped model with random weights: time one decode step (batch 1)
-    through our engine's runner (CUDA graph) and compare with weight bytes / bandwidth."""
-    from transformers import LlamaConfig
-
-    from .engine.graphs import GraphPool
-    from .engine.runner import ModelRunner
-    from .models.llama import LlamaForCausalLM
-
-    config = LlamaConfig(**LLAMA3_8B_SHAPE)
-    with torch.device(device):
-        model = LlamaForCausalLM(config).to(dtype)
-    for p in model.parameters():
-        p.data.normal_(0, 0.02)
-    weight_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
-    runner = ModelRunner(model, 1, 2048, dtype, device, GraphPool())
-    ids = torch.randint(0, 1000, (1, 1), device=device)
-    slots = torch.zeros(1, dtype=torch.long, device=device)
-    def step(i):
-        pos = torch.full((1, 1), 100 + i, device=device)
-        hidden, _ = runner.run(ids, pos, slots, 2048)
-        return model.compute_logits(hidden)
-    for i in range(5):
-        step(i)
-    _sync()
-    start = time.perf_counter()
-    for i in range(steps):
-        step(i)
-    _sync()
-    ms = (time.perf_counter() - start) / steps * 1e3
-    floor_ms = weight_bytes / COPY_BANDWIDTH * 1e3  # the floor: weight bytes / copy bandwidth
-    del model, runner
-    torch.cuda.empty_cache()
-    return {"weight_GB": weight_bytes / 1e9, "step_ms": ms, "floor_ms": floor_ms, "ratio": ms / floor_ms}
 
 
 def _json_option(text: str, flag: str):
@@ -272,13 +228,7 @@ def run_perf(args) -> int:
 
 
 def _finish(args, report: dict, out_path) -> int:
-    """The 8B floor row (--floor, CUDA), then the whole report printed and written."""
-    if args.floor and torch.cuda.is_available():
-        try:
-            report["decode_step_8b"] = decode_step_floor(torch.device("cuda"), torch.bfloat16)
-        except Exception as exc:
-            traceback.print_exc()
-            report["decode_step_8b"] = {"error": f"{type(exc).__name__}: {exc}"}
+    """The whole report, printed and written."""
     print(json.dumps(report, indent=2))
     if out_path is not None:
         out_path.write_text(json.dumps(report, indent=2))

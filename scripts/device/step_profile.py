@@ -23,8 +23,7 @@ import torch
 from eagle_zoo.engine.core import EngineCore
 from eagle_zoo.engine.graphs import GraphPool
 from eagle_zoo.engine.sampling_params import SamplingParams
-from eagle_zoo.perf import COPY_BANDWIDTH
-from eagle_zoo.perf_steps import SHAPES, random_target
+from eagle_zoo.perf_steps import COPY_BANDWIDTH, SHAPES, random_target
 
 
 
