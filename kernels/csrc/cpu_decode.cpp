@@ -21,110 +21,46 @@
 
 namespace {
 
-// Dot product of a and b over K: four 8-wide fp32 accumulators over blocks of 32, one
-// over the remaining blocks of 8, then a fixed-order horizontal sum and the scalar tail.
-inline float dot(const float* a, const float* b, int64_t K) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-  int64_t k = 0;
-  for (; k + 32 <= K; k += 32) {
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 8), _mm256_loadu_ps(b + k + 8), s1);
-    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 16), _mm256_loadu_ps(b + k + 16), s2);
-    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 24), _mm256_loadu_ps(b + k + 24), s3);
-  }
-  for (; k + 8 <= K; k += 8) {
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), s0);
-  }
-  __m256 s = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, s);
-  float total = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-  for (; k < K; ++k) total += a[k] * b[k];
-  return total;
-}
-
-// dot() for two rows a0, a1 against the same b: b's vectors are loaded once for both
-// (verification steps are bound by these loads, not by memory), each row's arithmetic
-// exactly dot()'s, so a row's bits do not depend on whether it was paired.
-inline void dot2(const float* a0, const float* a1, const float* b, int64_t K, float* out0, float* out1) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-  __m256 t0 = s0, t1 = s0, t2 = s0, t3 = s0;
+// Dot products of R rows a[r] with the same b over K: per row four 8-wide fp32
+// accumulators over blocks of 32, one over the remaining blocks of 8, then a fixed-order
+// horizontal sum and the scalar tail. b's vectors are loaded once for the R rows
+// (verification steps are bound by these loads, not by memory), and every row runs the
+// same arithmetic whatever R is, so a row's bits do not depend on its neighbours. R <= 3:
+// 4R accumulators and four b vectors fit AVX2's sixteen registers.
+template <int R>
+inline void dot_rows(const float* const* a, const float* b, int64_t K, float* const* out) {
+  __m256 s[R][4];
+  for (int r = 0; r < R; ++r) s[r][0] = s[r][1] = s[r][2] = s[r][3] = _mm256_setzero_ps();
   int64_t k = 0;
   for (; k + 32 <= K; k += 32) {
     const __m256 b0 = _mm256_loadu_ps(b + k), b1 = _mm256_loadu_ps(b + k + 8);
     const __m256 b2 = _mm256_loadu_ps(b + k + 16), b3 = _mm256_loadu_ps(b + k + 24);
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a0 + k), b0, s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a0 + k + 8), b1, s1);
-    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a0 + k + 16), b2, s2);
-    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a0 + k + 24), b3, s3);
-    t0 = _mm256_fmadd_ps(_mm256_loadu_ps(a1 + k), b0, t0);
-    t1 = _mm256_fmadd_ps(_mm256_loadu_ps(a1 + k + 8), b1, t1);
-    t2 = _mm256_fmadd_ps(_mm256_loadu_ps(a1 + k + 16), b2, t2);
-    t3 = _mm256_fmadd_ps(_mm256_loadu_ps(a1 + k + 24), b3, t3);
+    for (int r = 0; r < R; ++r) {
+      s[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k), b0, s[r][0]);
+      s[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k + 8), b1, s[r][1]);
+      s[r][2] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k + 16), b2, s[r][2]);
+      s[r][3] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k + 24), b3, s[r][3]);
+    }
   }
   for (; k + 8 <= K; k += 8) {
     const __m256 b0 = _mm256_loadu_ps(b + k);
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a0 + k), b0, s0);
-    t0 = _mm256_fmadd_ps(_mm256_loadu_ps(a1 + k), b0, t0);
+    for (int r = 0; r < R; ++r) s[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k), b0, s[r][0]);
   }
   const int64_t tail = k;
-  __m256 s = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
-  __m256 t = _mm256_add_ps(_mm256_add_ps(t0, t1), _mm256_add_ps(t2, t3));
-  alignas(32) float ls[8], lt[8];
-  _mm256_store_ps(ls, s);
-  _mm256_store_ps(lt, t);
-  float total0 = ((ls[0] + ls[1]) + (ls[2] + ls[3])) + ((ls[4] + ls[5]) + (ls[6] + ls[7]));
-  float total1 = ((lt[0] + lt[1]) + (lt[2] + lt[3])) + ((lt[4] + lt[5]) + (lt[6] + lt[7]));
-  for (k = tail; k < K; ++k) total0 += a0[k] * b[k];
-  for (k = tail; k < K; ++k) total1 += a1[k] * b[k];
-  *out0 = total0;
-  *out1 = total1;
-}
-
-// dot() for three rows against the same b (a verification of K = 2 drafts): b's vectors
-// loaded once for the three; twelve accumulators and the four b vectors fill the sixteen
-// AVX2 registers. Each row's arithmetic is exactly dot()'s.
-inline void dot3(const float* a0, const float* a1, const float* a2, const float* b, int64_t K, float* out0,
-                 float* out1, float* out2) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-  __m256 t0 = s0, t1 = s0, t2 = s0, t3 = s0;
-  __m256 u0 = s0, u1 = s0, u2 = s0, u3 = s0;
-  int64_t k = 0;
-  for (; k + 32 <= K; k += 32) {
-    const __m256 b0 = _mm256_loadu_ps(b + k), b1 = _mm256_loadu_ps(b + k + 8);
-    const __m256 b2 = _mm256_loadu_ps(b + k + 16), b3 = _mm256_loadu_ps(b + k + 24);
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a0 + k), b0, s0);
-    t0 = _mm256_fmadd_ps(_mm256_loadu_ps(a1 + k), b0, t0);
-    u0 = _mm256_fmadd_ps(_mm256_loadu_ps(a2 + k), b0, u0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a0 + k + 8), b1, s1);
-    t1 = _mm256_fmadd_ps(_mm256_loadu_ps(a1 + k + 8), b1, t1);
-    u1 = _mm256_fmadd_ps(_mm256_loadu_ps(a2 + k + 8), b1, u1);
-    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a0 + k + 16), b2, s2);
-    t2 = _mm256_fmadd_ps(_mm256_loadu_ps(a1 + k + 16), b2, t2);
-    u2 = _mm256_fmadd_ps(_mm256_loadu_ps(a2 + k + 16), b2, u2);
-    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a0 + k + 24), b3, s3);
-    t3 = _mm256_fmadd_ps(_mm256_loadu_ps(a1 + k + 24), b3, t3);
-    u3 = _mm256_fmadd_ps(_mm256_loadu_ps(a2 + k + 24), b3, u3);
-  }
-  for (; k + 8 <= K; k += 8) {
-    const __m256 b0 = _mm256_loadu_ps(b + k);
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a0 + k), b0, s0);
-    t0 = _mm256_fmadd_ps(_mm256_loadu_ps(a1 + k), b0, t0);
-    u0 = _mm256_fmadd_ps(_mm256_loadu_ps(a2 + k), b0, u0);
-  }
-  const int64_t tail = k;
-  const __m256 sums[3] = {_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)),
-                          _mm256_add_ps(_mm256_add_ps(t0, t1), _mm256_add_ps(t2, t3)),
-                          _mm256_add_ps(_mm256_add_ps(u0, u1), _mm256_add_ps(u2, u3))};
-  const float* rows[3] = {a0, a1, a2};
-  float* outs[3] = {out0, out1, out2};
-  for (int r = 0; r < 3; ++r) {
+  for (int r = 0; r < R; ++r) {
     alignas(32) float l[8];
-    _mm256_store_ps(l, sums[r]);
+    _mm256_store_ps(l, _mm256_add_ps(_mm256_add_ps(s[r][0], s[r][1]), _mm256_add_ps(s[r][2], s[r][3])));
     float total = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-    for (k = tail; k < K; ++k) total += rows[r][k] * b[k];
-    *outs[r] = total;
+    for (k = tail; k < K; ++k) total += a[r][k] * b[k];
+    *out[r] = total;
   }
+}
+
+inline float dot(const float* a, const float* b, int64_t K) {
+  float total;
+  float* out = &total;
+  dot_rows<1>(&a, b, K, &out);
+  return total;
 }
 
 // The checks both entry points make: float32 CPU tensors, contiguous, at most 8 rows of
@@ -154,11 +90,15 @@ torch::Tensor few_row_linear(const torch::Tensor& x, const torch::Tensor& w) {
     for (int64_t n = begin; n < end; ++n) {
       const float* row = wp + n * K;
       int64_t m = 0;
-      for (; m + 3 <= M; m += 3)
-        dot3(xp + m * K, xp + (m + 1) * K, xp + (m + 2) * K, row, K, yp + m * N + n, yp + (m + 1) * N + n,
-             yp + (m + 2) * N + n);
+      for (; m + 3 <= M; m += 3) {
+        const float* a[3] = {xp + m * K, xp + (m + 1) * K, xp + (m + 2) * K};
+        float* y[3] = {yp + m * N + n, yp + (m + 1) * N + n, yp + (m + 2) * N + n};
+        dot_rows<3>(a, row, K, y);
+      }
       if (m + 2 <= M) {
-        dot2(xp + m * K, xp + (m + 1) * K, row, K, yp + m * N + n, yp + (m + 1) * N + n);
+        const float* a[2] = {xp + m * K, xp + (m + 1) * K};
+        float* y[2] = {yp + m * N + n, yp + (m + 1) * N + n};
+        dot_rows<2>(a, row, K, y);
         m += 2;
       }
       if (m < M) yp[m * N + n] = dot(xp + m * K, row, K);
