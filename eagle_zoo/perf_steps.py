@@ -189,18 +189,23 @@ def _graph_replays(engine) -> dict:
 
 
 def measure_strategy(target, head, strategy: str, *, k: int = 3, tree: Optional[dict] = None,
-                     dtype: torch.dtype, device: torch.device, steps: int = 200, max_model_len: int = 2048,
-                     profile: bool = True) -> dict:
+                     dtype: torch.dtype, device: torch.device, steps: int = 200, profile: bool = True) -> dict:
     """One strategy's row: engine-step wall, host and device time, syncs and graphs (module doc)."""
     from .engine.sampling_params import SamplingParams
 
+    per_step = (tree or {}).get("depth", k) + 1 if strategy != "plain" else 1
+    # Steps the request must outlive: warm-up, the timed steps, the profiled ones, and as
+    # many again for async scheduling's run-ahead. The cache holds them at the most tokens
+    # a step can add, so no step count or tree depth outgrows it.
+    need = 30 + 3 * steps + (steps if profile else 0)
+    max_model_len = -(-(PROMPT_TOKENS + need * per_step + per_step) // 256) * 256
+    if max_model_len > target.config.max_position_embeddings:
+        raise ValueError(f"step costs: {steps} steps of up to {per_step} tokens need max_model_len={max_model_len}, "
+                         f"over the shape's max_position_embeddings={target.config.max_position_embeddings}; "
+                         "give fewer --step-cost-steps")
     engine = _engine(target, head, strategy, k, tree, dtype, device, max_model_len)
     vocab = target.config.vocab_size
     prompt = torch.randint(0, vocab, (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(1)).tolist()
-    per_step = (tree or {}).get("depth", k) + 1 if strategy != "plain" else 1
-    need = 30 + 3 * steps + (steps if profile else 0)
-    if PROMPT_TOKENS + need * per_step >= max_model_len:
-        raise ValueError(f"step costs: {steps} steps of {per_step} tokens do not fit max_model_len={max_model_len}")
     seq = engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=need * per_step, ignore_eos=True))
     for _ in range(30):  # prefill, graph captures, warm-up
         engine.step()
@@ -239,7 +244,7 @@ def measure_strategy(target, head, strategy: str, *, k: int = 3, tree: Optional[
 
 def step_cost_table(shape_name: str, *, shape: Optional[dict] = None, k: int = 3, tree: Optional[dict] = None,
                     dtype: torch.dtype = torch.bfloat16, device: Optional[torch.device] = None, steps: int = 200,
-                    acceptance_profile: Optional[list[float]] = None, max_model_len: int = 2048) -> dict:
+                    acceptance_profile: Optional[list[float]] = None) -> dict:
     """The table for one target shape (SHAPES[shape_name], or ``shape`` given): rows for
     plain, chain k and (with ``tree``) a tree; ratios to plain; the 8B floor; the projection."""
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -247,8 +252,8 @@ def step_cost_table(shape_name: str, *, shape: Optional[dict] = None, k: int = 3
     target = random_target(shape, dtype, device)
     head = random_eagle3_head(target, DRAFT_VOCAB.get(shape_name, shape["vocab_size"]), dtype)
     strategies = [("plain", {}), ("chain", {"k": k})] + ([("tree", {"tree": tree})] if tree else [])
-    rows = [measure_strategy(target, head, name, dtype=dtype, device=device, steps=steps,
-                             max_model_len=max_model_len, **kw) for name, kw in strategies]
+    rows = [measure_strategy(target, head, name, dtype=dtype, device=device, steps=steps, **kw)
+            for name, kw in strategies]
     plain_us = rows[0]["step_us"]
     for row in rows:
         row["vs_plain"] = row["step_us"] / plain_us

@@ -181,13 +181,15 @@ def _layer_reference(h, norm1, w, norm2, cos, sin, k_cache, v_cache, slot, pos, 
 
 
 @needs_kernel
-@pytest.mark.parametrize("context", [5, 700])
-def test_llama_layer_rows_matches_the_reference_and_a_row_does_not_depend_on_the_others(context):
+@pytest.mark.parametrize("context,d", [(5, 8), (700, 8), (600, 64), (260, 128)])
+def test_llama_layer_rows_matches_the_reference_and_a_row_does_not_depend_on_the_others(context, d):
     """Grouped-query attention (3 query heads a kv head) over a cache row: every row agrees
     with the float64 layer, and row 0's bits are the same alone and among 1..8 rows (the
-    later rows sit at later positions, which it does not see)."""
+    later rows sit at later positions, which it does not see). Contexts past 256 keys span
+    several of the attention's splits; head sizes of 8, 64 and 128 take each of its
+    output paths (under 64 floats, 64, two groups of 64)."""
     g = torch.Generator().manual_seed(context)
-    H, heads, kv_heads, d, inter, max_len = 48, 6, 2, 8, 40, 1024
+    H, heads, kv_heads, inter, max_len = 48, 6, 2, 40, 1024
     w = {"qkv": torch.randn((heads + 2 * kv_heads) * d, H, generator=g) * 0.3,
          "o": torch.randn(H, heads * d, generator=g) * 0.3,
          "gu": torch.randn(2 * inter, H, generator=g) * 0.3, "down": torch.randn(H, inter, generator=g) * 0.3}

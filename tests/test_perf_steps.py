@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def test_table_has_a_row_per_strategy_with_ratios_to_plain():
     table = step_cost_table("tiny", shape=TINY, k=3, tree={"top_k": 4, "depth": 3, "total_tokens": 12},
                             dtype=torch.float32, device=torch.device("cpu"), steps=12,
-                            acceptance_profile=[0.7, 0.5, 0.4], max_model_len=1024)
+                            acceptance_profile=[0.7, 0.5, 0.4])
     plain, chain, tree = table["rows"]
     assert [r["strategy"] for r in table["rows"]] == ["plain", "chain", "tree"]
     assert plain["vs_plain"] == 1.0 and plain["tokens_per_step"] == 1.0

@@ -106,7 +106,7 @@ def cpu_decoder_layer(layer, positions: torch.Tensor, h: torch.Tensor) -> Option
     tokens of one sequence in one C++ call (kernels/cpu_decode.py llama_layer_rows: norm,
     qkv, rope, KV write, causal attention, o_proj, norm, gate_up, silu, down_proj), or
     None where it does not apply: a mask other than causal (trees), a sliding window, several sequences,
-    prefill-sized steps, autograd, or the kernels not built. Plain decoding and chain
+    prefill-sized steps, a head size not a multiple of 8, autograd, or the kernels not built. Plain decoding and chain
     verification both take it, so a verified token gets plain decoding's bits."""
     ctx = get_context()
     if (ctx is None or ctx.attn_mask is not None or ctx.tree_keys is not None or h.dim() != 3 or h.shape[0] != 1
@@ -117,6 +117,7 @@ def cpu_decoder_layer(layer, positions: torch.Tensor, h: torch.Tensor) -> Option
     attn, mlp, core = layer.self_attn, layer.mlp, layer.self_attn.attn
     k_cache, v_cache = ctx.kv_caches[core.layer_idx]
     if (k_cache.dtype != torch.float32 or v_cache.dtype != torch.float32 or k_cache.shape[-1] != v_cache.shape[-1]
+            or k_cache.shape[-1] % 8  # the kernel's attention works in vectors of 8 floats
             or not (k_cache.is_contiguous() and v_cache.is_contiguous()) or ctx.cache_positions.dtype != torch.long):
         return None
     slot = ctx.memo.get("slot")

@@ -21,6 +21,13 @@
 
 namespace {
 
+// Horizontal sum of one 8-wide accumulator in a fixed order.
+inline float hsum8(__m256 v) {
+  alignas(32) float l[8];
+  _mm256_store_ps(l, v);
+  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
 // Dot products of R rows a[r] with the same b over K: per row four 8-wide fp32
 // accumulators over blocks of 32, one over the remaining blocks of 8, then a fixed-order
 // horizontal sum and the scalar tail. b's vectors are loaded once for the R rows
@@ -48,9 +55,7 @@ inline void dot_rows(const float* const* a, const float* b, int64_t K, float* co
   }
   const int64_t tail = k;
   for (int r = 0; r < R; ++r) {
-    alignas(32) float l[8];
-    _mm256_store_ps(l, _mm256_add_ps(_mm256_add_ps(s[r][0], s[r][1]), _mm256_add_ps(s[r][2], s[r][3])));
-    float total = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+    float total = hsum8(_mm256_add_ps(_mm256_add_ps(s[r][0], s[r][1]), _mm256_add_ps(s[r][2], s[r][3])));
     for (k = tail; k < K; ++k) total += a[r][k] * b[k];
     *out[r] = total;
   }
@@ -61,6 +66,35 @@ inline float dot(const float* a, const float* b, int64_t K) {
   float* out = &total;
   dot_rows<1>(&a, b, K, &out);
   return total;
+}
+
+// e^x, 8 lanes: x = n ln2 + r with |r| <= ln2 / 2, e^r by its degree-6 polynomial
+// (Cephes expf's coefficients, within about 1 ulp), times 2^n built in the exponent bits.
+// x is first clamped to [-87.3, 88.3], where e^x is a normal float: below, the result is
+// ~1e-38 (nothing in a softmax sum or a sigmoid), above, ~2e38 instead of infinity.
+inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+// r[j] = the sum of a[j]'s lanes, j = 0..7, in a fixed order: eight keys' scores at once.
+inline __m256 transpose_sum8(const __m256* a) {
+  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
 // The checks both entry points make: float32 CPU tensors, contiguous, at most 8 rows of
@@ -133,6 +167,133 @@ torch::Tensor rms_norm_rows(const torch::Tensor& x, const torch::Tensor& w, doub
   return y;
 }
 
+// Keys per split of cache_attention_rows (a multiple of 8): the splits are the work items
+// shared out over threads, so a single sequence's attention uses every core.
+constexpr int64_t kKeysPerSplit = 256;
+
+// Causal attention over one cache row for T tokens, GQA: query head h of token t attends
+// to keys [0, min(pos[t] + 1, kv_len)) of kv head h / group. q: token t's query heads at
+// qkv + t * row (already roped); out [T, num_heads * d].
+//
+// Flash-decoding on the CPU: the keys are cut into fixed splits of kKeysPerSplit, and
+// each (kv head, split) is one work item over torch's threads. An item computes, for
+// every query of its kv head (its group of query heads, of every token), the scores of
+// eight keys at once (one accumulator per key over d, then transpose_sum8), their
+// running max, exp (exp8) and sum, and the values weighted in key order. The
+// splits of a query are then merged in split order. A kv head's keys and values are read
+// once for all its queries. Every query does the same arithmetic whatever T is: its
+// splits and the keys it sees in each depend only on its own position, so a row's bits
+// do not depend on T or on the other rows.
+void cache_attention_rows(const float* qkv, int64_t row, const float* k_rows, const float* v_rows,
+                          int64_t kv_width, const int64_t* pos, int64_t T, int64_t kv_len, int64_t num_heads,
+                          int64_t num_kv_heads, int64_t d, float scale, float* out) {
+  const int64_t group = num_heads / num_kv_heads, nq = T * group, q_width = num_heads * d, dv = d / 8;
+  std::vector<int64_t> limit(T);
+  int64_t max_keys = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    limit[t] = std::min(pos[t] + 1, kv_len);
+    max_keys = std::max(max_keys, limit[t]);
+  }
+  const int64_t splits = (max_keys + kKeysPerSplit - 1) / kKeysPerSplit;
+  const int64_t part = 2 + d;  // a query's split: max, sum, unnormalised output
+  std::vector<float> partial(static_cast<size_t>(std::max<int64_t>(num_kv_heads * splits * nq * part, 1)));
+  auto query = [&](int64_t kvh, int64_t qi) { return qkv + (qi / group) * row + (kvh * group + qi % group) * d; };
+
+  auto one_split = [&](int64_t item) {
+    const int64_t kvh = item / splits, j0 = (item % splits) * kKeysPerSplit;
+    const int64_t j1 = std::min(j0 + kKeysPerSplit, max_keys);
+    const float* k_head = k_rows + kvh * d;
+    const float* v_head = v_rows + kvh * d;
+    std::vector<float> scores(static_cast<size_t>(nq * kKeysPerSplit));
+    std::vector<float> pad(static_cast<size_t>(8 * d), 0.f);  // a last block of under 8 keys, zero-padded
+    for (int64_t jb = j0; jb < j1; jb += 8) {
+      const float* keys[8];
+      for (int64_t i = 0; i < 8; ++i) {
+        if (jb + 8 <= j1) {
+          keys[i] = k_head + (jb + i) * kv_width;
+        } else {
+          if (jb + i < j1) std::memcpy(pad.data() + i * d, k_head + (jb + i) * kv_width, d * sizeof(float));
+          keys[i] = pad.data() + i * d;
+        }
+      }
+      for (int64_t qi = 0; qi < nq; ++qi) {
+        const float* q = query(kvh, qi);
+        __m256 acc[8];
+        for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+        for (int64_t v = 0; v < dv; ++v) {
+          const __m256 qv = _mm256_loadu_ps(q + 8 * v);
+          for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys[i] + 8 * v), acc[i]);
+        }
+        _mm256_storeu_ps(scores.data() + qi * kKeysPerSplit + (jb - j0),
+                         _mm256_mul_ps(transpose_sum8(acc), _mm256_set1_ps(scale)));
+      }
+    }
+    for (int64_t qi = 0; qi < nq; ++qi) {
+      float* result = partial.data() + (item * nq + qi) * part;
+      const int64_t n = std::min(limit[qi / group], j1) - j0;  // keys this query sees here
+      if (n <= 0) {
+        result[0] = -INFINITY;
+        continue;
+      }
+      float* sc = scores.data() + qi * kKeysPerSplit;
+      float m = -INFINITY;
+      for (int64_t j = 0; j < n; ++j) m = std::max(m, sc[j]);
+      __m256 sum = _mm256_setzero_ps();
+      for (int64_t j = 0; j < n; j += 8) {  // sc has room for whole blocks of 8
+        __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), _mm256_set1_ps(m)));
+        if (j + 8 > n) {  // lanes past the query's last key count nothing
+          alignas(32) int32_t keep[8];
+          for (int64_t i = 0; i < 8; ++i) keep[i] = j + i < n ? -1 : 0;
+          p = _mm256_and_ps(p, _mm256_castsi256_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(keep))));
+        }
+        _mm256_storeu_ps(sc + j, p);
+        sum = _mm256_add_ps(sum, p);
+      }
+      result[0] = m;
+      result[1] = hsum8(sum);
+      for (int64_t v0 = 0; v0 < dv; v0 += 8) {  // the output in groups of up to 64 floats, kept in registers
+        const int64_t nv = std::min<int64_t>(8, dv - v0);
+        __m256 o[8];
+        for (int i = 0; i < 8; ++i) o[i] = _mm256_setzero_ps();
+        for (int64_t j = 0; j < n; ++j) {
+          const __m256 p = _mm256_set1_ps(sc[j]);
+          const float* value = v_head + (j0 + j) * kv_width + 8 * v0;
+          if (nv == 8) {
+            for (int i = 0; i < 8; ++i) o[i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(value + 8 * i), o[i]);
+          } else {
+            for (int64_t i = 0; i < nv; ++i) o[i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(value + 8 * i), o[i]);
+          }
+        }
+        for (int64_t i = 0; i < nv; ++i) _mm256_storeu_ps(result + 2 + 8 * (v0 + i), o[i]);
+      }
+    }
+  };
+  const int64_t items = num_kv_heads * splits;
+  // Splits over torch's threads once the work is worth a thread (a long context).
+  at::parallel_for(0, items, max_keys * nq >= 4096 ? 1 : std::max<int64_t>(items, 1), [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) one_split(item);
+  });
+  // Merge each query's splits in split order (splits past its last key are empty).
+  for (int64_t kvh = 0; kvh < num_kv_heads; ++kvh) {
+    for (int64_t qi = 0; qi < nq; ++qi) {
+      float* o = out + (qi / group) * q_width + (kvh * group + qi % group) * d;
+      std::fill(o, o + d, 0.f);
+      float m = -INFINITY, l = 0.f;
+      for (int64_t s = 0; s < splits; ++s) m = std::max(m, partial[((kvh * splits + s) * nq + qi) * part]);
+      if (m == -INFINITY) continue;  // a query that sees no key gets zeros
+      for (int64_t s = 0; s < splits; ++s) {
+        const float* result = partial.data() + ((kvh * splits + s) * nq + qi) * part;
+        if (result[0] == -INFINITY) continue;
+        const float w = std::exp(result[0] - m);
+        l += w * result[1];
+        for (int64_t i = 0; i < d; ++i) o[i] = std::fma(w, result[2 + i], o[i]);
+      }
+      const float inv = 1.f / l;
+      for (int64_t i = 0; i < d; ++i) o[i] *= inv;
+    }
+  }
+}
+
 // One exact Llama decoder layer for T <= 8 tokens of one sequence (plain decoding and
 // chain verification), float32: rmsnorm -> qkv -> neox rope of q and k -> KV-cache write
 // -> causal attention over the cache row -> o_proj + residual -> rmsnorm -> gate_up ->
@@ -148,7 +309,8 @@ torch::Tensor llama_layer_rows(const torch::Tensor& h, const torch::Tensor& norm
                                int64_t kv_len, int64_t num_heads, int64_t num_kv_heads, double scale) {
   const int64_t T = h.size(0);
   const int64_t d = k_cache.size(3);
-  const int64_t half = d / 2, group = num_heads / num_kv_heads;
+  const int64_t half = d / 2;
+  TORCH_CHECK(d % 8 == 0, "llama_layer_rows: head size ", d, " is not a multiple of 8 (the attention's vectors)");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.scalar_type() == torch::kFloat &&
               v_cache.scalar_type() == torch::kFloat && v_cache.size(3) == d && k_cache.size(2) == num_kv_heads,
               "llama_layer_rows: contiguous float32 caches [slots, len, kv_heads, d]");
@@ -192,80 +354,28 @@ torch::Tensor llama_layer_rows(const torch::Tensor& h, const torch::Tensor& norm
     std::memcpy(kc + at, tok + q_width, kv_width * sizeof(float));
     std::memcpy(vc + at, tok + q_width + kv_width, kv_width * sizeof(float));
   }
-  // Causal attention of each (token, head) over keys [0, min(pos + 1, kv_len)). A kv head's
-  // keys and values are read once for every query that uses them (its group of query heads,
-  // of every token): at long contexts the reads, not the arithmetic, set the pace, and a
-  // query per read made a verification of T tokens read the cache T * group times. Each
-  // query still does the same arithmetic in the same order (its scores in key order, their
-  // max, exp and sum, then the values weighted in key order), so a row's bits do not
-  // depend on T or on the other rows.
   auto attn = torch::empty({T, q_width}, h.options());
-  float* ap = attn.data_ptr<float>();
-  const int64_t nq = T * group;  // the queries of one kv head, token-major
-  int64_t max_keys = 0;
-  for (int64_t t = 0; t < T; ++t) max_keys = std::max(max_keys, std::min(pos[t] + 1, kv_len));
-  const float fscale = static_cast<float>(scale);
-  auto one_kv_head = [&](int64_t kvh) {
-    std::vector<float> scores(static_cast<size_t>(std::max<int64_t>(nq * max_keys, 1)));
-    std::vector<float> m(nq, -INFINITY), l(nq, 0.f);
-    const float* k_head = kc + slot * max_len * kv_width + kvh * d;
-    const float* v_head = vc + slot * max_len * kv_width + kvh * d;
-    for (int64_t j = 0; j < max_keys; ++j) {
-      const float* k = k_head + j * kv_width;
-      for (int64_t t = 0; t < T; ++t) {
-        if (j >= std::min(pos[t] + 1, kv_len)) continue;
-        for (int64_t g = 0; g < group; ++g) {
-          const int64_t qi = t * group + g;
-          const float score = dot(qkvp + t * row + (kvh * group + g) * d, k, d) * fscale;
-          scores[qi * max_keys + j] = score;
-          m[qi] = std::max(m[qi], score);
-        }
-      }
-    }
-    for (int64_t qi = 0; qi < nq; ++qi) {
-      const int64_t keys = std::min(pos[qi / group] + 1, kv_len);
-      float* sc = scores.data() + qi * max_keys;
-      for (int64_t j = 0; j < keys; ++j) {
-        sc[j] = std::exp(sc[j] - m[qi]);
-        l[qi] += sc[j];
-      }
-      float* out = ap + (qi / group) * q_width + (kvh * group + qi % group) * d;
-      for (int64_t i = 0; i < d; ++i) out[i] = 0.f;
-    }
-    for (int64_t j = 0; j < max_keys; ++j) {
-      const float* v = v_head + j * kv_width;
-      for (int64_t t = 0; t < T; ++t) {
-        if (j >= std::min(pos[t] + 1, kv_len)) continue;
-        for (int64_t g = 0; g < group; ++g) {
-          const int64_t qi = t * group + g;
-          const float p = scores[qi * max_keys + j];
-          float* out = ap + t * q_width + (kvh * group + g) * d;
-          for (int64_t i = 0; i < d; ++i) out[i] += p * v[i];
-        }
-      }
-    }
-    for (int64_t qi = 0; qi < nq; ++qi) {
-      const int64_t keys = std::min(pos[qi / group] + 1, kv_len);
-      const float inv = keys > 0 ? 1.f / l[qi] : 0.f;
-      float* out = ap + (qi / group) * q_width + (kvh * group + qi % group) * d;
-      for (int64_t i = 0; i < d; ++i) out[i] *= inv;
-    }
-  };
-  // kv heads over torch's threads once the work is worth a thread (a long context).
-  at::parallel_for(0, num_kv_heads, max_keys * nq >= 4096 ? 1 : num_kv_heads, [&](int64_t begin, int64_t end) {
-    for (int64_t kvh = begin; kvh < end; ++kvh) one_kv_head(kvh);
-  });
+  cache_attention_rows(qkvp, row, kc + slot * max_len * kv_width, vc + slot * max_len * kv_width, kv_width, pos, T,
+                       kv_len, num_heads, num_kv_heads, d, static_cast<float>(scale), attn.data_ptr<float>());
   torch::Tensor h2 = h + few_row_linear(attn, w_o);
   torch::Tensor gu = few_row_linear(rms_norm_rows(h2, norm2, eps2), w_gate_up);  // [T, 2I]
   const int64_t inter = gu.size(1) / 2;
   auto act = torch::empty({T, inter}, h.options());
   const float* gp = gu.data_ptr<float>();
   float* mp = act.data_ptr<float>();
+  // silu(gate) * up = gate / (1 + e^-gate) * up, eight at a time (exp8), the rest scalar.
   for (int64_t t = 0; t < T; ++t) {
-    for (int64_t i = 0; i < inter; ++i) {
-      const float g = gp[t * 2 * inter + i];
-      mp[t * inter + i] = (g / (1.f + std::exp(-g))) * gp[t * 2 * inter + inter + i];
+    const float* gate = gp + t * 2 * inter;
+    const float* up = gate + inter;
+    float* o = mp + t * inter;
+    int64_t i = 0;
+    for (; i + 8 <= inter; i += 8) {
+      const __m256 g = _mm256_loadu_ps(gate + i);
+      const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+      _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), e)),
+                                            _mm256_loadu_ps(up + i)));
     }
+    for (; i < inter; ++i) o[i] = (gate[i] / (1.f + std::exp(-gate[i]))) * up[i];
   }
   return h2 + few_row_linear(act, w_down);
 }
