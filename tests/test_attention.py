@@ -98,6 +98,37 @@ def test_cache_prefill_decode_and_verify_equal_full_causal(heads, kv_heads, d, d
     assert (caches[0][0] == sentinel).all()
 
 
+def test_a_prompts_prefill_takes_sdpa_causal_mask_and_other_steps_build_theirs(monkeypatch):
+    """One sequence's prefill (its T tokens are the cache's first kv_len == T positions)
+    leaves the mask to SDPA's is_causal; a step behind a cached prefix, two sequences at
+    once, a sliding window or a tree's mask build the mask. Both agree with attention's
+    definition (the test above)."""
+    built = []
+    original = Attention._mask
+    monkeypatch.setattr(Attention, "_mask", lambda self, *a: built.append(self.layer_idx) or original(self, *a))
+    heads, kv_heads, d = 4, 2, 8
+    q, k, v = make_qkv(2, 6, heads, kv_heads, d, d, seed=3)
+    caches = [(torch.zeros(2, 8, kv_heads, d), torch.zeros(2, 8, kv_heads, d)) for _ in range(2)]
+    plain, windowed = Attention(heads, kv_heads, d, layer_idx=0), Attention(heads, kv_heads, d, layer_idx=1,
+                                                                           sliding_window=3)
+
+    def run(attn, slots, positions, kv_len, attn_mask=None):
+        built.clear()
+        ctx = AttentionContext(caches, torch.tensor(slots), positions, kv_len=kv_len, attn_mask=attn_mask)
+        T = positions.shape[1]
+        with use_context(ctx):
+            out = attn(q[: len(slots), :T], k[: len(slots), :T], v[: len(slots), :T])
+        return out, bool(built)
+
+    out, masked = run(plain, [0], torch.arange(6)[None], 6)
+    assert not masked
+    torch.testing.assert_close(out[0], naive_attention(q[0], k[0], v[0], causal(6), d ** -0.5), atol=1e-5, rtol=1e-5)
+    assert run(plain, [0], torch.arange(2, 6)[None], 6)[1]  # behind 2 cached positions
+    assert run(plain, [0, 1], torch.arange(6).expand(2, 6), 6)[1]  # two sequences
+    assert run(windowed, [0], torch.arange(6)[None], 6)[1]
+    assert run(plain, [0], torch.arange(6)[None], 6, attn_mask=causal(6)[None])[1]
+
+
 def test_tree_mask():
     """Prefix of 4 tokens cached; a 4-node tree (0 <- root, 1 <- 0, 2 <- 0, 3 <- 2) written
     at cache positions 4..7 with its own mask. Each node must equal causal attention over

@@ -113,10 +113,20 @@ class Attention(nn.Module):
             keys, values = keys.to(q.dtype), values.to(q.dtype)
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-            attn_mask=mask, is_causal=ctx is None and mask is None, scale=self.scale,
+            attn_mask=mask, is_causal=mask is None, scale=self.scale,
             enable_gqa=self.num_kv_heads != self.num_heads,
         )
         return out.transpose(1, 2).flatten(2)
+
+    def _whole_prompt(self, ctx: AttentionContext, k: torch.Tensor, k_cache: torch.Tensor) -> bool:
+        """Whether the step is one sequence's first T tokens, so that each query sees
+        exactly the step's keys up to its own: one sequence whose T tokens fill the
+        cache's first kv_len == T positions (a prefill: distinct positions, in order), no
+        mask of the engine's own (trees), no window or chunk, and a cache of the keys'
+        dtype (so the cache holds these very values)."""
+        return (k.shape[0] == 1 and k.shape[1] == ctx.kv_len and k.shape[1] > 1 and ctx.attn_mask is None
+                and ctx.tree_keys is None and self.sliding_window is None and self.attention_chunk_size is None
+                and k.dtype == k_cache.dtype)
 
     def _use_kernels(self, q: torch.Tensor) -> bool:
         # Triton kernels on CUDA for decode-shaped steps: their reduction order does not
@@ -140,6 +150,11 @@ class Attention(nn.Module):
         # Index writes: no host sync, fixed shapes (CUDA-graph friendly).
         k_cache[rows, ctx.cache_positions] = k if k.dtype == k_cache.dtype else k.to(k_cache.dtype)
         v_cache[rows, ctx.cache_positions] = v if v.dtype == v_cache.dtype else v.to(v_cache.dtype)
+        if self._whole_prompt(ctx, k, k_cache):
+            # A prompt's prefill: the mask is the causal one, which SDPA applies itself,
+            # skipping the blocks above the diagonal (half a long prompt's attention)
+            # without building or reading a [T, T] mask.
+            return k, v, None
         if B == 1 and k.device.type == "cpu" and not k.requires_grad:
             # One sequence (CPU decoding): attend over a view of its row instead of a
             # gathered copy. Its slot is read on the host once per forward (no device sync

@@ -167,23 +167,41 @@ torch::Tensor rms_norm_rows(const torch::Tensor& x, const torch::Tensor& w, doub
   return y;
 }
 
+// out[0 .. 8 NV) += sum over j < n of p[j] * values[j * stride + 0 .. 8 NV), in key order,
+// in NV accumulators held in registers; an element's arithmetic is the same whatever NV
+// is and wherever a caller cuts the keys into blocks.
+template <int NV>
+inline void add_weighted_values(const float* p, int64_t n, const float* values, int64_t stride, float* out) {
+  __m256 o[NV];
+  for (int i = 0; i < NV; ++i) o[i] = _mm256_loadu_ps(out + 8 * i);
+  for (int64_t j = 0; j < n; ++j) {
+    const __m256 pj = _mm256_set1_ps(p[j]);
+    const float* row = values + j * stride;
+    for (int i = 0; i < NV; ++i) o[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(row + 8 * i), o[i]);
+  }
+  for (int i = 0; i < NV; ++i) _mm256_storeu_ps(out + 8 * i, o[i]);
+}
+
 // Keys per split of cache_attention_rows (a multiple of 8): the splits are the work items
 // shared out over threads, so a single sequence's attention uses every core.
 constexpr int64_t kKeysPerSplit = 256;
+// Keys whose values every query of a split weighs before the next block's are read: 32
+// keys of a 64-float head are 8 KiB, which stay in L1 while each query reads them.
+constexpr int64_t kValueBlock = 32;
 
 // Causal attention over one cache row for T tokens, GQA: query head h of token t attends
-// to keys [0, min(pos[t] + 1, kv_len)) of kv head h / group. q: token t's query heads at
-// qkv + t * row (already roped); out [T, num_heads * d].
+// to keys [0, min(pos[t] + 1, kv_len)) of kv head h / group. Token t's query heads are at
+// qkv + t * row (already roped); out [T, num_heads * d]; d a multiple of 8.
 //
 // Flash-decoding on the CPU: the keys are cut into fixed splits of kKeysPerSplit, and
-// each (kv head, split) is one work item over torch's threads. An item computes, for
-// every query of its kv head (its group of query heads, of every token), the scores of
-// eight keys at once (one accumulator per key over d, then transpose_sum8), their
-// running max, exp (exp8) and sum, and the values weighted in key order. The
-// splits of a query are then merged in split order. A kv head's keys and values are read
-// once for all its queries. Every query does the same arithmetic whatever T is: its
-// splits and the keys it sees in each depend only on its own position, so a row's bits
-// do not depend on T or on the other rows.
+// each (kv head, split) is one work item over torch's threads. An item takes every query
+// of its kv head (its group of query heads, of every token) at once, so it reads the
+// head's keys and values once for all of them: scores eight keys at a time (one
+// accumulator per key over d, then transpose_sum8), then per query the max, exp (exp8)
+// and sum, then the values weighted in blocks of kValueBlock keys. The splits of a query
+// are merged in split order. A query's arithmetic is the same whatever T is (its splits
+// and the keys it sees in each depend only on its own position), so a row's bits do not
+// depend on T or on the other rows.
 void cache_attention_rows(const float* qkv, int64_t row, const float* k_rows, const float* v_rows,
                           int64_t kv_width, const int64_t* pos, int64_t T, int64_t kv_len, int64_t num_heads,
                           int64_t num_kv_heads, int64_t d, float scale, float* out) {
@@ -202,17 +220,17 @@ void cache_attention_rows(const float* qkv, int64_t row, const float* k_rows, co
   auto one_split = [&](int64_t item) {
     const int64_t kvh = item / splits, j0 = (item % splits) * kKeysPerSplit;
     const int64_t j1 = std::min(j0 + kKeysPerSplit, max_keys);
-    const float* k_head = k_rows + kvh * d;
-    const float* v_head = v_rows + kvh * d;
+    const float* k_head = k_rows + j0 * kv_width + kvh * d;  // key j0 of this kv head
+    const float* v_head = v_rows + j0 * kv_width + kvh * d;
     std::vector<float> scores(static_cast<size_t>(nq * kKeysPerSplit));
     std::vector<float> pad(static_cast<size_t>(8 * d), 0.f);  // a last block of under 8 keys, zero-padded
-    for (int64_t jb = j0; jb < j1; jb += 8) {
+    for (int64_t jb = 0; jb < j1 - j0; jb += 8) {
       const float* keys[8];
       for (int64_t i = 0; i < 8; ++i) {
-        if (jb + 8 <= j1) {
+        if (j0 + jb + 8 <= j1) {
           keys[i] = k_head + (jb + i) * kv_width;
         } else {
-          if (jb + i < j1) std::memcpy(pad.data() + i * d, k_head + (jb + i) * kv_width, d * sizeof(float));
+          if (j0 + jb + i < j1) std::memcpy(pad.data() + i * d, k_head + (jb + i) * kv_width, d * sizeof(float));
           keys[i] = pad.data() + i * d;
         }
       }
@@ -224,17 +242,16 @@ void cache_attention_rows(const float* qkv, int64_t row, const float* k_rows, co
           const __m256 qv = _mm256_loadu_ps(q + 8 * v);
           for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys[i] + 8 * v), acc[i]);
         }
-        _mm256_storeu_ps(scores.data() + qi * kKeysPerSplit + (jb - j0),
-                         _mm256_mul_ps(transpose_sum8(acc), _mm256_set1_ps(scale)));
+        _mm256_storeu_ps(scores.data() + qi * kKeysPerSplit + jb, _mm256_mul_ps(transpose_sum8(acc),
+                                                                                 _mm256_set1_ps(scale)));
       }
     }
+    std::vector<int64_t> seen(nq);  // keys each query sees in this split
     for (int64_t qi = 0; qi < nq; ++qi) {
       float* result = partial.data() + (item * nq + qi) * part;
-      const int64_t n = std::min(limit[qi / group], j1) - j0;  // keys this query sees here
-      if (n <= 0) {
-        result[0] = -INFINITY;
-        continue;
-      }
+      const int64_t n = seen[qi] = std::max<int64_t>(std::min(limit[qi / group], j1) - j0, 0);
+      result[0] = -INFINITY;  // a query that sees no key here: an empty split
+      if (n == 0) continue;
       float* sc = scores.data() + qi * kKeysPerSplit;
       float m = -INFINITY;
       for (int64_t j = 0; j < n; ++j) m = std::max(m, sc[j]);
@@ -251,20 +268,18 @@ void cache_attention_rows(const float* qkv, int64_t row, const float* k_rows, co
       }
       result[0] = m;
       result[1] = hsum8(sum);
-      for (int64_t v0 = 0; v0 < dv; v0 += 8) {  // the output in groups of up to 64 floats, kept in registers
-        const int64_t nv = std::min<int64_t>(8, dv - v0);
-        __m256 o[8];
-        for (int i = 0; i < 8; ++i) o[i] = _mm256_setzero_ps();
-        for (int64_t j = 0; j < n; ++j) {
-          const __m256 p = _mm256_set1_ps(sc[j]);
-          const float* value = v_head + (j0 + j) * kv_width + 8 * v0;
-          if (nv == 8) {
-            for (int i = 0; i < 8; ++i) o[i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(value + 8 * i), o[i]);
-          } else {
-            for (int64_t i = 0; i < nv; ++i) o[i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(value + 8 * i), o[i]);
-          }
-        }
-        for (int64_t i = 0; i < nv; ++i) _mm256_storeu_ps(result + 2 + 8 * (v0 + i), o[i]);
+      std::fill(result + 2, result + part, 0.f);
+    }
+    for (int64_t jb = 0; jb < j1 - j0; jb += kValueBlock) {
+      for (int64_t qi = 0; qi < nq; ++qi) {
+        const int64_t n = std::min(seen[qi], jb + kValueBlock) - jb;
+        if (n <= 0) continue;
+        const float* p = scores.data() + qi * kKeysPerSplit + jb;
+        float* o = partial.data() + (item * nq + qi) * part + 2;
+        const float* values = v_head + jb * kv_width;
+        int64_t v = 0;
+        for (; v + 8 <= dv; v += 8) add_weighted_values<8>(p, n, values + 8 * v, kv_width, o + 8 * v);
+        for (; v < dv; ++v) add_weighted_values<1>(p, n, values + 8 * v, kv_width, o + 8 * v);
       }
     }
   };
