@@ -1,5 +1,6 @@
 """The float32 CPU kernels of decode steps (csrc/cpu_decode.cpp), for up to MAX_ROWS rows:
-few_row_linear (y = x @ w^T, a row-major AVX2 dot product per output) and rms_norm_rows.
+few_row_linear (y = x @ w^T, a row-major AVX2 dot product per output; w float32 or
+bfloat16) and rms_norm_rows.
 Both are batch invariant (a row's bits do not depend on how many rows there are). Built
 on first use with torch's C++ extension loader (g++ with OpenMP; about 30 s, then
 cached); where it cannot be built or the CPU lacks AVX2, `available()` is False and
@@ -60,13 +61,14 @@ def available() -> bool:
 
 
 def few_row_linear_torch(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Reference: x [M, K] @ w [N, K]^T."""
-    return F.linear(x, w)
+    """Reference: x [M, K] @ w [N, K]^T (w widened to x's dtype)."""
+    return F.linear(x, w.to(x.dtype))
 
 
 def few_row_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [M, K] (M <= MAX_ROWS) @ w [N, K]^T, float32 CPU tensors, contiguous: the kernel
-    where available(), the reference otherwise."""
+    """x [M, K] (M <= MAX_ROWS) @ w [N, K]^T, float32 CPU x and a float32 or bfloat16 w
+    (read as its exact float32 values): the kernel where available(), the reference
+    otherwise."""
     if available():
         return _module.few_row_linear(x.contiguous(), w.contiguous())
     return few_row_linear_torch(x, w)

@@ -35,7 +35,7 @@ def test_bad_inputs_name_the_problem():
     w = torch.randn(8, 16)
     with pytest.raises(RuntimeError, match="at most 8 rows"):
         cpu_decode._module.few_row_linear(torch.randn(9, 16), w)
-    with pytest.raises(RuntimeError, match="float32 only"):
+    with pytest.raises(RuntimeError, match="float32 x and a float32 or bfloat16 weight only"):
         cpu_decode._module.few_row_linear(torch.randn(2, 16, dtype=torch.float64), w.double())
     with pytest.raises(RuntimeError, match=r"x \[M, K\] and w \[N, K\]"):
         cpu_decode._module.few_row_linear(torch.randn(2, 15), w)
@@ -212,3 +212,79 @@ def test_llama_layer_rows_matches_the_reference_and_a_row_does_not_depend_on_the
     torch.testing.assert_close(full.double(), ref, rtol=1e-4, atol=1e-4)
     for T in range(1, cpu_decode.MAX_ROWS):
         assert torch.equal(layer(T), full[:T]), T
+
+
+@needs_kernel
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_a_bfloat16_weight_gives_its_float32_copys_bits(shape):
+    """few_row_linear reads a bfloat16 weight as its exact float32 values: every row count
+    gives the bits of the float32 copy (and the reference's values)."""
+    N, K = shape
+    g = torch.Generator().manual_seed(N * K)
+    w = torch.randn(N, K, generator=g).bfloat16()
+    x = torch.randn(cpu_decode.MAX_ROWS, K, generator=g)
+    for m in range(1, cpu_decode.MAX_ROWS + 1):
+        assert torch.equal(cpu_decode.few_row_linear(x[:m], w), cpu_decode.few_row_linear(x[:m], w.float())), m
+    torch.testing.assert_close(cpu_decode.few_row_linear(x, w), cpu_decode.few_row_linear_torch(x, w),
+                               rtol=1e-5, atol=1e-5 * K ** 0.5)
+
+
+@needs_kernel
+@torch.inference_mode()
+def test_store_exact_bf16_weights_takes_only_exact_unshared_weights():
+    g = torch.Generator().manual_seed(2)
+    exact, inexact, kept = (layers.ReplicatedLinear(16, 24) for _ in range(3))
+    lm_head = layers.ParallelLMHead(40, 16)
+    model = torch.nn.ModuleList([exact, inexact, kept, lm_head])
+    for m in model:
+        m.weight.copy_(torch.randn(m.weight.shape, generator=g).bfloat16().float())
+    inexact.weight.add_(1e-4)  # no longer bfloat16 values
+    inputs = [torch.randn(1, 3, 16, generator=g), torch.randn(1, 12, 16, generator=g)]  # kernel, widened
+    before = [m(x) for m in model for x in inputs]
+    saved = layers.store_exact_bf16_weights(model, keep=[kept.weight])
+    assert [m.weight.dtype for m in model] == [torch.bfloat16, torch.float32, torch.float32, torch.bfloat16]
+    assert saved == (24 * 16 + 40 * 16) * 2
+    after = [m(x) for m in model for x in inputs]
+    for b, a in zip(before, after):
+        assert torch.equal(a, b)
+
+
+@needs_kernel
+def test_a_bf16_eagle3_head_on_the_cpu_drafts_the_same_tokens_from_bf16_weights(tmp_path, monkeypatch):
+    """An EAGLE-3 head shipped in bf16, run by a float32 CPU engine, keeps its linear
+    weights in bf16 (the target's stay float32) and drafts exactly what it drafts from
+    their float32 copies: the same outputs, the same accepted drafts."""
+    from safetensors.torch import load_file, save_file
+
+    import checkpoint_factory as cf
+    import engine_fixtures as ef
+    from eagle_zoo import LLM, SamplingParams
+
+    kind = ef.kind_of("llama")
+    target = ef.write_target(tmp_path / "target", kind)
+    head = ef.write_head(tmp_path / "head", kind, "eagle3", seed=4, scale=0.6)
+    for f in head.glob("*.safetensors"):
+        save_file({k: v.bfloat16() if v.is_floating_point() else v for k, v in load_file(f).items()}, f)
+    prompts = [{"prompt_token_ids": p} for p in ef.random_prompts((5, 12, 3), cf.TINY["vocab_size"], seed=1)]
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    spec = {"method": "eagle3", "model": str(head), "num_speculative_tokens": 3}
+
+    def run():
+        llm = LLM(str(target), speculative_config=spec, device="cpu", dtype="float32", max_model_len=96,
+                  max_num_seqs=1)
+        proposer, drafts = llm.engine.proposer, []
+        propose = proposer.propose
+        monkeypatch.setattr(proposer, "propose", lambda batch: drafts.append(propose(batch)[0].tolist()) or
+                            (torch.tensor(drafts[-1]), None))
+        outs = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        return llm, outs, drafts
+
+    llm, outs, drafts = run()
+    drafter = llm.engine.proposer.head
+    assert drafter.fc.weight.dtype == drafter.lm_head.weight.dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in llm.engine.runner.model.parameters())
+    import eagle_zoo.engine.llm as llm_module
+    monkeypatch.setattr(llm_module, "store_exact_bf16_weights", lambda *a, **kw: 0)
+    llm, outs_fp32, drafts_fp32 = run()
+    assert llm.engine.proposer.head.fc.weight.dtype == torch.float32
+    assert outs == outs_fp32 and len(drafts) > 5 and drafts == drafts_fp32

@@ -21,6 +21,7 @@ from ..config.depth_schedule import DepthSchedule
 from ..config.speculative import SpeculativeConfig
 from .core import EngineCore
 from .graphs import GraphPool
+from ..models.layers import store_exact_bf16_weights
 from .model_loader import load_model
 from .outputs import RequestOutput
 from .parallel import draft_scope, start as start_parallel, target_scope
@@ -190,6 +191,9 @@ class LLM:
                     f"speculative_config method={spec.method!r} but {spec.model!r} is an {head.method} head: "
                     f"set method={head.method!r} or leave it out"
                 )
+            if self.device.type == "cpu" and self.dtype == torch.float32:
+                # A head shipped in bf16: its weights read from half the bytes, same results.
+                store_exact_bf16_weights(head.head, keep=list(loaded.model.parameters()))
             n_layers = loaded.config.num_hidden_layers
             if spec.tree is not None:  # EAGLE-2 dynamic tree (engine/tree_proposer.py)
                 from .tree_proposer import build_tree_proposer

@@ -1,5 +1,6 @@
 // The float32 CPU kernels of decode steps (a few rows): few_row_linear, y[M, N] =
-// x[M, K] @ w[N, K]^T, and rms_norm_rows, for M <= 8.
+// x[M, K] @ w[N, K]^T (w float32, or bfloat16 read as its exact float32 values), and
+// rms_norm_rows, for M <= 8; llama_layer_rows, a whole Llama decoder layer.
 //
 // Why: a decode step reads every weight once for one row (plain decoding) or a few
 // (verification). MKL's paths for these shapes stream the weights at 15-20 GB/s on the
@@ -28,20 +29,31 @@ inline float hsum8(__m256 v) {
   return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
-// Dot products of R rows a[r] with the same b over K: per row four 8-wide fp32
+// Eight weights as float32: a float32 weight as it is, a bfloat16 one widened (its 16
+// bits become the float's upper half: exact). A bfloat16 weight gives the products and sums
+// of its float32 copy, bit for bit, from half the bytes.
+inline __m256 load_weights8(const float* w) { return _mm256_loadu_ps(w); }
+inline __m256 load_weights8(const at::BFloat16* w) {
+  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+inline float weight_value(float w) { return w; }
+inline float weight_value(at::BFloat16 w) { return static_cast<float>(w); }
+
+// Dot products of R rows a[r] with the same weight row b over K: per row four 8-wide fp32
 // accumulators over blocks of 32, one over the remaining blocks of 8, then a fixed-order
 // horizontal sum and the scalar tail. b's vectors are loaded once for the R rows
 // (verification steps are bound by these loads, not by memory), and every row runs the
 // same arithmetic whatever R is, so a row's bits do not depend on its neighbours. R <= 3:
 // 4R accumulators and four b vectors fit AVX2's sixteen registers.
-template <int R>
-inline void dot_rows(const float* const* a, const float* b, int64_t K, float* const* out) {
+template <int R, typename W>
+inline void dot_rows(const float* const* a, const W* b, int64_t K, float* const* out) {
   __m256 s[R][4];
   for (int r = 0; r < R; ++r) s[r][0] = s[r][1] = s[r][2] = s[r][3] = _mm256_setzero_ps();
   int64_t k = 0;
   for (; k + 32 <= K; k += 32) {
-    const __m256 b0 = _mm256_loadu_ps(b + k), b1 = _mm256_loadu_ps(b + k + 8);
-    const __m256 b2 = _mm256_loadu_ps(b + k + 16), b3 = _mm256_loadu_ps(b + k + 24);
+    const __m256 b0 = load_weights8(b + k), b1 = load_weights8(b + k + 8);
+    const __m256 b2 = load_weights8(b + k + 16), b3 = load_weights8(b + k + 24);
     for (int r = 0; r < R; ++r) {
       s[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k), b0, s[r][0]);
       s[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k + 8), b1, s[r][1]);
@@ -50,13 +62,13 @@ inline void dot_rows(const float* const* a, const float* b, int64_t K, float* co
     }
   }
   for (; k + 8 <= K; k += 8) {
-    const __m256 b0 = _mm256_loadu_ps(b + k);
+    const __m256 b0 = load_weights8(b + k);
     for (int r = 0; r < R; ++r) s[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k), b0, s[r][0]);
   }
   const int64_t tail = k;
   for (int r = 0; r < R; ++r) {
     float total = hsum8(_mm256_add_ps(_mm256_add_ps(s[r][0], s[r][1]), _mm256_add_ps(s[r][2], s[r][3])));
-    for (k = tail; k < K; ++k) total += a[r][k] * b[k];
+    for (k = tail; k < K; ++k) total += a[r][k] * weight_value(b[k]);
     *out[r] = total;
   }
 }
@@ -97,11 +109,15 @@ inline __m256 transpose_sum8(const __m256* a) {
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-// The checks both entry points make: float32 CPU tensors, contiguous, at most 8 rows of
-// x [M, K] and a weight whose last dimension is K.
-void check_rows(const char* fn, const torch::Tensor& x, const torch::Tensor& w, int64_t w_dim) {
+// The checks both entry points make: CPU tensors, contiguous, at most 8 rows of float32
+// x [M, K] and a weight whose last dimension is K, float32 (or bfloat16 where
+// bf16_weight is allowed).
+void check_rows(const char* fn, const torch::Tensor& x, const torch::Tensor& w, int64_t w_dim,
+                bool bf16_weight = false) {
   TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), fn, ": CPU tensors only");
-  TORCH_CHECK(x.scalar_type() == torch::kFloat && w.scalar_type() == torch::kFloat, fn, ": float32 only, got ",
+  TORCH_CHECK(x.scalar_type() == torch::kFloat && (w.scalar_type() == torch::kFloat ||
+                                                   (bf16_weight && w.scalar_type() == torch::kBFloat16)),
+              fn, ": float32 x and a float32", bf16_weight ? " or bfloat16" : "", " weight only, got ",
               x.scalar_type(), " and ", w.scalar_type());
   TORCH_CHECK(x.dim() == 2 && w.dim() == w_dim && x.size(1) == w.size(w_dim - 1), fn, ": x [M, K] and w [",
               w_dim == 2 ? "N, K" : "K", "], got ", x.sizes(), " and ", w.sizes());
@@ -109,20 +125,14 @@ void check_rows(const char* fn, const torch::Tensor& x, const torch::Tensor& w, 
   TORCH_CHECK(x.size(0) <= 8, fn, ": at most 8 rows, got ", x.size(0));
 }
 
-}  // namespace
-
-torch::Tensor few_row_linear(const torch::Tensor& x, const torch::Tensor& w) {
-  check_rows("few_row_linear", x, w, 2);
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  auto y = torch::empty({M, N}, x.options());
-  const float* xp = x.data_ptr<float>();
-  const float* wp = w.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
+// y [M, N] = x [M, K] @ w [N, K]^T, w float32 or bfloat16.
+template <typename W>
+void rows_times_weights(const float* xp, const W* wp, float* yp, int64_t M, int64_t K, int64_t N) {
   // Outputs split over torch's threads; 64 outputs at least per chunk (the layers are
   // 192 to 49,152 wide), each weight row read once for the M dot products.
   at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
-      const float* row = wp + n * K;
+      const W* row = wp + n * K;
       int64_t m = 0;
       for (; m + 3 <= M; m += 3) {
         const float* a[3] = {xp + m * K, xp + (m + 1) * K, xp + (m + 2) * K};
@@ -135,9 +145,26 @@ torch::Tensor few_row_linear(const torch::Tensor& x, const torch::Tensor& w) {
         dot_rows<2>(a, row, K, y);
         m += 2;
       }
-      if (m < M) yp[m * N + n] = dot(xp + m * K, row, K);
+      if (m < M) {
+        const float* a = xp + m * K;
+        float* y = yp + m * N + n;
+        dot_rows<1>(&a, row, K, &y);
+      }
     }
   });
+}
+
+}  // namespace
+
+torch::Tensor few_row_linear(const torch::Tensor& x, const torch::Tensor& w) {
+  check_rows("few_row_linear", x, w, 2, /*bf16_weight=*/true);
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  auto y = torch::empty({M, N}, x.options());
+  if (w.scalar_type() == torch::kBFloat16) {
+    rows_times_weights(x.data_ptr<float>(), w.data_ptr<at::BFloat16>(), y.data_ptr<float>(), M, K, N);
+  } else {
+    rows_times_weights(x.data_ptr<float>(), w.data_ptr<float>(), y.data_ptr<float>(), M, K, N);
+  }
   return y;
 }
 
@@ -166,6 +193,8 @@ torch::Tensor rms_norm_rows(const torch::Tensor& x, const torch::Tensor& w, doub
   }
   return y;
 }
+
+namespace {
 
 // out[0 .. 8 NV) += sum over j < n of p[j] * values[j * stride + 0 .. 8 NV), in key order,
 // in NV accumulators held in registers; an element's arithmetic is the same whatever NV
@@ -308,6 +337,8 @@ void cache_attention_rows(const float* qkv, int64_t row, const float* k_rows, co
     }
   }
 }
+
+}  // namespace
 
 // One exact Llama decoder layer for T <= 8 tokens of one sequence (plain decoding and
 // chain verification), float32: rmsnorm -> qkv -> neox rope of q and k -> KV-cache write
