@@ -230,30 +230,38 @@ def test_a_bfloat16_weight_gives_its_float32_copys_bits(shape):
 
 
 @needs_kernel
-@torch.inference_mode()
-def test_store_exact_bf16_weights_takes_only_exact_unshared_weights():
+def test_exact_bf16_copies_only_for_exact_unshared_weights_and_only_while_current():
     g = torch.Generator().manual_seed(2)
     exact, inexact, kept = (layers.ReplicatedLinear(16, 24) for _ in range(3))
     lm_head = layers.ParallelLMHead(40, 16)
-    model = torch.nn.ModuleList([exact, inexact, kept, lm_head])
+    model = torch.nn.ModuleList([exact, inexact, kept, lm_head]).requires_grad_(False)
     for m in model:
         m.weight.copy_(torch.randn(m.weight.shape, generator=g).bfloat16().float())
     inexact.weight.add_(1e-4)  # no longer bfloat16 values
-    inputs = [torch.randn(1, 3, 16, generator=g), torch.randn(1, 12, 16, generator=g)]  # kernel, widened
+    inputs = [torch.randn(1, 3, 16, generator=g), torch.randn(1, 12, 16, generator=g)]  # kernel, torch's matmul
     before = [m(x) for m in model for x in inputs]
-    saved = layers.store_exact_bf16_weights(model, keep=[kept.weight])
-    assert [m.weight.dtype for m in model] == [torch.bfloat16, torch.float32, torch.float32, torch.bfloat16]
-    assert saved == (24 * 16 + 40 * 16) * 2
-    after = [m(x) for m in model for x in inputs]
-    for b, a in zip(before, after):
-        assert torch.equal(a, b)
+    calls = []
+    kernel = cpu_decode.few_row_linear
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cpu_decode, "few_row_linear", lambda x, w: calls.append(w.dtype) or kernel(x, w))
+        assert layers.add_exact_bf16_copies(model, keep=[kept.weight]) == (24 * 16 + 40 * 16) * 2
+        assert [hasattr(m.weight, "_bf16_copy") for m in model] == [True, False, False, True]
+        assert all(m.weight.dtype == torch.float32 for m in model)
+        after = [m(x) for m in model for x in inputs]
+        assert calls == [torch.bfloat16, torch.float32, torch.float32, torch.bfloat16]  # the 3-row calls
+        for b, a in zip(before, after):
+            assert torch.equal(a, b)
+        exact.weight.mul_(2)  # a changed weight: its copy no longer applies
+        calls.clear()
+        torch.testing.assert_close(exact(inputs[0]), 2 * before[0])
+        assert calls == [torch.float32]
 
 
 @needs_kernel
-def test_a_bf16_eagle3_head_on_the_cpu_drafts_the_same_tokens_from_bf16_weights(tmp_path, monkeypatch):
-    """An EAGLE-3 head shipped in bf16, run by a float32 CPU engine, keeps its linear
-    weights in bf16 (the target's stay float32) and drafts exactly what it drafts from
-    their float32 copies: the same outputs, the same accepted drafts."""
+def test_a_bf16_eagle3_head_on_the_cpu_drafts_the_same_tokens_from_bf16_copies(tmp_path, monkeypatch):
+    """An EAGLE-3 head shipped in bf16, run by a float32 CPU engine, gets bf16 copies of its
+    linear weights (the target's weights none) and drafts exactly what it drafts from its
+    float32 weights alone: the same drafts, the same outputs."""
     from safetensors.torch import load_file, save_file
 
     import checkpoint_factory as cf
@@ -281,10 +289,10 @@ def test_a_bf16_eagle3_head_on_the_cpu_drafts_the_same_tokens_from_bf16_weights(
 
     llm, outs, drafts = run()
     drafter = llm.engine.proposer.head
-    assert drafter.fc.weight.dtype == drafter.lm_head.weight.dtype == torch.bfloat16
-    assert all(p.dtype == torch.float32 for p in llm.engine.runner.model.parameters())
+    assert drafter.fc.weight._bf16_copy[0].dtype == drafter.lm_head.weight._bf16_copy[0].dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 and not hasattr(p, "_bf16_copy") for p in llm.engine.runner.model.parameters())
     import eagle_zoo.engine.llm as llm_module
-    monkeypatch.setattr(llm_module, "store_exact_bf16_weights", lambda *a, **kw: 0)
+    monkeypatch.setattr(llm_module, "add_exact_bf16_copies", lambda *a, **kw: 0)
     llm, outs_fp32, drafts_fp32 = run()
-    assert llm.engine.proposer.head.fc.weight.dtype == torch.float32
+    assert not hasattr(llm.engine.proposer.head.fc.weight, "_bf16_copy")
     assert outs == outs_fp32 and len(drafts) > 5 and drafts == drafts_fp32

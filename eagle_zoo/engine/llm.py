@@ -21,7 +21,7 @@ from ..config.depth_schedule import DepthSchedule
 from ..config.speculative import SpeculativeConfig
 from .core import EngineCore
 from .graphs import GraphPool
-from ..models.layers import store_exact_bf16_weights
+from ..models.layers import add_exact_bf16_copies
 from .model_loader import load_model
 from .outputs import RequestOutput
 from .parallel import draft_scope, start as start_parallel, target_scope
@@ -192,8 +192,8 @@ class LLM:
                     f"set method={head.method!r} or leave it out"
                 )
             if self.device.type == "cpu" and self.dtype == torch.float32:
-                # A head shipped in bf16: its weights read from half the bytes, same results.
-                store_exact_bf16_weights(head.head, keep=list(loaded.model.parameters()))
+                # A head shipped in bf16: its draft passes read half the bytes, same results.
+                add_exact_bf16_copies(head.head, keep=list(loaded.model.parameters()))
             n_layers = loaded.config.num_hidden_layers
             if spec.tree is not None:  # EAGLE-2 dynamic tree (engine/tree_proposer.py)
                 from .tree_proposer import build_tree_proposer

@@ -138,39 +138,50 @@ def _one_row_weight(weight: torch.Tensor) -> torch.Tensor:
 
 
 def use_cpu_linear_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """kernels/cpu_decode.py's case: float32 CPU x, a contiguous 2-D float32 or bfloat16
-    weight, no autograd (the kernel has no backward), and the kernel built."""
-    return (weight.dtype in (torch.float32, torch.bfloat16) and weight.dim() == 2 and weight.is_contiguous()
+    """kernels/cpu_decode.py's case: float32 CPU tensors, a contiguous 2-D weight, no
+    autograd (the kernel has no backward), and the kernel built."""
+    return (weight.dtype == torch.float32 and weight.dim() == 2 and weight.is_contiguous()
             and not needs_autograd(x, weight) and cpu_decode.available())
 
 
 @torch.no_grad()
-def store_exact_bf16_weights(module: nn.Module, keep: Sequence[torch.Tensor] = ()) -> int:
-    """Store as bfloat16 each float32 CPU weight of ``module``'s linear layers and lm heads
-    whose every value is a bfloat16 value (a head shipped in bf16 and run by a float32
-    engine); returns the bytes saved. kernels/cpu_decode.py reads such a weight as its exact
-    float32 values, so every product and sum is the one of the float32 weight, bit for bit,
-    from half the bytes (a draft pass on two CPU cores is bound by reading its weights);
-    other calls widen it first (linear()). Only where the kernel is built, and not for
-    weights in ``keep`` (the target's, which a head may share) or shared with an
-    embedding. Call it once the weights are loaded."""
+def add_exact_bf16_copies(module: nn.Module, keep: Sequence[torch.Tensor] = ()) -> int:
+    """Give each float32 CPU weight of ``module``'s linear layers and lm heads whose every
+    value is a bfloat16 value (a head shipped in bf16, run by a float32 engine) a bfloat16
+    copy, which linear() hands kernels/cpu_decode.py for a few rows; returns the copies'
+    bytes. The kernel reads it as its exact float32 values, so every product and sum is the
+    float32 weight's, bit for bit, from half the bytes (a draft pass on two CPU cores is
+    bound by reading its weights); larger calls keep the float32 weight. Only where the
+    kernel is built, and not for weights in ``keep`` (the target's, which a head may
+    share). Call it once the weights are loaded (a copy is dropped, not refreshed, once
+    the weight changes)."""
     if not cpu_decode.available():
         return 0
     keep_ids = {id(t) for t in keep}
-    for m in module.modules():
-        if isinstance(m, VocabParallelEmbedding) and not isinstance(m, ParallelLMHead):
-            keep_ids.add(id(m.weight))  # an embedding tied to an lm head: lookups stay float32
-    saved = 0
+    added = 0
     for m in module.modules():
         if not isinstance(m, (LinearBase, ParallelLMHead)):
             continue
         w = m.weight
-        if (id(w) in keep_ids or w.device.type != "cpu" or w.dtype != torch.float32 or w.dim() != 2
-                or not torch.equal(w.to(torch.bfloat16).float(), w)):
+        if id(w) in keep_ids or w.device.type != "cpu" or w.dtype != torch.float32 or w.dim() != 2:
             continue
-        m.weight = nn.Parameter(w.to(torch.bfloat16), requires_grad=False)
-        saved += w.numel() * 2
-    return saved
+        copy = w.detach().to(torch.bfloat16)
+        if not torch.equal(copy.float(), w):
+            continue
+        try:
+            w._bf16_copy = (copy, _stamp(w))
+        except RuntimeError:  # an inference-mode tensor keeps no version: no copy
+            continue
+        added += copy.numel() * copy.element_size()
+    return added
+
+
+def _decode_weight(weight: torch.Tensor) -> torch.Tensor:
+    """The weight the few-row kernel reads: its exact bfloat16 copy while it is current."""
+    cached = getattr(weight, "_bf16_copy", None)
+    if cached is None or cached[1] != _stamp(weight):
+        return weight
+    return cached[0]
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -186,10 +197,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     if x.dtype == torch.float32 and 0 < rows <= cpu_decode.MAX_ROWS and use_cpu_linear_kernel(x, weight):
         # Our kernel (kernels/cpu_decode.py): the weights read at ~90% of the read
         # bandwidth, and a row's bits the same in plain decoding and in verification.
-        y = cpu_decode.few_row_linear(x.reshape(rows, x.shape[-1]), weight).view(*x.shape[:-1], weight.shape[0])
+        y = cpu_decode.few_row_linear(x.reshape(rows, x.shape[-1]), _decode_weight(weight))
+        y = y.view(*x.shape[:-1], weight.shape[0])
         return y if bias is None else y + bias
-    if weight.dtype != x.dtype:  # a weight kept in bfloat16 (store_exact_bf16_weights), widened exactly
-        weight = weight.to(x.dtype)
     if x.dtype != torch.float32 or not 0 < rows <= cpu_decode.MAX_ROWS:
         return F.linear(x, weight, bias)
     if rows > CPU_FEW_ROWS:
