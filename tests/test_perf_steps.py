@@ -37,6 +37,17 @@ def test_table_has_a_row_per_strategy_with_ratios_to_plain():
     assert "projection" in format_table(table) and "| chain k=3 |" in format_table(table)
 
 
+def test_the_cache_is_sized_for_the_steps_and_too_many_steps_are_refused_by_name():
+    """max_model_len follows the step count and tree depth (12 steps of a depth-3 tree ran
+    above); steps whose tokens outgrow the shape's positions are refused before any engine
+    is built, naming the option to lower."""
+    from eagle_zoo.perf_steps import measure_strategy, random_target
+
+    target = random_target(TINY, torch.float32, torch.device("cpu"))
+    with pytest.raises(ValueError, match="give fewer --step-cost-steps"):
+        measure_strategy(target, None, "chain", k=3, dtype=torch.float32, device=torch.device("cpu"), steps=2000)
+
+
 def test_projection_is_tokens_a_step_over_the_step_ratio():
     p = project_speedup([0.5, 0.25], 1.25)
     assert p["mean_acceptance_length"] == 1.75 and p["projected_speedup"] == pytest.approx(1.4)

@@ -19,9 +19,9 @@ import torch
 from .. import envs
 from ..config.depth_schedule import DepthSchedule
 from ..config.speculative import SpeculativeConfig
+from ..models.layers import add_exact_bf16_copies
 from .core import EngineCore
 from .graphs import GraphPool
-from ..models.layers import add_exact_bf16_copies
 from .model_loader import load_model
 from .outputs import RequestOutput
 from .parallel import draft_scope, start as start_parallel, target_scope

@@ -105,9 +105,10 @@ def cpu_decoder_layer(layer, positions: torch.Tensor, h: torch.Tensor) -> Option
     """The layer (one that chose this path, layer_supports_fusion) for up to 8 float32
     tokens of one sequence in one C++ call (kernels/cpu_decode.py llama_layer_rows: norm,
     qkv, rope, KV write, causal attention, o_proj, norm, gate_up, silu, down_proj), or
-    None where it does not apply: a mask other than causal (trees), a sliding window, several sequences,
-    prefill-sized steps, a head size not a multiple of 8, autograd, or the kernels not built. Plain decoding and chain
-    verification both take it, so a verified token gets plain decoding's bits."""
+    None where it does not apply: a mask other than causal (trees), a sliding window, several
+    sequences, prefill-sized steps, a head size not a multiple of 8, autograd, or the kernels
+    not built. Plain decoding and chain verification both take it, so a verified token gets
+    plain decoding's bits."""
     ctx = get_context()
     if (ctx is None or ctx.attn_mask is not None or ctx.tree_keys is not None or h.dim() != 3 or h.shape[0] != 1
             or not 0 < h.shape[1] <= cpu_decode.MAX_ROWS or h.dtype != torch.float32
