@@ -87,6 +87,17 @@ def rms_norm_rows(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return rms_norm_rows_torch(x, w, eps)
 
 
+def cache_attention(q, k_cache, v_cache, slot: int, cache_positions, kv_len: int, num_heads: int,
+                    num_kv_heads: int, scale: float) -> torch.Tensor:
+    """Causal attention of q [T, num_heads * d] (T <= MAX_ROWS roped tokens of the sequence
+    in cache row ``slot``, their k / v already written at cache_positions [T]) over keys
+    [0, min(position + 1, kv_len)): llama_layer_rows' attention, for layers that keep their
+    modules. float32 caches [slots, len, kv_heads, d], d a multiple of 8. The caller
+    checks available() (models/attention.py); SDPA over the cache row is the reference."""
+    return _module.cache_attention(q.contiguous(), k_cache, v_cache, int(slot), cache_positions.contiguous(),
+                                   int(kv_len), int(num_heads), int(num_kv_heads), float(scale))
+
+
 def llama_layer_rows(h, norm1, eps1, w_qkv, w_o, norm2, eps2, w_gate_up, w_down, cos, sin, k_cache, v_cache,
                      slot: int, cache_positions, kv_len: int, num_heads: int, num_kv_heads: int, scale: float):
     """An exact Llama decoder layer for h [T, H] (T <= MAX_ROWS tokens of one sequence in

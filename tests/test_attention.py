@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from eagle_zoo.kernels import cpu_decode
 from eagle_zoo.models.attention import Attention, AttentionContext, get_context, use_context
 
 
@@ -102,13 +103,14 @@ def test_a_prompts_prefill_takes_sdpa_causal_mask_and_other_steps_build_theirs(m
     """One sequence's prefill (its T tokens are the cache's first kv_len == T positions)
     leaves the mask to SDPA's is_causal; a step behind a cached prefix, two sequences at
     once, a sliding window or a tree's mask build the mask. Both agree with attention's
-    definition (the test above)."""
+    definition (the test above). T = 12: more rows than the CPU kernel below takes."""
     built = []
     original = Attention._mask
     monkeypatch.setattr(Attention, "_mask", lambda self, *a: built.append(self.layer_idx) or original(self, *a))
-    heads, kv_heads, d = 4, 2, 8
-    q, k, v = make_qkv(2, 6, heads, kv_heads, d, d, seed=3)
-    caches = [(torch.zeros(2, 8, kv_heads, d), torch.zeros(2, 8, kv_heads, d)) for _ in range(2)]
+    monkeypatch.setattr(cpu_decode, "cache_attention", lambda *a: pytest.fail("the few-row CPU kernel ran"))
+    heads, kv_heads, d, n = 4, 2, 8, 12
+    q, k, v = make_qkv(2, n, heads, kv_heads, d, d, seed=3)
+    caches = [(torch.zeros(2, 16, kv_heads, d), torch.zeros(2, 16, kv_heads, d)) for _ in range(2)]
     plain, windowed = Attention(heads, kv_heads, d, layer_idx=0), Attention(heads, kv_heads, d, layer_idx=1,
                                                                            sliding_window=3)
 
@@ -120,13 +122,38 @@ def test_a_prompts_prefill_takes_sdpa_causal_mask_and_other_steps_build_theirs(m
             out = attn(q[: len(slots), :T], k[: len(slots), :T], v[: len(slots), :T])
         return out, bool(built)
 
-    out, masked = run(plain, [0], torch.arange(6)[None], 6)
+    out, masked = run(plain, [0], torch.arange(n)[None], n)
     assert not masked
-    torch.testing.assert_close(out[0], naive_attention(q[0], k[0], v[0], causal(6), d ** -0.5), atol=1e-5, rtol=1e-5)
-    assert run(plain, [0], torch.arange(2, 6)[None], 6)[1]  # behind 2 cached positions
-    assert run(plain, [0, 1], torch.arange(6).expand(2, 6), 6)[1]  # two sequences
-    assert run(windowed, [0], torch.arange(6)[None], 6)[1]
-    assert run(plain, [0], torch.arange(6)[None], 6, attn_mask=causal(6)[None])[1]
+    torch.testing.assert_close(out[0], naive_attention(q[0], k[0], v[0], causal(n), d ** -0.5), atol=1e-5, rtol=1e-5)
+    assert run(plain, [0], torch.arange(2, n)[None], n)[1]  # behind 2 cached positions
+    assert run(plain, [0, 1], torch.arange(n).expand(2, n), n)[1]  # two sequences
+    assert run(windowed, [0], torch.arange(n)[None], n)[1]
+    assert run(plain, [0], torch.arange(n)[None], n, attn_mask=causal(n)[None])[1]
+
+
+@pytest.mark.skipif(not cpu_decode.available(), reason="kernels/cpu_decode.py could not be built here")
+@pytest.mark.parametrize("d,dv", [(8, 8), (64, 64), (8, 6)])
+def test_one_sequences_few_tokens_on_the_cpu_take_the_flash_decoding_kernel(monkeypatch, d, dv):
+    """A decode-sized step of one float32 sequence (an EAGLE head's draft or catch-up) runs
+    kernels/cpu_decode.py's cache_attention, agreeing with attention's definition; value
+    heads of another size (and autograd) keep SDPA."""
+    calls = []
+    kernel = cpu_decode.cache_attention
+    monkeypatch.setattr(cpu_decode, "cache_attention", lambda q, *a: calls.append(q.shape[0]) or kernel(q, *a))
+    heads, kv_heads, n = 6, 2, 300  # past one of the kernel's 256-key splits
+    q, k, v = make_qkv(1, n, heads, kv_heads, d, dv, seed=4)
+    caches = [(torch.zeros(2, 320, kv_heads, d), torch.zeros(2, 320, kv_heads, dv))]
+    attn = Attention(heads, kv_heads, d, scale=0.3, layer_idx=0, v_head_dim=dv)
+    with use_context(AttentionContext(caches, torch.tensor([1]), torch.arange(n - 3)[None], kv_len=n - 3)):
+        attn(q[:, : n - 3], k[:, : n - 3], v[:, : n - 3])  # the prompt (SDPA)
+    assert calls == []
+    with use_context(AttentionContext(caches, torch.tensor([1]), torch.arange(n - 3, n)[None], kv_len=n)):
+        out = attn(q[:, n - 3:], k[:, n - 3:], v[:, n - 3:])  # a 3-token step
+        with torch.enable_grad():
+            attn(q[:, n - 3:].requires_grad_(True), k[:, n - 3:], v[:, n - 3:])
+    assert calls == ([3] if dv == d else [])
+    torch.testing.assert_close(out[0], naive_attention(q[0, n - 3:], k[0], v[0], causal(n, offset=n - 3), 0.3),
+                               atol=1e-5, rtol=1e-5)
 
 
 def test_tree_mask():

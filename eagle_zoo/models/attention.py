@@ -15,6 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eagle_zoo.kernels import cpu_decode
+from eagle_zoo.kernels._triton import needs_autograd
+
 
 @dataclass(slots=True)
 class AttentionContext:
@@ -107,6 +110,8 @@ class Attention(nn.Module):
             if self.sliding_window is not None or self.attention_chunk_size is not None:
                 pos = torch.arange(q.shape[1], device=q.device)
                 mask = _window_mask(pos, pos, self.sliding_window, self.attention_chunk_size)
+        elif self._use_cpu_kernel(ctx, q, k):
+            return self._cpu_kernel_attention(ctx, q, k, v)
         else:
             keys, values, mask = self._use_cache(ctx, k, v, q.dtype)
         if keys.dtype != q.dtype:  # (a no-op .to still costs a dispatch per layer)
@@ -143,13 +148,38 @@ class Attention(nn.Module):
                               attn_mask=ctx.attn_mask, window=self.sliding_window, tree=ctx.tree_keys)
         return out.flatten(2)
 
-    def _use_cache(self, ctx: AttentionContext, k, v, dtype: torch.dtype):
+    def _use_cpu_kernel(self, ctx: AttentionContext, q: torch.Tensor, k: torch.Tensor) -> bool:
+        # One sequence's decode-sized step on the CPU in float32 (an EAGLE head's draft and
+        # catch-up passes): kernels/cpu_decode.py's flash-decoding, the fused decoder
+        # layer's own attention, instead of a built mask and SDPA. Causal masks only.
+        return (q.device.type == "cpu" and q.shape[0] == 1 and 0 < q.shape[1] <= cpu_decode.MAX_ROWS
+                and q.dtype == k.dtype == torch.float32 and ctx.kv_caches[self.layer_idx][0].dtype == torch.float32
+                and ctx.attn_mask is None and ctx.tree_keys is None and self.sliding_window is None
+                and self.attention_chunk_size is None and self.head_dim == self.v_head_dim
+                and self.head_dim % 8 == 0 and not needs_autograd(q, k) and cpu_decode.available())
+
+    def _cpu_kernel_attention(self, ctx: AttentionContext, q, k, v):
+        k_cache, v_cache = self._write_cache(ctx, k, v)
+        slot = ctx.memo.get("slot")
+        if slot is None:  # read on the host once per forward (no device sync on the CPU)
+            slot = ctx.memo["slot"] = int(ctx.slot_ids[0])
+        T = q.shape[1]
+        out = cpu_decode.cache_attention(q.reshape(T, -1), k_cache, v_cache, slot, ctx.cache_positions.reshape(T),
+                                         ctx.kv_len, self.num_heads, self.num_kv_heads, self.scale)
+        return out.view(1, T, -1)
+
+    def _write_cache(self, ctx: AttentionContext, k, v) -> tuple[torch.Tensor, torch.Tensor]:
         k_cache, v_cache = ctx.kv_caches[self.layer_idx]
         B, T = k.shape[:2]
         rows = ctx.slot_ids.view(B, 1).expand(B, T)
         # Index writes: no host sync, fixed shapes (CUDA-graph friendly).
         k_cache[rows, ctx.cache_positions] = k if k.dtype == k_cache.dtype else k.to(k_cache.dtype)
         v_cache[rows, ctx.cache_positions] = v if v.dtype == v_cache.dtype else v.to(v_cache.dtype)
+        return k_cache, v_cache
+
+    def _use_cache(self, ctx: AttentionContext, k, v, dtype: torch.dtype):
+        k_cache, v_cache = self._write_cache(ctx, k, v)
+        B = k.shape[0]
         if self._whole_prompt(ctx, k, k_cache):
             # A prompt's prefill: the mask is the causal one, which SDPA applies itself,
             # skipping the blocks above the diagonal (half a long prompt's attention)

@@ -426,7 +426,35 @@ torch::Tensor llama_layer_rows(const torch::Tensor& h, const torch::Tensor& norm
   return h2 + few_row_linear(act, w_down);
 }
 
+// Attention of T <= 8 tokens of one sequence (cache row ``slot``) over their cache:
+// q [T, num_heads * d] (roped; the tokens' keys and values already written at their
+// cache positions), causal by cache position up to kv_len. cache_attention_rows, the
+// decoder layer's own attention, for layers that keep their modules (an EAGLE head's).
+torch::Tensor cache_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                              int64_t slot, const torch::Tensor& cache_positions, int64_t kv_len, int64_t num_heads,
+                              int64_t num_kv_heads, double scale) {
+  const int64_t T = q.size(0), d = k_cache.size(3), max_len = k_cache.size(1), kv_width = num_kv_heads * d;
+  TORCH_CHECK(q.is_contiguous() && q.scalar_type() == torch::kFloat && q.dim() == 2 && q.size(1) == num_heads * d &&
+              T <= 8, "cache_attention: contiguous float32 q [T <= 8, ", num_heads * d, "], got ", q.sizes());
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.scalar_type() == torch::kFloat &&
+              v_cache.scalar_type() == torch::kFloat && v_cache.sizes() == k_cache.sizes() &&
+              k_cache.size(2) == num_kv_heads && d % 8 == 0 && num_heads % num_kv_heads == 0,
+              "cache_attention: contiguous float32 caches [slots, len, ", num_kv_heads,
+              " kv heads, d a multiple of 8], got ", k_cache.sizes());
+  TORCH_CHECK(slot >= 0 && slot < k_cache.size(0) && kv_len <= max_len, "cache_attention: slot ", slot, " or kv_len ",
+              kv_len, " outside the caches ", k_cache.sizes());
+  TORCH_CHECK(cache_positions.scalar_type() == torch::kLong && cache_positions.is_contiguous() &&
+              cache_positions.numel() == T, "cache_attention: cache_positions [T] int64");
+  auto out = torch::empty({T, num_heads * d}, q.options());
+  cache_attention_rows(q.data_ptr<float>(), num_heads * d, k_cache.data_ptr<float>() + slot * max_len * kv_width,
+                       v_cache.data_ptr<float>() + slot * max_len * kv_width, kv_width,
+                       cache_positions.data_ptr<int64_t>(), T, kv_len, num_heads, num_kv_heads, d,
+                       static_cast<float>(scale), out.data_ptr<float>());
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("cache_attention", &cache_attention, "causal attention of a few float32 tokens over their cache row (CPU)");
   m.def("llama_layer_rows", &llama_layer_rows, "an exact Llama decoder layer for a few float32 tokens (CPU)");
   m.def("few_row_linear", &few_row_linear, "y = x @ w^T for a few float32 rows (CPU)");
   m.def("rms_norm_rows", &rms_norm_rows, "RMSNorm of a few float32 rows (CPU)");
