@@ -66,6 +66,15 @@ def use_context(ctx: Optional[AttentionContext]):
         _context = saved
 
 
+def single_slot(ctx: AttentionContext) -> int:
+    """The cache row of a one-sequence step, read on the host once per forward (no device
+    sync on the CPU) and kept in the context's memo for every layer."""
+    slot = ctx.memo.get("slot")
+    if slot is None:
+        slot = ctx.memo["slot"] = int(ctx.slot_ids[0])
+    return slot
+
+
 def _window_mask(query_pos: torch.Tensor, key_pos: torch.Tensor, window: Optional[int],
                  chunk: Optional[int] = None) -> torch.Tensor:
     """Causal (+ sliding window) visibility: key j seen by query i iff j <= i and i - j < window;
@@ -154,17 +163,15 @@ class Attention(nn.Module):
         # layer's own attention, instead of a built mask and SDPA. Causal masks only.
         return (q.device.type == "cpu" and q.shape[0] == 1 and 0 < q.shape[1] <= cpu_decode.MAX_ROWS
                 and q.dtype == k.dtype == torch.float32 and ctx.kv_caches[self.layer_idx][0].dtype == torch.float32
-                and ctx.attn_mask is None and ctx.tree_keys is None and self.sliding_window is None
+                and ctx.cache_positions.dtype == torch.long and ctx.attn_mask is None and ctx.tree_keys is None and self.sliding_window is None
                 and self.attention_chunk_size is None and self.head_dim == self.v_head_dim
                 and self.head_dim % 8 == 0 and not needs_autograd(q, k) and cpu_decode.available())
 
     def _cpu_kernel_attention(self, ctx: AttentionContext, q, k, v):
         k_cache, v_cache = self._write_cache(ctx, k, v)
-        slot = ctx.memo.get("slot")
-        if slot is None:  # read on the host once per forward (no device sync on the CPU)
-            slot = ctx.memo["slot"] = int(ctx.slot_ids[0])
         T = q.shape[1]
-        out = cpu_decode.cache_attention(q.reshape(T, -1), k_cache, v_cache, slot, ctx.cache_positions.reshape(T),
+        out = cpu_decode.cache_attention(q.reshape(T, -1), k_cache, v_cache, single_slot(ctx),
+                                         ctx.cache_positions.reshape(T),
                                          ctx.kv_len, self.num_heads, self.num_kv_heads, self.scale)
         return out.view(1, T, -1)
 
@@ -187,12 +194,9 @@ class Attention(nn.Module):
             return k, v, None
         if B == 1 and k.device.type == "cpu" and not k.requires_grad:
             # One sequence (CPU decoding): attend over a view of its row instead of a
-            # gathered copy. Its slot is read on the host once per forward (no device sync
-            # on the CPU). Not in training: the next in-place cache write would invalidate
-            # the view autograd saved.
-            slot = ctx.memo.get("slot")
-            if slot is None:
-                slot = ctx.memo["slot"] = int(ctx.slot_ids[0])
+            # gathered copy. Not in training: the next in-place cache write would
+            # invalidate the view autograd saved.
+            slot = single_slot(ctx)
             keys, values = k_cache[slot:slot + 1, : ctx.kv_len], v_cache[slot:slot + 1, : ctx.kv_len]
         else:
             # index_select on the narrowed view: advanced indexing `cache[slots, :L]` takes a

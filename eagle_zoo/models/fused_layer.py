@@ -33,7 +33,7 @@ from eagle_zoo.kernels.attention import cache_attention_triton
 from eagle_zoo.kernels.linear import fused_linear_triton, use_linear_kernel
 from eagle_zoo.kernels.rope import rope_write_kv_triton
 
-from .attention import KERNEL_MAX_T, get_context
+from .attention import KERNEL_MAX_T, get_context, single_slot
 from .layers import RMSNorm
 
 
@@ -121,9 +121,7 @@ def cpu_decoder_layer(layer, positions: torch.Tensor, h: torch.Tensor) -> Option
             or k_cache.shape[-1] % 8  # the kernel's attention works in vectors of 8 floats
             or not (k_cache.is_contiguous() and v_cache.is_contiguous()) or ctx.cache_positions.dtype != torch.long):
         return None
-    slot = ctx.memo.get("slot")
-    if slot is None:  # read on the host once per forward (no device sync on the CPU)
-        slot = ctx.memo["slot"] = int(ctx.slot_ids[0])
+    slot = single_slot(ctx)
     cos, sin = attn.rotary_emb._angles(positions)
     T, half = h.shape[1], cos.shape[-1]
     out = cpu_decode.llama_layer_rows(
