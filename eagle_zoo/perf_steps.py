@@ -189,15 +189,15 @@ def _graph_replays(engine) -> dict:
 
 
 def measure_strategy(target, head, strategy: str, *, k: int = 3, tree: Optional[dict] = None,
-                     dtype: torch.dtype, device: torch.device, steps: int = 200, profile: bool = True) -> dict:
+                     dtype: torch.dtype, device: torch.device, steps: int = 200) -> dict:
     """One strategy's row: engine-step wall, host and device time, syncs and graphs (module doc)."""
     from .engine.sampling_params import SamplingParams
 
     per_step = (tree or {}).get("depth", k) + 1 if strategy != "plain" else 1
-    # Steps the request must outlive: warm-up, the timed steps, the profiled ones, and as
-    # many again for async scheduling's run-ahead. The cache holds them at the most tokens
-    # a step can add, so no step count or tree depth outgrows it.
-    need = 30 + 3 * steps + (steps if profile else 0)
+    # Steps the request must outlive: 30 of warm-up, the timed ones, as many profiled (on
+    # CUDA), and two that async scheduling may launch ahead. The cache holds them at the
+    # most tokens a step can add, so no step count or tree depth outgrows it.
+    need = 32 + 2 * steps
     max_model_len = -(-(PROMPT_TOKENS + need * per_step + per_step) // 256) * 256
     if max_model_len > target.config.max_position_embeddings:
         raise ValueError(f"step costs: {steps} steps of up to {per_step} tokens need max_model_len={max_model_len}, "
@@ -230,7 +230,7 @@ def measure_strategy(target, head, strategy: str, *, k: int = 3, tree: Optional[
         row["k"] = k
     if strategy == "tree":
         row["tree"] = tree
-    if profile and device.type == "cuda":
+    if device.type == "cuda":
         row.update(_device_profile(engine, steps))
     row["graphs_us"] = _graph_replays(engine)
     engine.abort(seq.request_id)

@@ -26,8 +26,6 @@ from eagle_zoo.engine.sampling_params import SamplingParams
 from eagle_zoo.perf_steps import COPY_BANDWIDTH, SHAPES, random_target
 
 
-
-
 def cuda_ms(fn, reps: int, rounds: int = 5) -> float:
     times = []
     for _ in range(rounds):
