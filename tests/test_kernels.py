@@ -269,6 +269,24 @@ def test_rms_norm_triton_matches_reference_and_is_batch_invariant(device, hidden
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_rms_norm_pair_triton_is_two_norms_side_by_side(device):
+    """An EAGLE-3 head layer's input in one launch: each half has rms_norm_triton's bits
+    for its own input, weight and eps, also from a strided input."""
+    from eagle_zoo.kernels.norm import rms_norm_pair_torch, rms_norm_pair_triton
+
+    g = torch.Generator().manual_seed(11)
+    for dtype in _dtypes(device):
+        e = torch.randn(2, 3, 96, generator=g).to(_dev(device), dtype)
+        h = torch.randn(2, 3, 2 * 96, generator=g).to(_dev(device), dtype)[..., :96]  # rows 192 apart
+        w1, w2 = [(1 + 0.1 * torch.randn(96, generator=g)).to(_dev(device), dtype) for _ in range(2)]
+        out = rms_norm_pair_triton(e, w1, 1e-6, h, w2, 1e-5)
+        assert out.shape == (2, 3, 192) and out.dtype == dtype
+        assert torch.equal(out[..., :96], rms_norm_triton(e, w1, 1e-6))
+        assert torch.equal(out[..., 96:], rms_norm_triton(h.contiguous(), w2, 1e-5))
+        _close(out, rms_norm_pair_torch(e, w1, 1e-6, h, w2, 1e-5), dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_silu_and_mul_triton_matches_reference(device):
     g = torch.Generator().manual_seed(2)
     for dtype in _dtypes(device):
@@ -500,6 +518,93 @@ def test_fused_decoder_layer_matches_the_module_path(device):
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
         for a, b in zip(mine[0], theirs[0]):  # k and v from another product's summation order
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _tiny_eagle3_layer(device, dtype, norm_before_residual: bool):
+    from transformers import LlamaConfig
+
+    from eagle_zoo.models.heads import Eagle3DecoderLayer
+    from eagle_zoo.models.heads import rms_norm as make_norm
+    from eagle_zoo.models.llama import LlamaAttention, LlamaMLP
+
+    config = LlamaConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+                         num_hidden_layers=1, vocab_size=100, rms_norm_eps=1e-5)
+    config.norm_before_residual = norm_before_residual
+    torch.manual_seed(8)
+    layer = Eagle3DecoderLayer(config, LlamaAttention, LlamaMLP, make_norm, 0)
+    for p in layer.parameters():
+        p.data.normal_(0, 0.1)
+    for norm in (layer.input_layernorm, layer.hidden_norm, layer.post_attention_layernorm):
+        norm.weight.data = 1 + 0.1 * torch.randn(64)
+    return layer.to(device, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("norm_before_residual", [False, True])
+def test_fused_eagle3_layer_matches_the_module_path(device, norm_before_residual):
+    """An EAGLE-3 head layer through the regrouped kernels (the pair norm, then a Llama
+    layer's) against Eagle3DecoderLayer's modules: output and KV cache, for a draft
+    (T=1) and a catch-up (T=4) of two sequences, with either residual convention."""
+    from eagle_zoo.models.attention import AttentionContext, use_context
+    from eagle_zoo.models.fused_layer import eagle3_layer_supports_fusion, fused_eagle3_layer_kernels
+
+    dev = _dev(device)
+    layer = _tiny_eagle3_layer(dev, torch.float32, norm_before_residual)
+    assert eagle3_layer_supports_fusion(layer)
+    g = torch.Generator().manual_seed(9)
+    caches = [(torch.randn(3, 32, 2, 16, generator=g).to(dev), torch.randn(3, 32, 2, 16, generator=g).to(dev))]
+    for T in (1, 4):
+        embeds, hidden = (torch.randn(2, T, 64, generator=g).to(dev) for _ in range(2))
+        positions = torch.tensor([[9], [20]], device=dev) + torch.arange(T, device=dev)
+        slots = torch.tensor([2, 0], device=dev)
+        mine = [(k.clone(), v.clone()) for k, v in caches]
+        with torch.no_grad(), use_context(AttentionContext(mine, slots, positions, 32)) as ctx:
+            out = fused_eagle3_layer_kernels(layer, positions, embeds, hidden, ctx)
+        theirs = [(k.clone(), v.clone()) for k, v in caches]
+        with torch.no_grad(), use_context(AttentionContext(theirs, slots, positions, 32)):
+            with patch_kernels_off():
+                ref = layer(positions, embeds, hidden)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        for a, b in zip(mine[0], theirs[0]):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_eagle3_layer_chooses_the_fused_path_only_for_the_llama_structure():
+    from eagle_zoo.models.fused_layer import choose_decode_paths
+
+    layer = _tiny_eagle3_layer("cpu", torch.float32, False)
+    choose_decode_paths(layer)
+    assert layer.fused_decode
+    layer.hidden_norm = torch.nn.LayerNorm(64)  # not the RMSNorm the pair kernel computes
+    choose_decode_paths(layer)
+    assert not layer.fused_decode
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(INTERPRET or not HAS_CUDA or not HAS_TRITON, reason="needs CUDA and triton")
+def test_eagle3_draft_logits_fold_the_norm_into_the_lm_head():
+    """compute_draft_logits' one launch (the norm as the product's prologue) against the
+    head's norm and lm_head modules, bf16 on CUDA."""
+    from transformers import LlamaConfig
+
+    from eagle_zoo.models.llama import LlamaEagle3Head
+
+    config = LlamaConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+                         num_hidden_layers=1, vocab_size=500, rms_norm_eps=1e-5)
+    config.draft_vocab_size = 300
+    torch.manual_seed(10)
+    head = LlamaEagle3Head(config)
+    for p in head.parameters():
+        p.data.normal_(0, 0.1)
+    head.norm.weight.data = 1 + 0.1 * torch.randn(64)
+    head = head.to("cuda", torch.bfloat16)
+    h = torch.randn(2, 4, 64).to("cuda", torch.bfloat16)
+    with torch.no_grad():
+        folded = head.compute_draft_logits(h)
+        with patch_kernels_off():
+            modules = head.lm_head(head.norm(h))
+    assert folded.shape == (2, 4, 300)
+    _close(folded, modules, torch.bfloat16)
 
 
 def patch_kernels_off():

@@ -20,6 +20,10 @@ the model (choose_decode_paths: exactly the Llama layer, as in Llama, SmolLM2,
 Mistral-style targets and EAGLE-1 heads built on it, on one rank, without biases); per
 call only the step decides (decode-shaped, under an engine step's AttentionContext).
 Otherwise LlamaDecoderLayer runs its modules.
+
+An EAGLE-3 head's layer (models/heads.py Eagle3DecoderLayer) takes the same path on CUDA
+after one launch that norms its two inputs side by side (its module path: two norms, a
+cat and the ~13 kernels above), so each draft and catch-up pass of the head runs 7.
 """
 from __future__ import annotations
 
@@ -30,7 +34,8 @@ import torch
 from eagle_zoo.kernels import cpu_decode
 from eagle_zoo.kernels._triton import needs_autograd
 from eagle_zoo.kernels.attention import cache_attention_triton
-from eagle_zoo.kernels.linear import fused_linear_triton, use_linear_kernel
+from eagle_zoo.kernels.linear import MAX_K, fused_linear_triton, use_linear_kernel
+from eagle_zoo.kernels.norm import rms_norm_pair_triton
 from eagle_zoo.kernels.rope import rope_write_kv_triton
 
 from .attention import KERNEL_MAX_T, get_context, single_slot
@@ -40,11 +45,22 @@ from .layers import RMSNorm
 def layer_supports_fusion(layer) -> bool:
     """The layer's structure allows the regrouped kernels: exact module types, one rank,
     no biases, whole-head neox rope, no chunked attention."""
+    return type(layer.input_layernorm) is RMSNorm and _attention_and_mlp_fusable(layer)
+
+
+def eagle3_layer_supports_fusion(layer) -> bool:
+    """The same for an EAGLE-3 head's first layer (models/heads.py Eagle3DecoderLayer),
+    whose attention reads cat([input_layernorm(embeds), hidden_norm(hidden)])."""
+    return (type(layer.input_layernorm) is RMSNorm and type(layer.hidden_norm) is RMSNorm
+            and _attention_and_mlp_fusable(layer))
+
+
+def _attention_and_mlp_fusable(layer) -> bool:
     from .llama import LlamaAttention, LlamaMLP  # the classes the regrouping reproduces
 
     attn, mlp = layer.self_attn, layer.mlp
     return (type(attn) is LlamaAttention and type(mlp) is LlamaMLP
-            and type(layer.input_layernorm) is RMSNorm and type(layer.post_attention_layernorm) is RMSNorm
+            and type(layer.post_attention_layernorm) is RMSNorm
             and attn.qkv_proj.tp_size == 1 and attn.o_proj.tp_size == 1
             and mlp.gate_up_proj.tp_size == 1 and mlp.down_proj.tp_size == 1
             and all(m.bias is None for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))
@@ -67,13 +83,33 @@ def fused_decoder_layer(layer, positions: torch.Tensor, h: torch.Tensor) -> Opti
     no engine context). On the CPU: the whole layer in one C++ call (cpu_decoder_layer)."""
     if not h.is_cuda:
         return cpu_decoder_layer(layer, positions, h)
+    ctx = _cuda_step_context(layer, h, layer.input_layernorm.weight)
+    return None if ctx is None else fused_layer_kernels(layer, positions, h, ctx)
+
+
+def fused_eagle3_layer(layer, positions: torch.Tensor, embeds: torch.Tensor,
+                       hidden: torch.Tensor) -> Optional[torch.Tensor]:
+    """An EAGLE-3 head layer that chose this path (eagle3_layer_supports_fusion) through
+    the regrouped kernels on CUDA, or None where they do not apply (the CPU keeps the
+    module path, whose attention is already one C++ call there)."""
+    if not hidden.is_cuda or embeds.shape != hidden.shape or embeds.dtype != hidden.dtype \
+            or 2 * hidden.shape[-1] > MAX_K:  # the qkv product reads both halves
+        return None
+    ctx = _cuda_step_context(layer, hidden, layer.input_layernorm.weight, layer.hidden_norm.weight)
+    return None if ctx is None else fused_eagle3_layer_kernels(layer, positions, embeds, hidden, ctx)
+
+
+def _cuda_step_context(layer, h: torch.Tensor, *norm_weights: torch.Tensor):
+    """The engine step's AttentionContext where the regrouped kernels apply to this call:
+    a decode-shaped step (at most KERNEL_MAX_T tokens), weights the linear kernel takes,
+    caches of h's dtype with unit stride in d; else None."""
     ctx = get_context()
     if ctx is None or h.dim() != 3 or h.shape[1] > KERNEL_MAX_T:
         return None
     attn, mlp = layer.self_attn, layer.mlp
-    norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
-    if not (use_linear_kernel(h, attn.qkv_proj.weight, norm1.weight, attn.o_proj.weight)
-            and use_linear_kernel(h, mlp.gate_up_proj.weight, norm2.weight, mlp.down_proj.weight)):
+    if not (use_linear_kernel(h, attn.qkv_proj.weight, *norm_weights, attn.o_proj.weight)
+            and use_linear_kernel(h, mlp.gate_up_proj.weight, layer.post_attention_layernorm.weight,
+                                  mlp.down_proj.weight)):
         return None
     k_cache, v_cache = ctx.kv_caches[attn.attn.layer_idx]
     # q, k, v will be views of the kernel's contiguous qkv output (unit stride in d) and
@@ -81,22 +117,43 @@ def fused_decoder_layer(layer, positions: torch.Tensor, h: torch.Tensor) -> Opti
     if not (k_cache.is_cuda and k_cache.dtype == v_cache.dtype == h.dtype
             and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1):
         return None
-    return fused_layer_kernels(layer, positions, h, ctx)
+    return ctx
 
 
 def fused_layer_kernels(layer, positions: torch.Tensor, h: torch.Tensor, ctx) -> torch.Tensor:
     """The regrouped layer itself, Triton kernels called directly (the checks are the
     caller's; tests run it on CPU tensors under TRITON_INTERPRET=1)."""
+    norm1 = layer.input_layernorm
+    qkv = fused_linear_triton(h, layer.self_attn.qkv_proj.weight, norm_weight=norm1.weight, eps=norm1.eps)
+    return _attention_and_mlp_kernels(layer, positions, qkv, h, ctx)
+
+
+def fused_eagle3_layer_kernels(layer, positions: torch.Tensor, embeds: torch.Tensor, hidden: torch.Tensor,
+                               ctx) -> torch.Tensor:
+    """An EAGLE-3 head layer in 7 launches: both input norms side by side in one
+    (kernels/norm.py rms_norm_pair), the qkv product over them, then as a Llama layer.
+    The residual is the raw hidden state, or its norm under norm_before_residual."""
+    e_norm, h_norm = layer.input_layernorm, layer.hidden_norm
+    x = rms_norm_pair_triton(embeds, e_norm.weight, e_norm.eps, hidden, h_norm.weight, h_norm.eps)
+    residual = x[..., hidden.shape[-1]:] if layer.norm_before_residual else hidden
+    qkv = fused_linear_triton(x, layer.self_attn.qkv_proj.weight)
+    return _attention_and_mlp_kernels(layer, positions, qkv, residual, ctx)
+
+
+def _attention_and_mlp_kernels(layer, positions: torch.Tensor, qkv: torch.Tensor, residual: torch.Tensor,
+                               ctx) -> torch.Tensor:
+    """From the qkv projection on: rope and the KV write in one launch, attention (split
+    and merge), o_proj with the residual added, gate_up with the norm before it and
+    silu-and-mul after it, down_proj with its residual."""
     attn, mlp, core = layer.self_attn, layer.mlp, layer.self_attn.attn
-    norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
+    norm2 = layer.post_attention_layernorm
     k_cache, v_cache = ctx.kv_caches[core.layer_idx]
-    qkv = fused_linear_triton(h, attn.qkv_proj.weight, norm_weight=norm1.weight, eps=norm1.eps)
     q, k, v = attn.qkv_proj.split(qkv)
     cos, sin = attn.rotary_emb._angles(positions)
     q = rope_write_kv_triton(q, k, v, cos, sin, k_cache, v_cache, ctx.slot_ids, ctx.cache_positions)
     a = cache_attention_triton(q, k_cache, v_cache, ctx.slot_ids, ctx.cache_positions, ctx.kv_len, core.scale,
                                attn_mask=ctx.attn_mask, window=core.sliding_window, tree=ctx.tree_keys).flatten(2)
-    h = fused_linear_triton(a, attn.o_proj.weight, residual=h)
+    h = fused_linear_triton(a, attn.o_proj.weight, residual=residual)
     m = fused_linear_triton(h, mlp.gate_up_proj.weight, norm_weight=norm2.weight, eps=norm2.eps, gated=True)
     return fused_linear_triton(m, mlp.down_proj.weight, residual=h)
 

@@ -27,7 +27,9 @@ from typing import Any, ClassVar, Iterable, Mapping, Optional, Union
 import torch
 from torch import nn
 
+from ..kernels.linear import fused_linear_triton, use_linear_kernel
 from ..specs import WeightMapping
+from .fused_layer import eagle3_layer_supports_fusion, fused_eagle3_layer
 from .layers import ParallelLMHead, ReplicatedLinear, RMSNorm, VocabParallelEmbedding
 from .loader import load_weights
 
@@ -214,7 +216,18 @@ class Eagle3DecoderLayer(nn.Module):
         self.hidden_norm = make_norm(config, H)
         self.post_attention_layernorm = make_norm(config, H)
 
+    # models/fused_layer.py's regrouped kernels for decode-shaped steps on CUDA: chosen
+    # once, when an engine's runner takes the head (choose_decode_path).
+    fused_decode = False
+
+    def choose_decode_path(self) -> None:
+        self.fused_decode = eagle3_layer_supports_fusion(self)
+
     def forward(self, positions: torch.Tensor, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        if self.fused_decode:
+            fused = fused_eagle3_layer(self, positions, embeds, hidden)  # None: not a decode-shaped CUDA step
+            if fused is not None:
+                return fused
         if self.norm_before_residual:  # speculators' default: the residual is the normed hidden
             hidden = self.hidden_norm(hidden)
             residual = hidden
@@ -302,7 +315,13 @@ class Eagle3Head(_HeadBase):
         return self.norm(h) if self.norm_output else h
 
     def compute_draft_logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(h if self.norm_output else self.norm(h))
+        if self.norm_output:
+            return self.lm_head(h)
+        if (type(self.norm) is RMSNorm and self.lm_head.tp_size == 1
+                and use_linear_kernel(h, self.lm_head.weight, self.norm.weight)):
+            # One launch a draft instead of two: the norm as the product's prologue.
+            return fused_linear_triton(h, self.lm_head.weight, norm_weight=self.norm.weight, eps=self.norm.eps)
+        return self.lm_head(self.norm(h))
 
     def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
         """Target-vocabulary logits; tokens outside the draft vocabulary get -inf."""
