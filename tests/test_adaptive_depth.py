@@ -154,10 +154,10 @@ def test_schedule_is_normalised_and_sets_the_largest_depth():
 def test_schedule_depths():
     s = DepthSchedule.from_config({"1": 4, "4": 2, "8": 0}, 4)
     assert [s.depth(b) for b in (1, 2, 3, 4, 7, 8, 200)] == [4, 4, 4, 2, 2, 0, 0]
-    # "auto" as documented in docs/speculative-config.md: on CUDA K up to batch 63, plain
-    # from 64; on the CPU K at batch 1 only.
+    # "auto" as documented in docs/speculative-config.md: on CUDA K up to batch 64, plain
+    # from 65; on the CPU K at batch 1 only.
     auto = DepthSchedule.from_config("auto", 5)
-    assert [auto.depth(b) for b in (1, 4, 16, 63, 64, 96, 128)] == [5, 5, 5, 5, 0, 0, 0]
+    assert [auto.depth(b) for b in (1, 4, 16, 63, 64, 65, 96, 128)] == [5, 5, 5, 5, 5, 0, 0, 0]
     cpu = DepthSchedule.from_config("auto", 3, "cpu")
     assert [cpu.depth(b) for b in (1, 2, 8)] == [3, 0, 0]
     assert DepthSchedule.from_config(None, 3) is None
