@@ -138,9 +138,9 @@ def _linear_kernel(X, W, B, NW, R, Y, M, N, K, sxm, swn, srm, sym, eps,
 
 def tile_config(n: int, k: int) -> dict:
     """BLOCK_N, BLOCK_K, num_warps, num_stages for a weight of n rows and k columns: from
-    the weight's shape only (batch invariance). Picked with scripts/device/linear_sweep.py
-    on the H200 (BENCHMARKS.md): narrow tiles for the narrow matrices of small models, so
-    that enough programs share the weight reads; wide ones for a large vocabulary."""
+    the weight's shape only (batch invariance). Picked by timing tilings on the H200:
+    narrow tiles for the narrow matrices of small models, so that enough programs share
+    the weight reads; wide ones for a large vocabulary."""
     if n > 4096:
         return dict(BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3)
     if k >= 1024:
@@ -150,8 +150,7 @@ def tile_config(n: int, k: int) -> dict:
 
 def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
                         norm_weight: Optional[torch.Tensor] = None, eps: float = 1e-6, gated: bool = False,
-                        residual: Optional[torch.Tensor] = None, config: Optional[dict] = None) -> torch.Tensor:
-    """config: tile_config's keys, to compare tilings (scripts/device/linear_sweep.py)."""
+                        residual: Optional[torch.Tensor] = None) -> torch.Tensor:
     K = x.shape[-1]
     rows = x.reshape(-1, K)
     M = rows.shape[0]
@@ -159,7 +158,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[to
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     res = residual.reshape(-1, N) if residual is not None else out
     if M:
-        cfg = config or tile_config(weight.shape[0], K)
+        cfg = tile_config(weight.shape[0], K)
         grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, BLOCK_M))
         _linear_kernel[grid](
             rows, weight, bias if bias is not None else weight, norm_weight if norm_weight is not None else weight,
