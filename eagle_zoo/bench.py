@@ -4,7 +4,9 @@ Every run with a draft decodes the prompts twice in one process, with the same p
 and settings: speculatively, then plainly (the target alone). It prints the tokens/s of
 both, their ratio (the speed-up), how many outputs are identical, and the mean
 acceptance length (1 + accepted / drafts) with per-position rates. `--by-category`
-breaks all of it down by the prompt set's `category` field. `--test` checks the mean
+breaks all of it down by the prompt set's `category` field. For a head with a reduced
+draft vocabulary (EAGLE-3) it also prints the share of plain decoding's tokens outside
+it, which no draft can match (what caps acceptance on, e.g., translation). `--test` checks the mean
 acceptance length against the catalog's measured record for the run's setting
 (eagle_zoo/catalog.py, SETTING_KEYS).
 
@@ -457,43 +459,79 @@ def run_setting(args, llm, num_prompts: int) -> dict:
     }
 
 
+def draft_vocabulary(llm) -> Optional["torch.Tensor"]:
+    """[target vocab] bool on the CPU: the target ids the head can draft, where its draft
+    vocabulary leaves some out (an EAGLE-3 head's t2d); else None. A target token outside
+    it ends every accepted run that reaches it, whatever the head predicts."""
+    head = getattr(getattr(llm.engine, "proposer", None), "head", None)
+    t2d = getattr(head, "t2d", None)
+    if t2d is None or bool(t2d.all()):
+        return None
+    return t2d.detach().cpu()
+
+
+def share_outside(outputs: list[list[int]], in_vocab) -> Optional[float]:
+    """The share of the tokens in ``outputs`` that ``in_vocab`` leaves out (None without
+    tokens)."""
+    import torch
+
+    tokens = [t for out in outputs for t in out]
+    if not tokens:
+        return None
+    return float((~in_vocab[torch.tensor(tokens)]).sum()) / len(tokens)
+
+
 def identical(spec: list[GroupResult], plain: list[GroupResult]) -> list[int]:
     """Per group, how many outputs are token for token the same."""
     return [sum(a == b for a, b in zip(s.outputs, p.outputs)) for s, p in zip(spec, plain)]
 
 
-def compare(spec: BenchResult, plain: BenchResult) -> dict:
-    """Speed-up and identical outputs, overall and per group."""
+def compare(spec: BenchResult, plain: BenchResult, in_vocab=None) -> dict:
+    """Speed-up and identical outputs, overall and per group; with ``in_vocab``
+    (draft_vocabulary), also the share of plain decoding's tokens the head cannot draft."""
     same = identical(spec.groups, plain.groups)
     rows = []
     for s, p, n in zip(spec.groups, plain.groups, same):
-        rows.append({"category": s.category, "num_prompts": s.num_prompts,
-                     "mean_acceptance_length": s.mean_acceptance_length,
-                     "spec_tokens_per_second": s.tokens_per_second,
-                     "plain_tokens_per_second": p.tokens_per_second,
-                     "speedup": s.tokens_per_second / p.tokens_per_second if p.tokens_per_second else None,
-                     "identical_outputs": n,
-                     "spec_generated_tokens": s.generated_tokens, "spec_seconds": s.seconds,
-                     "plain_generated_tokens": p.generated_tokens, "plain_seconds": p.seconds})
-    return {
+        row = {"category": s.category, "num_prompts": s.num_prompts,
+               "mean_acceptance_length": s.mean_acceptance_length,
+               "spec_tokens_per_second": s.tokens_per_second,
+               "plain_tokens_per_second": p.tokens_per_second,
+               "speedup": s.tokens_per_second / p.tokens_per_second if p.tokens_per_second else None,
+               "identical_outputs": n,
+               "spec_generated_tokens": s.generated_tokens, "spec_seconds": s.seconds,
+               "plain_generated_tokens": p.generated_tokens, "plain_seconds": p.seconds}
+        if in_vocab is not None:
+            row["outside_draft_vocab"] = share_outside(p.outputs, in_vocab)
+        rows.append(row)
+    result = {
         "speedup": spec.tokens_per_second / plain.tokens_per_second if plain.tokens_per_second else None,
         "identical_outputs": sum(same),
         "num_prompts": spec.num_prompts,
         "by_category": rows,
     }
+    if in_vocab is not None:
+        result["outside_draft_vocab"] = share_outside(plain.outputs, in_vocab)
+    return result
 
 
 def _fmt(value, spec: str, none: str = "-") -> str:
     return none if value is None else format(value, spec)
 
 
+def _percent(share: Optional[float]) -> str:
+    return "-" if share is None else f"{100 * share:.1f}%"
+
+
 def category_table(comparison: dict) -> str:
-    header = ("category", "prompts", "accept", "spec tok/s", "plain tok/s", "speed-up", "identical")
+    coverage = "outside_draft_vocab" in comparison
+    header = ("category", "prompts", "accept", "spec tok/s", "plain tok/s", "speed-up", "identical") \
+        + (("not draftable",) if coverage else ())
     lines = [header]
     for r in comparison["by_category"]:
         lines.append((str(r["category"]), str(r["num_prompts"]), _fmt(r["mean_acceptance_length"], ".3f"),
                       _fmt(r["spec_tokens_per_second"], ".1f"), _fmt(r["plain_tokens_per_second"], ".1f"),
-                      _fmt(r["speedup"], ".2f") + "x", f"{r['identical_outputs']}/{r['num_prompts']}"))
+                      _fmt(r["speedup"], ".2f") + "x", f"{r['identical_outputs']}/{r['num_prompts']}")
+                     + ((_percent(r["outside_draft_vocab"]),) if coverage else ()))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
                      for line in lines)
@@ -621,6 +659,7 @@ def run(args) -> int:
         measure(llm, groups, params, use_tqdm=True),
         method=llm.speculative_config.method if spec else None,
         draft=llm.speculative_config.model if spec else None)
+    in_vocab = draft_vocabulary(llm) if spec else None
     device = llm.device
     llm.shutdown()
     del llm
@@ -652,7 +691,7 @@ def run(args) -> int:
             for g in first.groups:
                 print(f"  {g.category}: {g.num_prompts} prompts, {g.tokens_per_second:.1f} tokens/s")
     else:
-        comparison = compare(first, plain)
+        comparison = compare(first, plain, in_vocab)
         report |= {"speculative": first.summary(), "plain": plain.summary()} | comparison
         print(f"method: {first.method}  draft: {first.draft}  k: {setting['k']}")
         print(f"mean acceptance length: {_fmt(first.mean_acceptance_length, '.3f')}  (per position: "
@@ -662,6 +701,9 @@ def run(args) -> int:
               f"identical outputs: {comparison['identical_outputs']}/{comparison['num_prompts']}")
         print(f"  ({first.generated_tokens} tokens in {first.seconds:.2f}s speculative, "
               f"{plain.generated_tokens} in {plain.seconds:.2f}s plain)")
+        if in_vocab is not None:
+            print(f"not draftable: {_percent(comparison['outside_draft_vocab'])} of plain decoding's tokens are "
+                  f"outside the head's draft vocabulary ({int(in_vocab.sum()):,} of {len(in_vocab):,} ids)")
         print(first.spec_decode_summary())
         if args.by_category:
             print("by category (each category timed as a batch of its own):")

@@ -115,6 +115,37 @@ def test_the_printed_summary_names_speed_and_categories(tiny, tmp_path, capsys):
     assert table[2].split()[-1] == "1/1"
 
 
+def test_share_outside_counts_the_tokens_the_draft_vocabulary_leaves_out():
+    import torch
+
+    in_vocab = torch.tensor([True, False, True, False])
+    assert bench.share_outside([[0, 1, 2], [3, 3]], in_vocab) == pytest.approx(3 / 5)
+    assert bench.share_outside([[0, 2]], in_vocab) == 0.0
+    assert bench.share_outside([[], []], in_vocab) is None
+
+
+def test_an_eagle3_head_reports_the_tokens_it_cannot_draft(tiny, by_category, tmp_path, capsys):
+    """EAGLE-3 with a draft vocabulary of 40 of the target's 128 ids: the share of plain
+    decoding's tokens outside it, overall and by category (their token-weighted mean);
+    an EAGLE-1 head (the full vocabulary) has no such column."""
+    head3 = ef.write_head(tmp_path / "head3", ef.kind_of("llama"), "eagle3", draft_vocab=40)
+    out = tmp_path / "r3.json"
+    args = bench_args(tiny, out, "--by-category")
+    args[args.index("--method") + 1], args[args.index("--draft") + 1] = "eagle3", str(head3)
+    assert cli.main(args) == 0
+    report = json.loads(out.read_text())
+    rows = report["by_category"]
+    assert 0 <= report["outside_draft_vocab"] <= 1
+    total = sum(r["plain_generated_tokens"] for r in rows)
+    assert report["outside_draft_vocab"] == pytest.approx(
+        sum(r["outside_draft_vocab"] * r["plain_generated_tokens"] for r in rows) / total)
+    printed = capsys.readouterr().out
+    assert "of plain decoding's tokens are outside the head's draft vocabulary (40 of 128 ids)" in printed
+    assert printed[printed.index("by category"):].splitlines()[1].split()[-2:] == ["not", "draftable"]
+    assert "outside_draft_vocab" not in by_category  # the EAGLE-1 head's report
+    assert all("outside_draft_vocab" not in r for r in by_category["by_category"])
+
+
 def test_a_run_without_a_draft_reports_plain_decoding_by_category(tiny, tmp_path):
     out = tmp_path / "plain.json"
     args = bench_args(tiny, out, "--by-category", "--num-prompts", "3")
