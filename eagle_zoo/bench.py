@@ -518,7 +518,7 @@ def _fmt(value, spec: str, none: str = "-") -> str:
     return none if value is None else format(value, spec)
 
 
-def _percent(share: Optional[float]) -> str:
+def format_share(share: Optional[float]) -> str:
     return "-" if share is None else f"{100 * share:.1f}%"
 
 
@@ -531,7 +531,7 @@ def category_table(comparison: dict) -> str:
         lines.append((str(r["category"]), str(r["num_prompts"]), _fmt(r["mean_acceptance_length"], ".3f"),
                       _fmt(r["spec_tokens_per_second"], ".1f"), _fmt(r["plain_tokens_per_second"], ".1f"),
                       _fmt(r["speedup"], ".2f") + "x", f"{r['identical_outputs']}/{r['num_prompts']}")
-                     + ((_percent(r["outside_draft_vocab"]),) if coverage else ()))
+                     + ((format_share(r["outside_draft_vocab"]),) if coverage else ()))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
                      for line in lines)
@@ -702,7 +702,7 @@ def run(args) -> int:
         print(f"  ({first.generated_tokens} tokens in {first.seconds:.2f}s speculative, "
               f"{plain.generated_tokens} in {plain.seconds:.2f}s plain)")
         if in_vocab is not None:
-            print(f"not draftable: {_percent(comparison['outside_draft_vocab'])} of plain decoding's tokens are "
+            print(f"not draftable: {format_share(comparison['outside_draft_vocab'])} of plain decoding's tokens are "
                   f"outside the head's draft vocabulary ({int(in_vocab.sum()):,} of {len(in_vocab):,} ids)")
         print(first.spec_decode_summary())
         if args.by_category:

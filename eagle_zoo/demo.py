@@ -18,8 +18,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .bench import DATASETS, DEFAULT_TARGET, BenchResult, GroupResult, load_prompt_rows, measure, shipped_dataset, \
-    warm_up
+from .bench import DATASETS, DEFAULT_TARGET, BenchResult, GroupResult, draft_vocabulary, format_share, \
+    load_prompt_rows, measure, share_outside, shipped_dataset, warm_up
 
 SHIPPED_HEAD = "eagle-zoo/EAGLE3-SmolLM2-135M-Instruct"
 MAX_TOKENS = 96
@@ -128,13 +128,21 @@ def run(args) -> int:
         print(f"\n[{row['category']}]{context} > {row['prompt']}\n{s.texts[0].strip()}")
     print(f"\n== results (k={k}): decoding speed after the first token (the prompt's prefill), "
           f"then end to end")
+    # With a reduced draft vocabulary (EAGLE-3): the share of plain decoding's tokens no
+    # draft can match, which caps a prompt's acceptance whatever the head predicts.
+    in_vocab = draft_vocabulary(spec_llm)
+
+    def not_draftable(outputs: list[list[int]]) -> tuple[str, ...]:
+        return () if in_vocab is None else (format_share(share_outside(outputs, in_vocab)),)
+
     header = ("category", "accept", "first token s", "spec tok/s", "plain tok/s", "speed-up", "end to end",
-              "identical")
+              "identical") + (("not draftable",) if in_vocab is not None else ())
     lines = [header]
     for s, p in zip(spec_groups, plain_groups):
-        lines.append(_line(s.category, s, p, "y" if s.outputs == p.outputs else "n"))
+        lines.append(_line(s.category, s, p, "y" if s.outputs == p.outputs else "n") + not_draftable(p.outputs))
     same = sum(s.outputs == p.outputs for s, p in zip(spec_groups, plain_groups))
-    lines.append(_line("overall", _total(spec_groups), _total(plain_groups), f"{same}/{len(rows)}"))
+    lines.append(_line("overall", _total(spec_groups), _total(plain_groups), f"{same}/{len(rows)}")
+                 + not_draftable([o for p in plain_groups for o in p.outputs]))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     for line in lines:
         print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))))

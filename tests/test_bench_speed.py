@@ -327,6 +327,25 @@ def test_demo_prints_per_prompt_and_overall_speed_up(tiny, monkeypatch, tmp_path
     assert float(rows[2][2]) == pytest.approx(float(rows[0][2]) + float(rows[1][2]), abs=0.0011)
 
 
+def test_demo_with_an_eagle3_head_shows_the_tokens_it_cannot_draft(tiny, monkeypatch, tmp_path, capsys):
+    """A draft vocabulary of 40 of 128 ids: a "not draftable" column, per prompt and
+    overall (the token-weighted share over both prompts' plain outputs)."""
+    from eagle_zoo import demo
+
+    head3 = ef.write_head(tmp_path / "head3", ef.kind_of("llama"), "eagle3", draft_vocab=40)
+    _dev(monkeypatch, tmp_path, ROWS)
+    monkeypatch.setattr(demo, "DEFAULT_TARGET", tiny.target)
+    monkeypatch.setattr(demo, "MAX_MODEL_LEN", 256)
+    monkeypatch.setattr(demo, "speculative_config",
+                        lambda draft, k: {"model": draft, "method": "eagle3", "num_speculative_tokens": k})
+    assert demo.run(SimpleNamespace(num_prompts=None, max_tokens=8, num_speculative_tokens=2, draft=str(head3))) == 0
+    table = capsys.readouterr().out.split("== results (k=2)")[1].splitlines()[1:5]
+    assert table[0].split()[-2:] == ["not", "draftable"]
+    shares = [float(line.split()[-1].rstrip("%")) for line in table[1:4]]
+    assert all(0 <= x <= 100 for x in shares)
+    assert min(shares[:2]) - 0.05 <= shares[2] <= max(shares[:2]) + 0.05  # a token-weighted mean of the two
+
+
 def test_a_spec_decode_py_command_line_runs_and_prints_its_summary(tiny, tmp_path, capsys):
     """vLLM's spec_decode.py flags, the dataset a local ShareGPT-style JSON list: the run
     prints the script's summary, whose counters are the report's, and announces that
