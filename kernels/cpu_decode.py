@@ -1,6 +1,6 @@
 """The float32 CPU kernels of decode steps (csrc/cpu_decode.cpp), for up to MAX_ROWS rows:
 few_row_linear (y = x @ w^T, a row-major AVX2 dot product per output; w float32 or
-bfloat16), rms_norm_rows, cache_attention (flash-decoding over one sequence's cache row)
+bfloat16; few_row_linear_int8 from a weight's exact int8 blocks), rms_norm_rows, cache_attention (flash-decoding over one sequence's cache row)
 and llama_layer_rows (a whole Llama decoder layer).
 All are batch invariant (a row's bits do not depend on how many rows there are). Built
 on first use with torch's C++ extension loader (g++ with OpenMP; about 30 s, then
@@ -73,6 +73,14 @@ def few_row_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     if available():
         return _module.few_row_linear(x.contiguous(), w.contiguous())
     return few_row_linear_torch(x, w)
+
+
+def few_row_linear_int8(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """few_row_linear of the float32 weight q [N, K] (int8) * d [N, K / 32] (one float32
+    scale a block of 32 along K) when that product is the weight exactly (the copy
+    models/layers.py add_exact_int8_copies makes): the same bits from a quarter of the
+    bytes. The caller checks available()."""
+    return _module.few_row_linear_int8(x.contiguous(), q, d)
 
 
 def rms_norm_rows_torch(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

@@ -296,3 +296,68 @@ def test_a_bf16_eagle3_head_on_the_cpu_drafts_the_same_tokens_from_bf16_copies(t
     llm, outs_fp32, drafts_fp32 = run()
     assert not hasattr(llm.engine.proposer.head.fc.weight, "_bf16_copy")
     assert outs == outs_fp32 and len(drafts) > 5 and drafts == drafts_fp32
+
+
+def _q8_weight(N, K, generator):
+    """A weight as a GGUF Q8_0 tensor dequantizes: per block of 32, int8 q (its largest
+    magnitude 127) times a float16 scale, in float32."""
+    q = torch.randint(-127, 128, (N, K // 32, 32), generator=generator, dtype=torch.int8)
+    q[:, :, 7] = torch.where(torch.rand(N, K // 32, generator=generator) < 0.5, 127, -127).to(torch.int8)
+    d = (0.01 * torch.rand(N, K // 32, generator=generator)).half().float()
+    return (q.float() * d[..., None]).view(N, K)
+
+
+@needs_kernel
+@pytest.mark.parametrize("shape", [(300, 576), (65, 64)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_int8_copy_gives_the_float32_weights_bits(shape):
+    N, K = shape
+    g = torch.Generator().manual_seed(N)
+    w = _q8_weight(N, K, g)
+    q, d = layers._int8_blocks(w)
+    assert q.dtype == torch.int8 and d.shape == (N, K // 32) and layers._int8_exact(w)
+    x = torch.randn(cpu_decode.MAX_ROWS, K, generator=g)
+    for m in range(1, cpu_decode.MAX_ROWS + 1):
+        assert torch.equal(cpu_decode.few_row_linear_int8(x[:m], q, d), cpu_decode.few_row_linear(x[:m], w)), m
+    with pytest.raises(RuntimeError, match="a multiple of 32"):
+        cpu_decode.few_row_linear_int8(torch.randn(1, 40), torch.zeros(2, 40, dtype=torch.int8), torch.zeros(2, 1))
+    with pytest.raises(RuntimeError, match=r"float32 d \[2, 2\]"):
+        cpu_decode.few_row_linear_int8(torch.randn(1, 64), torch.zeros(2, 64, dtype=torch.int8), torch.zeros(2, 3))
+
+
+@needs_kernel
+def test_exact_int8_copies_only_for_q8_weights_and_only_while_current():
+    g = torch.Generator().manual_seed(3)
+    q8, other = layers.ReplicatedLinear(64, 24), layers.ReplicatedLinear(64, 24)
+    lm_head = layers.ParallelLMHead(40, 64)
+    model = torch.nn.ModuleList([q8, other, lm_head]).requires_grad_(False)
+    q8.weight.copy_(_q8_weight(24, 64, g))
+    lm_head.weight.copy_(_q8_weight(40, 64, g))
+    other.weight.copy_(torch.randn(24, 64, generator=g))
+    x = torch.randn(1, 3, 64, generator=g)
+    before = [m(x) for m in model]
+    assert layers.add_exact_int8_copies(model) == (24 * 64 + 24 * 2 * 4) + (40 * 64 + 40 * 2 * 4)
+    assert [hasattr(m.weight, "_int8_copy") for m in model] == [True, False, True]
+    calls = []
+    kernel = cpu_decode.few_row_linear_int8
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cpu_decode, "few_row_linear_int8", lambda x, q, d: calls.append(q.shape) or kernel(x, q, d))
+        after = [m(x) for m in model]
+        assert calls == [(24, 64), (40, 64)]
+        assert all(torch.equal(a, b) for a, b in zip(after, before))
+        q8.weight.mul_(3)  # a changed weight: its copy no longer applies
+        calls.clear()
+        torch.testing.assert_close(q8(x), 3 * before[0])
+        assert calls == []
+
+
+@needs_kernel
+def test_the_embedded_targets_lm_head_decodes_from_its_int8_copy():
+    """SmolLM2's GGUF stores the tied embedding as Q8_0: a CPU float32 engine reads its
+    lm_head from the exact int8 copy; its layers (Q4_1) keep float32."""
+    from eagle_zoo import LLM
+
+    llm = LLM(model="HuggingFaceTB/SmolLM2-135M-Instruct", device="cpu", dtype="float32", max_model_len=64)
+    target = llm.engine.target
+    assert hasattr(target.lm_head.weight, "_int8_copy")
+    assert not any(hasattr(m.weight, "_int8_copy") for m in target.layers[0].modules() if hasattr(m, "weight")
+                   and isinstance(m, layers.LinearBase))

@@ -14,7 +14,7 @@ from torch import nn
 
 from ..models.attention import AttentionContext, use_context
 from ..models.fused_layer import choose_decode_paths
-from ..models.layers import prepare_one_row_copies
+from ..models.layers import add_exact_int8_copies, prepare_one_row_copies
 from .cache import allocate_kv_caches
 from .graphs import GraphedForward, GraphPool
 
@@ -40,6 +40,9 @@ class ModelRunner:
             # Faster one-row (decode / draft) matmuls from column-major weight copies,
             # within a memory budget (models/layers.py, CPU_ONE_ROW_COPY_BYTES).
             prepare_one_row_copies(model)
+            # Weights that are exactly int8 blocks times a scale (a GGUF's Q8_0 tensors:
+            # SmolLM2's lm_head) are read from an int8 copy, same bits (models/layers.py).
+            add_exact_int8_copies(model)
         self.graphed = None
         if graph_pool is not None:
             self.graphed = GraphedForward(self.forward_full_length, num_slots, self.scratch_slot, graph_pool)

@@ -176,12 +176,74 @@ def add_exact_bf16_copies(module: nn.Module, keep: Sequence[torch.Tensor] = ()) 
     return added
 
 
+INT8_BLOCK = 32  # weights a scale of an int8 copy covers, along the input dimension
+
+
+@torch.no_grad()
+def add_exact_int8_copies(module: nn.Module) -> int:
+    """Give each float32 CPU weight of ``module``'s linear layers and lm heads whose every
+    block of INT8_BLOCK values along a row is exactly q * d (int8 q, one float32 d a block)
+    an int8 copy (q, d), which linear() hands kernels/cpu_decode.py for a few rows; returns
+    the copies' bytes. Such a weight is what a GGUF Q8_0 tensor dequantizes to (SmolLM2's
+    tied embedding and lm_head: 113 MB read by every decode step on the CPU, a quarter of
+    that as int8); the kernel multiplies back the same float32 values, so every product
+    and sum is the float32 weight's, bit for bit. Only where the kernel is built; call it
+    once the weights are loaded (a copy is dropped, not refreshed, once the weight changes)."""
+    if not cpu_decode.available():
+        return 0
+    added = 0
+    for m in module.modules():
+        if not isinstance(m, (LinearBase, ParallelLMHead)):
+            continue
+        w = m.weight
+        if (w.device.type != "cpu" or w.dtype != torch.float32 or w.dim() != 2 or w.shape[1] % INT8_BLOCK
+                or not w.is_contiguous() or not _int8_exact(w[:8])):  # most weights fail on their first rows
+            continue
+        q, d = _int8_blocks(w)
+        if not torch.equal((q.view(*d.shape, INT8_BLOCK) * d[..., None]).view(w.shape), w):
+            continue
+        try:
+            w._int8_copy = ((q, d), _stamp(w))
+        except RuntimeError:  # an inference-mode tensor keeps no version: no copy
+            continue
+        added += q.numel() + d.numel() * d.element_size()
+    return added
+
+
+def _int8_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q [N, K] int8, d [N, K / INT8_BLOCK] float32): d the block's largest magnitude over
+    127 (Q8_0's scale), q the nearest integers of w / d (0 in all-zero blocks)."""
+    blocks = w.view(w.shape[0], -1, INT8_BLOCK)
+    d = blocks.abs().amax(-1) / 127
+    q = (blocks / torch.where(d > 0, d, 1)[..., None]).round_().clamp_(-127, 127)
+    return q.to(torch.int8).view(w.shape), d
+
+
+def _int8_exact(w: torch.Tensor) -> bool:
+    q, d = _int8_blocks(w)
+    return torch.equal((q.view(*d.shape, INT8_BLOCK) * d[..., None]).view(w.shape), w)
+
+
+def few_row_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ weight^T by the few-row kernel, from the weight's exact int8 or bfloat16
+    copy while it is current (the same bits from fewer bytes), else the weight itself."""
+    int8 = _current_copy(weight, "_int8_copy")
+    if int8 is not None:
+        return cpu_decode.few_row_linear_int8(x, *int8)
+    return cpu_decode.few_row_linear(x, _decode_weight(weight))
+
+
+def _current_copy(weight: torch.Tensor, attr: str):
+    cached = getattr(weight, attr, None)
+    if cached is None or cached[1] != _stamp(weight):
+        return None
+    return cached[0]
+
+
 def _decode_weight(weight: torch.Tensor) -> torch.Tensor:
     """The weight the few-row kernel reads: its exact bfloat16 copy while it is current."""
-    cached = getattr(weight, "_bf16_copy", None)
-    if cached is None or cached[1] != _stamp(weight):
-        return weight
-    return cached[0]
+    copy = _current_copy(weight, "_bf16_copy")
+    return weight if copy is None else copy
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -197,7 +259,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     if x.dtype == torch.float32 and 0 < rows <= cpu_decode.MAX_ROWS and use_cpu_linear_kernel(x, weight):
         # Our kernel (kernels/cpu_decode.py): the weights read at ~90% of the read
         # bandwidth, and a row's bits the same in plain decoding and in verification.
-        y = cpu_decode.few_row_linear(x.reshape(rows, x.shape[-1]), _decode_weight(weight))
+        y = few_row_product(x.reshape(rows, x.shape[-1]), weight)
         y = y.view(*x.shape[:-1], weight.shape[0])
         return y if bias is None else y + bias
     if x.dtype != torch.float32 or not 0 < rows <= cpu_decode.MAX_ROWS:

@@ -1,5 +1,6 @@
 // The float32 CPU kernels of decode steps (a few rows): few_row_linear, y[M, N] =
-// x[M, K] @ w[N, K]^T (w float32, or bfloat16 read as its exact float32 values), and
+// x[M, K] @ w[N, K]^T (w float32, or bfloat16 read as its exact float32 values;
+// few_row_linear_int8 reads int8 blocks whose exact float32 values w holds), and
 // rms_norm_rows, for M <= 8; llama_layer_rows, a whole Llama decoder layer.
 //
 // Why: a decode step reads every weight once for one row (plain decoding) or a few
@@ -154,6 +155,62 @@ void rows_times_weights(const float* xp, const W* wp, float* yp, int64_t M, int6
   });
 }
 
+
+// Dot products as dot_rows', for a weight stored as int8 blocks of 32 with a float32 scale
+// each, whose float32 values are exactly q * d (checked when the copy is made,
+// models/layers.py add_exact_int8_copies): the same products and sums in the same order,
+// bit for bit, from a quarter of the bytes. K is a multiple of 32.
+template <int R>
+inline void dot_rows_int8(const float* const* a, const int8_t* q, const float* d, int64_t K, float* const* out) {
+  __m256 s[R][4];
+  for (int r = 0; r < R; ++r) s[r][0] = s[r][1] = s[r][2] = s[r][3] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 32) {
+    const __m256 scale = _mm256_set1_ps(d[k / 32]);
+    const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + k));
+    const __m128i lo = _mm256_castsi256_si128(bytes), hi = _mm256_extracti128_si256(bytes, 1);
+    const __m256 b0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), scale);
+    const __m256 b1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), scale);
+    const __m256 b2 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), scale);
+    const __m256 b3 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), scale);
+    for (int r = 0; r < R; ++r) {
+      s[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k), b0, s[r][0]);
+      s[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k + 8), b1, s[r][1]);
+      s[r][2] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k + 16), b2, s[r][2]);
+      s[r][3] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k + 24), b3, s[r][3]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    *out[r] = hsum8(_mm256_add_ps(_mm256_add_ps(s[r][0], s[r][1]), _mm256_add_ps(s[r][2], s[r][3])));
+}
+
+void rows_times_int8_weights(const float* xp, const int8_t* qp, const float* dp, float* yp, int64_t M, int64_t K,
+                             int64_t N) {
+  const int64_t blocks = K / 32;
+  at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const int8_t* q = qp + n * K;
+      const float* d = dp + n * blocks;
+      int64_t m = 0;
+      for (; m + 3 <= M; m += 3) {
+        const float* a[3] = {xp + m * K, xp + (m + 1) * K, xp + (m + 2) * K};
+        float* y[3] = {yp + m * N + n, yp + (m + 1) * N + n, yp + (m + 2) * N + n};
+        dot_rows_int8<3>(a, q, d, K, y);
+      }
+      if (m + 2 <= M) {
+        const float* a[2] = {xp + m * K, xp + (m + 1) * K};
+        float* y[2] = {yp + m * N + n, yp + (m + 1) * N + n};
+        dot_rows_int8<2>(a, q, d, K, y);
+        m += 2;
+      }
+      if (m < M) {
+        const float* a = xp + m * K;
+        float* y = yp + m * N + n;
+        dot_rows_int8<1>(&a, q, d, K, &y);
+      }
+    }
+  });
+}
+
 }  // namespace
 
 torch::Tensor few_row_linear(const torch::Tensor& x, const torch::Tensor& w) {
@@ -165,6 +222,22 @@ torch::Tensor few_row_linear(const torch::Tensor& x, const torch::Tensor& w) {
   } else {
     rows_times_weights(x.data_ptr<float>(), w.data_ptr<float>(), y.data_ptr<float>(), M, K, N);
   }
+  return y;
+}
+
+// y [M, N] = x [M, K] @ (q [N, K] * d [N, K / 32] per block of 32)^T: few_row_linear of
+// the float32 weight whose exact int8 copy (q, d) this is, same bits (dot_rows_int8).
+torch::Tensor few_row_linear_int8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d) {
+  TORCH_CHECK(x.device().is_cpu() && q.device().is_cpu() && d.device().is_cpu(), "few_row_linear_int8: CPU tensors only");
+  TORCH_CHECK(x.scalar_type() == torch::kFloat && x.dim() == 2 && x.is_contiguous() && x.size(0) <= 8,
+              "few_row_linear_int8: contiguous float32 x [M <= 8, K], got ", x.scalar_type(), " ", x.sizes());
+  const int64_t M = x.size(0), K = x.size(1), N = q.size(0);
+  TORCH_CHECK(q.scalar_type() == torch::kChar && q.dim() == 2 && q.size(1) == K && q.is_contiguous() && K % 32 == 0,
+              "few_row_linear_int8: contiguous int8 q [N, K] with K = ", K, " a multiple of 32, got ", q.sizes());
+  TORCH_CHECK(d.scalar_type() == torch::kFloat && d.dim() == 2 && d.size(0) == N && d.size(1) == K / 32 &&
+              d.is_contiguous(), "few_row_linear_int8: contiguous float32 d [", N, ", ", K / 32, "], got ", d.sizes());
+  auto y = torch::empty({M, N}, x.options());
+  rows_times_int8_weights(x.data_ptr<float>(), q.data_ptr<int8_t>(), d.data_ptr<float>(), y.data_ptr<float>(), M, K, N);
   return y;
 }
 
@@ -457,5 +530,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cache_attention", &cache_attention, "causal attention of a few float32 tokens over their cache row (CPU)");
   m.def("llama_layer_rows", &llama_layer_rows, "an exact Llama decoder layer for a few float32 tokens (CPU)");
   m.def("few_row_linear", &few_row_linear, "y = x @ w^T for a few float32 rows (CPU)");
+  m.def("few_row_linear_int8", &few_row_linear_int8, "few_row_linear from a weight's exact int8 blocks (CPU)");
   m.def("rms_norm_rows", &rms_norm_rows, "RMSNorm of a few float32 rows (CPU)");
 }
