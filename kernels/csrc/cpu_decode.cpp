@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -126,35 +127,34 @@ void check_rows(const char* fn, const torch::Tensor& x, const torch::Tensor& w, 
   TORCH_CHECK(x.size(0) <= 8, fn, ": at most 8 rows, got ", x.size(0));
 }
 
-// y [M, N] = x [M, K] @ w [N, K]^T, w float32 or bfloat16.
-template <typename W>
-void rows_times_weights(const float* xp, const W* wp, float* yp, int64_t M, int64_t K, int64_t N) {
-  // Outputs split over torch's threads; 64 outputs at least per chunk (the layers are
-  // 192 to 49,152 wide), each weight row read once for the M dot products.
+// y [M, N] = x [M, K] times N weight rows: dot(rows, a, n, y) writes weight row n's dot
+// products with the `rows` input rows a (3, 2 or 1, a std::integral_constant) to y.
+// Outputs split over torch's threads; 64 outputs at least per chunk (the layers are 192
+// to 49,152 wide), each weight row read once for the M dot products.
+template <typename Dot>
+void rows_times_weights(const float* xp, float* yp, int64_t M, int64_t K, int64_t N, Dot dot) {
   at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
-      const W* row = wp + n * K;
       int64_t m = 0;
       for (; m + 3 <= M; m += 3) {
         const float* a[3] = {xp + m * K, xp + (m + 1) * K, xp + (m + 2) * K};
         float* y[3] = {yp + m * N + n, yp + (m + 1) * N + n, yp + (m + 2) * N + n};
-        dot_rows<3>(a, row, K, y);
+        dot(std::integral_constant<int, 3>(), a, n, y);
       }
       if (m + 2 <= M) {
         const float* a[2] = {xp + m * K, xp + (m + 1) * K};
         float* y[2] = {yp + m * N + n, yp + (m + 1) * N + n};
-        dot_rows<2>(a, row, K, y);
+        dot(std::integral_constant<int, 2>(), a, n, y);
         m += 2;
       }
       if (m < M) {
         const float* a = xp + m * K;
         float* y = yp + m * N + n;
-        dot_rows<1>(&a, row, K, &y);
+        dot(std::integral_constant<int, 1>(), &a, n, &y);
       }
     }
   });
 }
-
 
 // Dot products as dot_rows', for a weight stored as int8 blocks of 32 with a float32 scale
 // each, whose float32 values are exactly q * d (checked when the copy is made,
@@ -183,44 +183,22 @@ inline void dot_rows_int8(const float* const* a, const int8_t* q, const float* d
     *out[r] = hsum8(_mm256_add_ps(_mm256_add_ps(s[r][0], s[r][1]), _mm256_add_ps(s[r][2], s[r][3])));
 }
 
-void rows_times_int8_weights(const float* xp, const int8_t* qp, const float* dp, float* yp, int64_t M, int64_t K,
-                             int64_t N) {
-  const int64_t blocks = K / 32;
-  at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) {
-      const int8_t* q = qp + n * K;
-      const float* d = dp + n * blocks;
-      int64_t m = 0;
-      for (; m + 3 <= M; m += 3) {
-        const float* a[3] = {xp + m * K, xp + (m + 1) * K, xp + (m + 2) * K};
-        float* y[3] = {yp + m * N + n, yp + (m + 1) * N + n, yp + (m + 2) * N + n};
-        dot_rows_int8<3>(a, q, d, K, y);
-      }
-      if (m + 2 <= M) {
-        const float* a[2] = {xp + m * K, xp + (m + 1) * K};
-        float* y[2] = {yp + m * N + n, yp + (m + 1) * N + n};
-        dot_rows_int8<2>(a, q, d, K, y);
-        m += 2;
-      }
-      if (m < M) {
-        const float* a = xp + m * K;
-        float* y = yp + m * N + n;
-        dot_rows_int8<1>(&a, q, d, K, &y);
-      }
-    }
-  });
-}
-
 }  // namespace
 
 torch::Tensor few_row_linear(const torch::Tensor& x, const torch::Tensor& w) {
   check_rows("few_row_linear", x, w, 2, /*bf16_weight=*/true);
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   auto y = torch::empty({M, N}, x.options());
+  auto times = [&](const auto* wp) {
+    rows_times_weights(x.data_ptr<float>(), y.data_ptr<float>(), M, K, N,
+                       [&](auto rows, const float* const* a, int64_t n, float* const* out) {
+                         dot_rows<decltype(rows)::value>(a, wp + n * K, K, out);
+                       });
+  };
   if (w.scalar_type() == torch::kBFloat16) {
-    rows_times_weights(x.data_ptr<float>(), w.data_ptr<at::BFloat16>(), y.data_ptr<float>(), M, K, N);
+    times(w.data_ptr<at::BFloat16>());
   } else {
-    rows_times_weights(x.data_ptr<float>(), w.data_ptr<float>(), y.data_ptr<float>(), M, K, N);
+    times(w.data_ptr<float>());
   }
   return y;
 }
@@ -237,7 +215,12 @@ torch::Tensor few_row_linear_int8(const torch::Tensor& x, const torch::Tensor& q
   TORCH_CHECK(d.scalar_type() == torch::kFloat && d.dim() == 2 && d.size(0) == N && d.size(1) == K / 32 &&
               d.is_contiguous(), "few_row_linear_int8: contiguous float32 d [", N, ", ", K / 32, "], got ", d.sizes());
   auto y = torch::empty({M, N}, x.options());
-  rows_times_int8_weights(x.data_ptr<float>(), q.data_ptr<int8_t>(), d.data_ptr<float>(), y.data_ptr<float>(), M, K, N);
+  const int8_t* qp = q.data_ptr<int8_t>();
+  const float* dp = d.data_ptr<float>();
+  rows_times_weights(x.data_ptr<float>(), y.data_ptr<float>(), M, K, N,
+                     [&](auto rows, const float* const* a, int64_t n, float* const* out) {
+                       dot_rows_int8<decltype(rows)::value>(a, qp + n * K, dp + n * (K / 32), K, out);
+                     });
   return y;
 }
 
