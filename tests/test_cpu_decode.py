@@ -313,8 +313,9 @@ def test_int8_copy_gives_the_float32_weights_bits(shape):
     N, K = shape
     g = torch.Generator().manual_seed(N)
     w = _q8_weight(N, K, g)
-    q, d = layers._int8_blocks(w)
-    assert q.dtype == torch.int8 and d.shape == (N, K // 32) and layers._int8_exact(w)
+    q, d = layers.exact_int8_blocks(w)
+    assert q.dtype == torch.int8 and d.shape == (N, K // 32)
+    assert layers.exact_int8_blocks(w + 1e-4) is None  # no longer int8 blocks times a scale
     x = torch.randn(cpu_decode.MAX_ROWS, K, generator=g)
     for m in range(1, cpu_decode.MAX_ROWS + 1):
         assert torch.equal(cpu_decode.few_row_linear_int8(x[:m], q, d), cpu_decode.few_row_linear(x[:m], w)), m

@@ -197,34 +197,32 @@ def add_exact_int8_copies(module: nn.Module) -> int:
             continue
         w = m.weight
         if (w.device.type != "cpu" or w.dtype != torch.float32 or w.dim() != 2 or w.shape[1] % INT8_BLOCK
-                or not w.is_contiguous() or not _int8_exact(w[:8])):  # most weights fail on their first rows
+                or not w.is_contiguous() or exact_int8_blocks(w[:8]) is None):  # most fail on their first rows
             continue
-        q, d = _int8_blocks(w)
-        if not torch.equal((q.view(*d.shape, INT8_BLOCK) * d[..., None]).view(w.shape), w):
+        copy = exact_int8_blocks(w)
+        if copy is None:
             continue
         try:
-            w._int8_copy = ((q, d), _stamp(w))
+            w._int8_copy = (copy, _stamp(w))
         except RuntimeError:  # an inference-mode tensor keeps no version: no copy
             continue
-        added += q.numel() + d.numel() * d.element_size()
+        added += copy[0].numel() + copy[1].numel() * copy[1].element_size()
     return added
 
 
-def _int8_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q [N, K] int8, d [N, K / INT8_BLOCK] float32): d the block's largest magnitude over
-    127 (Q8_0's scale), q the nearest integers of w / d (0 in all-zero blocks)."""
+def exact_int8_blocks(w: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """(q [N, K] int8, d [N, K / INT8_BLOCK] float32) with q * d == w exactly, block by
+    block, or None: d the block's largest magnitude over 127 (Q8_0's scale), q the nearest
+    integers of w / d (0 in all-zero blocks)."""
     blocks = w.view(w.shape[0], -1, INT8_BLOCK)
     d = blocks.abs().amax(-1) / 127
     q = (blocks / torch.where(d > 0, d, 1)[..., None]).round_().clamp_(-127, 127)
+    if not torch.equal(q * d[..., None], blocks):
+        return None
     return q.to(torch.int8).view(w.shape), d
 
 
-def _int8_exact(w: torch.Tensor) -> bool:
-    q, d = _int8_blocks(w)
-    return torch.equal((q.view(*d.shape, INT8_BLOCK) * d[..., None]).view(w.shape), w)
-
-
-def few_row_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def _few_row_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ weight^T by the few-row kernel, from the weight's exact int8 or bfloat16
     copy while it is current (the same bits from fewer bytes), else the weight itself."""
     int8 = _current_copy(weight, "_int8_copy")
@@ -259,7 +257,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     if x.dtype == torch.float32 and 0 < rows <= cpu_decode.MAX_ROWS and use_cpu_linear_kernel(x, weight):
         # Our kernel (kernels/cpu_decode.py): the weights read at ~90% of the read
         # bandwidth, and a row's bits the same in plain decoding and in verification.
-        y = few_row_product(x.reshape(rows, x.shape[-1]), weight)
+        y = _few_row_product(x.reshape(rows, x.shape[-1]), weight)
         y = y.view(*x.shape[:-1], weight.shape[0])
         return y if bias is None else y + bias
     if x.dtype != torch.float32 or not 0 < rows <= cpu_decode.MAX_ROWS:
