@@ -136,14 +136,16 @@ def test_llama_layer_rows_rejects_mismatched_weights_and_slots():
     caches = torch.zeros(2, 10, kv_heads, d), torch.zeros(2, 10, kv_heads, d)
     angles = torch.ones(1, d // 2)
 
-    def call(qkv=w["qkv"], slot=0):
+    def call(qkv=w["qkv"], slot=0, kv_len=4):
         return cpu_decode.llama_layer_rows(torch.randn(1, H), ones, 1e-5, qkv, w["o"], ones, 1e-5, w["gu"],
-                                           w["down"], angles, angles, *caches, slot, torch.tensor([3]), 4,
+                                           w["down"], angles, angles, *caches, slot, torch.tensor([3]), kv_len,
                                            heads, kv_heads, d ** -0.5)
 
     assert call().shape == (1, H)
-    with pytest.raises(RuntimeError, match="slot 2 outside"):
+    with pytest.raises(RuntimeError, match="slot 2 or kv_len 4 outside"):
         call(slot=2)
+    with pytest.raises(RuntimeError, match="slot 0 or kv_len 11 outside"):  # past the rows' 10 positions
+        call(kv_len=11)
     with pytest.raises(RuntimeError, match="w_qkv"):
         call(qkv=torch.zeros(heads * d, H))
 

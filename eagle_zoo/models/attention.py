@@ -157,15 +157,24 @@ class Attention(nn.Module):
                               attn_mask=ctx.attn_mask, window=self.sliding_window, tree=ctx.tree_keys)
         return out.flatten(2)
 
+    def cpu_kernel_applies(self, ctx: AttentionContext, x: torch.Tensor) -> bool:
+        """Whether kernels/cpu_decode.py's attention can serve this layer's step of x
+        [1, T, ...]: one float32 sequence of up to MAX_ROWS tokens on the CPU, causal (no
+        tree mask, window or chunk), float32 contiguous caches whose head size is a multiple
+        of 8 (the kernel's vectors), int64 positions, and the kernels built. The fused
+        layer's C++ call (models/fused_layer.py) and this module's own attention both ask."""
+        k_cache, v_cache = ctx.kv_caches[self.layer_idx]
+        return (x.device.type == "cpu" and x.shape[0] == 1 and 0 < x.shape[1] <= cpu_decode.MAX_ROWS
+                and x.dtype == torch.float32 and ctx.attn_mask is None and ctx.tree_keys is None
+                and self.sliding_window is None and self.attention_chunk_size is None
+                and k_cache.dtype == v_cache.dtype == torch.float32 and k_cache.is_contiguous()
+                and v_cache.is_contiguous() and k_cache.shape[-1] == v_cache.shape[-1] and k_cache.shape[-1] % 8 == 0
+                and ctx.cache_positions.dtype == torch.long and cpu_decode.available())
+
     def _use_cpu_kernel(self, ctx: AttentionContext, q: torch.Tensor, k: torch.Tensor) -> bool:
-        # One sequence's decode-sized step on the CPU in float32 (an EAGLE head's draft and
-        # catch-up passes): kernels/cpu_decode.py's flash-decoding, the fused decoder
-        # layer's own attention, instead of a built mask and SDPA. Causal masks only.
-        return (q.device.type == "cpu" and q.shape[0] == 1 and 0 < q.shape[1] <= cpu_decode.MAX_ROWS
-                and q.dtype == k.dtype == torch.float32 and ctx.kv_caches[self.layer_idx][0].dtype == torch.float32
-                and ctx.cache_positions.dtype == torch.long and ctx.attn_mask is None and ctx.tree_keys is None and self.sliding_window is None
-                and self.attention_chunk_size is None and self.head_dim == self.v_head_dim
-                and self.head_dim % 8 == 0 and not needs_autograd(q, k) and cpu_decode.available())
+        # A layer that keeps its modules (an EAGLE head's draft and catch-up passes): the
+        # fused layer's own flash-decoding instead of a built mask and SDPA.
+        return self.cpu_kernel_applies(ctx, q) and k.dtype == q.dtype and not needs_autograd(q, k)
 
     def _cpu_kernel_attention(self, ctx: AttentionContext, q, k, v):
         k_cache, v_cache = self._write_cache(ctx, k, v)

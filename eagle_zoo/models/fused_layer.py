@@ -167,17 +167,11 @@ def cpu_decoder_layer(layer, positions: torch.Tensor, h: torch.Tensor) -> Option
     not built. Plain decoding and chain verification both take it, so a verified token gets
     plain decoding's bits."""
     ctx = get_context()
-    if (ctx is None or ctx.attn_mask is not None or ctx.tree_keys is not None or h.dim() != 3 or h.shape[0] != 1
-            or not 0 < h.shape[1] <= cpu_decode.MAX_ROWS or h.dtype != torch.float32
-            or layer.self_attn.attn.sliding_window is not None
-            or needs_autograd(h, layer.self_attn.qkv_proj.weight) or not cpu_decode.available()):
-        return None
     attn, mlp, core = layer.self_attn, layer.mlp, layer.self_attn.attn
-    k_cache, v_cache = ctx.kv_caches[core.layer_idx]
-    if (k_cache.dtype != torch.float32 or v_cache.dtype != torch.float32 or k_cache.shape[-1] != v_cache.shape[-1]
-            or k_cache.shape[-1] % 8  # the kernel's attention works in vectors of 8 floats
-            or not (k_cache.is_contiguous() and v_cache.is_contiguous()) or ctx.cache_positions.dtype != torch.long):
+    if (ctx is None or h.dim() != 3 or not core.cpu_kernel_applies(ctx, h)
+            or needs_autograd(h, attn.qkv_proj.weight)):
         return None
+    k_cache, v_cache = ctx.kv_caches[core.layer_idx]
     slot = single_slot(ctx)
     cos, sin = attn.rotary_emb._angles(positions)
     T, half = h.shape[1], cos.shape[-1]

@@ -394,6 +394,25 @@ void cache_attention_rows(const float* qkv, int64_t row, const float* k_rows, co
   }
 }
 
+// The checks both attention entry points (llama_layer_rows, cache_attention) make:
+// contiguous float32 caches [slots, len, num_kv_heads, d] of one shape, d a multiple of 8
+// (the attention's vectors), query heads a multiple of kv heads, the slot one of the rows,
+// kv_len within a row, and int64 cache positions [T].
+void check_caches(const char* fn, const torch::Tensor& k_cache, const torch::Tensor& v_cache, int64_t slot,
+                  const torch::Tensor& cache_positions, int64_t T, int64_t kv_len, int64_t num_heads,
+                  int64_t num_kv_heads) {
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+              k_cache.scalar_type() == torch::kFloat && v_cache.scalar_type() == torch::kFloat &&
+              v_cache.sizes() == k_cache.sizes() && k_cache.size(2) == num_kv_heads && k_cache.size(3) % 8 == 0 &&
+              num_heads % num_kv_heads == 0,
+              fn, ": contiguous float32 caches [slots, len, ", num_kv_heads, " kv heads, d a multiple of 8] for ",
+              num_heads, " heads, got ", k_cache.sizes(), " and ", v_cache.sizes());
+  TORCH_CHECK(slot >= 0 && slot < k_cache.size(0) && kv_len <= k_cache.size(1), fn, ": slot ", slot, " or kv_len ",
+              kv_len, " outside the caches ", k_cache.sizes());
+  TORCH_CHECK(cache_positions.scalar_type() == torch::kLong && cache_positions.is_contiguous() &&
+              cache_positions.numel() == T, fn, ": cache_positions [T] int64");
+}
+
 }  // namespace
 
 // One exact Llama decoder layer for T <= 8 tokens of one sequence (plain decoding and
@@ -410,21 +429,14 @@ torch::Tensor llama_layer_rows(const torch::Tensor& h, const torch::Tensor& norm
                                torch::Tensor v_cache, int64_t slot, const torch::Tensor& cache_positions,
                                int64_t kv_len, int64_t num_heads, int64_t num_kv_heads, double scale) {
   const int64_t T = h.size(0);
+  check_caches("llama_layer_rows", k_cache, v_cache, slot, cache_positions, T, kv_len, num_heads, num_kv_heads);
   const int64_t d = k_cache.size(3);
   const int64_t half = d / 2;
-  TORCH_CHECK(d % 8 == 0, "llama_layer_rows: head size ", d, " is not a multiple of 8 (the attention's vectors)");
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.scalar_type() == torch::kFloat &&
-              v_cache.scalar_type() == torch::kFloat && v_cache.size(3) == d && k_cache.size(2) == num_kv_heads,
-              "llama_layer_rows: contiguous float32 caches [slots, len, kv_heads, d]");
   TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.numel() == T * half && sin.numel() == T * half,
               "llama_layer_rows: cos / sin [T, d/2]");
-  TORCH_CHECK(cache_positions.scalar_type() == torch::kLong && cache_positions.numel() == T,
-              "llama_layer_rows: cache_positions [T] int64");
   const int64_t max_len = k_cache.size(1);
   const int64_t q_width = num_heads * d, kv_width = num_kv_heads * d;
-  TORCH_CHECK(slot >= 0 && slot < k_cache.size(0), "llama_layer_rows: slot ", slot, " outside the caches' ",
-              k_cache.size(0), " rows");
-  TORCH_CHECK(w_qkv.size(0) == q_width + 2 * kv_width && w_o.size(1) == q_width && num_heads % num_kv_heads == 0,
+  TORCH_CHECK(w_qkv.size(0) == q_width + 2 * kv_width && w_o.size(1) == q_width,
               "llama_layer_rows: w_qkv [", q_width + 2 * kv_width, ", H] and w_o [H, ", q_width, "] for ", num_heads,
               " heads, ", num_kv_heads, " kv heads of ", d, ", got ", w_qkv.sizes(), " and ", w_o.sizes());
 
@@ -489,18 +501,11 @@ torch::Tensor llama_layer_rows(const torch::Tensor& h, const torch::Tensor& norm
 torch::Tensor cache_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                               int64_t slot, const torch::Tensor& cache_positions, int64_t kv_len, int64_t num_heads,
                               int64_t num_kv_heads, double scale) {
-  const int64_t T = q.size(0), d = k_cache.size(3), max_len = k_cache.size(1), kv_width = num_kv_heads * d;
+  const int64_t T = q.size(0);
+  check_caches("cache_attention", k_cache, v_cache, slot, cache_positions, T, kv_len, num_heads, num_kv_heads);
+  const int64_t d = k_cache.size(3), max_len = k_cache.size(1), kv_width = num_kv_heads * d;
   TORCH_CHECK(q.is_contiguous() && q.scalar_type() == torch::kFloat && q.dim() == 2 && q.size(1) == num_heads * d &&
               T <= 8, "cache_attention: contiguous float32 q [T <= 8, ", num_heads * d, "], got ", q.sizes());
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.scalar_type() == torch::kFloat &&
-              v_cache.scalar_type() == torch::kFloat && v_cache.sizes() == k_cache.sizes() &&
-              k_cache.size(2) == num_kv_heads && d % 8 == 0 && num_heads % num_kv_heads == 0,
-              "cache_attention: contiguous float32 caches [slots, len, ", num_kv_heads,
-              " kv heads, d a multiple of 8], got ", k_cache.sizes());
-  TORCH_CHECK(slot >= 0 && slot < k_cache.size(0) && kv_len <= max_len, "cache_attention: slot ", slot, " or kv_len ",
-              kv_len, " outside the caches ", k_cache.sizes());
-  TORCH_CHECK(cache_positions.scalar_type() == torch::kLong && cache_positions.is_contiguous() &&
-              cache_positions.numel() == T, "cache_attention: cache_positions [T] int64");
   auto out = torch::empty({T, num_heads * d}, q.options());
   cache_attention_rows(q.data_ptr<float>(), num_heads * d, k_cache.data_ptr<float>() + slot * max_len * kv_width,
                        v_cache.data_ptr<float>() + slot * max_len * kv_width, kv_width,
