@@ -1,7 +1,8 @@
 """The float32 CPU kernels of decode steps (csrc/cpu_decode.cpp), for up to MAX_ROWS rows:
 few_row_linear (y = x @ w^T, a row-major AVX2 dot product per output; w float32 or
-bfloat16; few_row_linear_int8 from a weight's exact int8 blocks), rms_norm_rows, cache_attention (flash-decoding over one sequence's cache row)
-and llama_layer_rows (a whole Llama decoder layer).
+bfloat16; few_row_linear_int8 from a weight's exact int8 blocks), rms_norm_rows,
+cache_attention (flash-decoding over one sequence's cache row) and llama_layer_rows (a
+whole Llama decoder layer).
 All are batch invariant (a row's bits do not depend on how many rows there are). Built
 on first use with torch's C++ extension loader (g++ with OpenMP; about 30 s, then
 cached); where it cannot be built or the CPU lacks AVX2, `available()` is False and

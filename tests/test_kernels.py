@@ -496,25 +496,34 @@ def test_fused_decoder_layer_matches_the_module_path(device):
     """eagle_zoo/models/fused_layer.py's 6 launches against LlamaDecoderLayer's modules
     (the torch references), same output and the same KV cache, for a decode step (T=1)
     and a verification step (T=4) of two sequences."""
-    from eagle_zoo.models.attention import AttentionContext, use_context
     from eagle_zoo.models.fused_layer import fused_layer_kernels, layer_supports_fusion
 
     dev = _dev(device)
     layer = _tiny_llama_layer(dev, torch.float32)
     assert layer_supports_fusion(layer)
-    g = torch.Generator().manual_seed(7)
+    _check_against_the_module_path(dev, 7, 1, lambda positions, h, ctx: fused_layer_kernels(layer, positions, h, ctx),
+                                   layer)
+
+
+def _check_against_the_module_path(dev, seed: int, num_inputs: int, fused, layer):
+    """fused(positions, *inputs, ctx) against layer(positions, *inputs) on the module path
+    (the torch references): the same output and KV cache, for a one-token step and a
+    4-token step of two sequences, each from its own copy of the same caches."""
+    from eagle_zoo.models.attention import AttentionContext, use_context
+
+    g = torch.Generator().manual_seed(seed)
     caches = [(torch.randn(3, 32, 2, 16, generator=g).to(dev), torch.randn(3, 32, 2, 16, generator=g).to(dev))]
     for T in (1, 4):
-        h = torch.randn(2, T, 64, generator=g).to(dev)
+        inputs = [torch.randn(2, T, 64, generator=g).to(dev) for _ in range(num_inputs)]
         positions = torch.tensor([[9], [20]], device=dev) + torch.arange(T, device=dev)
         slots = torch.tensor([2, 0], device=dev)
         mine = [(k.clone(), v.clone()) for k, v in caches]
         with torch.no_grad(), use_context(AttentionContext(mine, slots, positions, 32)) as ctx:
-            out = fused_layer_kernels(layer, positions, h, ctx)
+            out = fused(positions, *inputs, ctx)
         theirs = [(k.clone(), v.clone()) for k, v in caches]
         with torch.no_grad(), use_context(AttentionContext(theirs, slots, positions, 32)):
             with patch_kernels_off():
-                ref = layer(positions, h)
+                ref = layer(positions, *inputs)
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
         for a, b in zip(mine[0], theirs[0]):  # k and v from another product's summation order
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
@@ -545,28 +554,14 @@ def test_fused_eagle3_layer_matches_the_module_path(device, norm_before_residual
     """An EAGLE-3 head layer through the regrouped kernels (the pair norm, then a Llama
     layer's) against Eagle3DecoderLayer's modules: output and KV cache, for a draft
     (T=1) and a catch-up (T=4) of two sequences, with either residual convention."""
-    from eagle_zoo.models.attention import AttentionContext, use_context
     from eagle_zoo.models.fused_layer import eagle3_layer_supports_fusion, fused_eagle3_layer_kernels
 
     dev = _dev(device)
     layer = _tiny_eagle3_layer(dev, torch.float32, norm_before_residual)
     assert eagle3_layer_supports_fusion(layer)
-    g = torch.Generator().manual_seed(9)
-    caches = [(torch.randn(3, 32, 2, 16, generator=g).to(dev), torch.randn(3, 32, 2, 16, generator=g).to(dev))]
-    for T in (1, 4):
-        embeds, hidden = (torch.randn(2, T, 64, generator=g).to(dev) for _ in range(2))
-        positions = torch.tensor([[9], [20]], device=dev) + torch.arange(T, device=dev)
-        slots = torch.tensor([2, 0], device=dev)
-        mine = [(k.clone(), v.clone()) for k, v in caches]
-        with torch.no_grad(), use_context(AttentionContext(mine, slots, positions, 32)) as ctx:
-            out = fused_eagle3_layer_kernels(layer, positions, embeds, hidden, ctx)
-        theirs = [(k.clone(), v.clone()) for k, v in caches]
-        with torch.no_grad(), use_context(AttentionContext(theirs, slots, positions, 32)):
-            with patch_kernels_off():
-                ref = layer(positions, embeds, hidden)
-        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-        for a, b in zip(mine[0], theirs[0]):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    _check_against_the_module_path(
+        dev, 9, 2, lambda positions, embeds, hidden, ctx: fused_eagle3_layer_kernels(layer, positions, embeds,
+                                                                                      hidden, ctx), layer)
 
 
 def test_eagle3_layer_chooses_the_fused_path_only_for_the_llama_structure():

@@ -151,29 +151,9 @@ def add_exact_bf16_copies(module: nn.Module, keep: Sequence[torch.Tensor] = ()) 
     copy, which linear() hands kernels/cpu_decode.py for a few rows; returns the copies'
     bytes. The kernel reads it as its exact float32 values, so every product and sum is the
     float32 weight's, bit for bit, from half the bytes (a draft pass on two CPU cores is
-    bound by reading its weights); larger calls keep the float32 weight. Only where the
-    kernel is built, and not for weights in ``keep`` (the target's, which a head may
-    share). Call it once the weights are loaded (a copy is dropped, not refreshed, once
-    the weight changes)."""
-    if not cpu_decode.available():
-        return 0
-    keep_ids = {id(t) for t in keep}
-    added = 0
-    for m in module.modules():
-        if not isinstance(m, (LinearBase, ParallelLMHead)):
-            continue
-        w = m.weight
-        if id(w) in keep_ids or w.device.type != "cpu" or w.dtype != torch.float32 or w.dim() != 2:
-            continue
-        copy = w.detach().to(torch.bfloat16)
-        if not torch.equal(copy.float(), w):
-            continue
-        try:
-            w._bf16_copy = (copy, _stamp(w))
-        except RuntimeError:  # an inference-mode tensor keeps no version: no copy
-            continue
-        added += copy.numel() * copy.element_size()
-    return added
+    bound by reading its weights); larger calls keep the float32 weight. Not for weights in
+    ``keep`` (the target's, which a head may share)."""
+    return _add_exact_copies(module, "_bf16_copy", _exact_bf16, keep)
 
 
 INT8_BLOCK = 32  # weights a scale of an int8 copy covers, along the input dimension
@@ -187,27 +167,46 @@ def add_exact_int8_copies(module: nn.Module) -> int:
     the copies' bytes. Such a weight is what a GGUF Q8_0 tensor dequantizes to (SmolLM2's
     tied embedding and lm_head: 113 MB read by every decode step on the CPU, a quarter of
     that as int8); the kernel multiplies back the same float32 values, so every product
-    and sum is the float32 weight's, bit for bit. Only where the kernel is built; call it
-    once the weights are loaded (a copy is dropped, not refreshed, once the weight changes)."""
+    and sum is the float32 weight's, bit for bit."""
+    return _add_exact_copies(module, "_int8_copy", _exact_int8)
+
+
+def _add_exact_copies(module: nn.Module, attr: str, exact_copy, keep: Sequence[torch.Tensor] = ()) -> int:
+    """Set ``attr`` of each float32 CPU weight of ``module``'s linear layers and lm heads
+    (but those in ``keep``) to (exact_copy(w), w's stamp) where exact_copy gives one (a
+    tensor or a tuple of them; None: the weight has none); returns the copies' bytes. Only
+    where the kernel is built. Call it once the weights are loaded: a copy is dropped, not
+    refreshed, once its weight changes (_current_copy)."""
     if not cpu_decode.available():
         return 0
+    keep_ids = {id(t) for t in keep}
     added = 0
     for m in module.modules():
         if not isinstance(m, (LinearBase, ParallelLMHead)):
             continue
         w = m.weight
-        if (w.device.type != "cpu" or w.dtype != torch.float32 or w.dim() != 2 or w.shape[1] % INT8_BLOCK
-                or not w.is_contiguous() or exact_int8_blocks(w[:8]) is None):  # most fail on their first rows
+        if id(w) in keep_ids or w.device.type != "cpu" or w.dtype != torch.float32 or w.dim() != 2:
             continue
-        copy = exact_int8_blocks(w)
+        copy = exact_copy(w)
         if copy is None:
             continue
         try:
-            w._int8_copy = (copy, _stamp(w))
+            setattr(w, attr, (copy, _stamp(w)))
         except RuntimeError:  # an inference-mode tensor keeps no version: no copy
             continue
-        added += copy[0].numel() + copy[1].numel() * copy[1].element_size()
+        added += sum(t.numel() * t.element_size() for t in (copy if isinstance(copy, tuple) else (copy,)))
     return added
+
+
+def _exact_bf16(w: torch.Tensor) -> Optional[torch.Tensor]:
+    copy = w.detach().to(torch.bfloat16)
+    return copy if torch.equal(copy.float(), w) else None
+
+
+def _exact_int8(w: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    if w.shape[1] % INT8_BLOCK or not w.is_contiguous() or exact_int8_blocks(w[:8]) is None:
+        return None  # most weights that are not int8 blocks fail on their first rows, cheaply
+    return exact_int8_blocks(w)
 
 
 def exact_int8_blocks(w: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
