@@ -285,9 +285,12 @@ class GroupResult:
     outputs: list[list[int]] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     num_draft_tokens: int = 0
-    # From the batch's start until every request had its first token (its prefill): the
-    # rest of ``seconds`` is decoding, which is what speculation changes.
+    # Time in which some request of the batch was in its prefill (scheduled, no first token
+    # yet) and in which some request was decoding (first token to finish): unions of the
+    # requests' intervals, so requests run one after another add up and concurrent ones
+    # count once. Speculation changes the decoding; the prefill is the same work for both.
     first_token_seconds: float = 0.0
+    decode_seconds: float = 0.0
 
     @property
     def tokens_per_second(self) -> float:
@@ -295,9 +298,25 @@ class GroupResult:
 
     @property
     def decode_tokens_per_second(self) -> float:
-        """Tokens after each request's first, over the time after the last first token."""
-        seconds = self.seconds - self.first_token_seconds
-        return (self.generated_tokens - self.num_prompts) / seconds if seconds > 0 else 0.0
+        """Tokens after each request's first, over the decoding time."""
+        return (self.generated_tokens - self.num_prompts) / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    @classmethod
+    def total(cls, groups: list["GroupResult"], category: Optional[str] = "overall") -> "GroupResult":
+        """The groups as one (they ran one after another, so their times add up)."""
+        return cls(category=category, num_prompts=sum(g.num_prompts for g in groups),
+                   generated_tokens=sum(g.generated_tokens for g in groups),
+                   seconds=sum(g.seconds for g in groups),
+                   num_drafts=sum(g.num_drafts for g in groups),
+                   num_accepted_tokens=sum(g.num_accepted_tokens for g in groups),
+                   first_token_seconds=sum(g.first_token_seconds for g in groups),
+                   decode_seconds=sum(g.decode_seconds for g in groups))
+
+    @property
+    def mean_first_token_seconds(self) -> float:
+        """Time to first token a request, from its scheduling (its prefill; vLLM counts from
+        arrival, which also holds the wait for a free slot)."""
+        return self.first_token_seconds / self.num_prompts if self.num_prompts else 0.0
 
     @property
     def mean_acceptance_length(self) -> Optional[float]:
@@ -404,10 +423,10 @@ def measure(llm, groups: list[tuple[Optional[str], list[dict]]], params, use_tqd
     results = []
     for category, rows in groups:
         llm.engine.metrics.reset()
-        start, start_monotonic = time.perf_counter(), time.monotonic()
+        start = time.perf_counter()
         outs = llm.chat([row["messages"] for row in rows], params, use_tqdm=use_tqdm)
         seconds = time.perf_counter() - start
-        first_tokens = [o.metrics.first_token_time for o in outs if o.metrics and o.metrics.first_token_time]
+        timed = [o.metrics for o in outs if o.metrics is not None]
         m = llm.engine.metrics
         results.append(GroupResult(
             category=category, num_prompts=len(rows),
@@ -416,9 +435,22 @@ def measure(llm, groups: list[tuple[Optional[str], list[dict]]], params, use_tqd
             accepted_per_pos=list(m.num_accepted_tokens_per_pos),
             outputs=[list(o.outputs[0].token_ids) for o in outs],
             texts=[o.outputs[0].text for o in outs],
-            first_token_seconds=max(first_tokens) - start_monotonic if first_tokens else 0.0,
+            first_token_seconds=covered([(r.first_scheduled_time, r.first_token_time) for r in timed]),
+            decode_seconds=covered([(r.first_token_time, r.finished_time) for r in timed]),
         ))
     return results
+
+
+def covered(intervals: list[tuple[Optional[float], Optional[float]]]) -> float:
+    """Seconds covered by the union of (start, end) intervals; those with an end missing
+    (a request that failed before its first token) are left out."""
+    total, reach = 0.0, None
+    for start, end in sorted((a, b) for a, b in intervals if a is not None and b is not None):
+        if reach is None or start > reach:
+            total, reach = total + end - start, end
+        elif end > reach:
+            total, reach = total + end - reach, end
+    return total
 
 
 def build_llm(args, speculative_config):
@@ -499,12 +531,13 @@ def compare(spec: BenchResult, plain: BenchResult, in_vocab=None) -> dict:
                "speedup": s.tokens_per_second / p.tokens_per_second if p.tokens_per_second else None,
                "identical_outputs": n,
                "spec_generated_tokens": s.generated_tokens, "spec_seconds": s.seconds,
-               "plain_generated_tokens": p.generated_tokens, "plain_seconds": p.seconds}
+               "plain_generated_tokens": p.generated_tokens, "plain_seconds": p.seconds, **phases(s, p)}
         if in_vocab is not None:
             row["outside_draft_vocab"] = share_outside(p.outputs, in_vocab)
         rows.append(row)
     result = {
         "speedup": spec.tokens_per_second / plain.tokens_per_second if plain.tokens_per_second else None,
+        **phases(GroupResult.total(spec.groups), GroupResult.total(plain.groups)),
         "identical_outputs": sum(same),
         "num_prompts": spec.num_prompts,
         "by_category": rows,
@@ -512,6 +545,16 @@ def compare(spec: BenchResult, plain: BenchResult, in_vocab=None) -> dict:
     if in_vocab is not None:
         result["outside_draft_vocab"] = share_outside(plain.outputs, in_vocab)
     return result
+
+
+def phases(spec: GroupResult, plain: GroupResult) -> dict:
+    """The two phases of a request apart: time to first token (the prefill, the same work
+    for both engines) and decoding alone (what speculation speeds up)."""
+    s, p = spec.decode_tokens_per_second, plain.decode_tokens_per_second
+    return {"spec_first_token_ms": 1000 * spec.mean_first_token_seconds,
+            "plain_first_token_ms": 1000 * plain.mean_first_token_seconds,
+            "spec_decode_tokens_per_second": s, "plain_decode_tokens_per_second": p,
+            "decode_speedup": s / p if p else None}
 
 
 def _fmt(value, spec: str, none: str = "-") -> str:
@@ -701,6 +744,10 @@ def run(args) -> int:
               f"identical outputs: {comparison['identical_outputs']}/{comparison['num_prompts']}")
         print(f"  ({first.generated_tokens} tokens in {first.seconds:.2f}s speculative, "
               f"{plain.generated_tokens} in {plain.seconds:.2f}s plain)")
+        print(f"  first token (prefill): {comparison['spec_first_token_ms']:.1f} ms speculative, "
+              f"{comparison['plain_first_token_ms']:.1f} ms plain a request; decoding alone: "
+              f"{comparison['spec_decode_tokens_per_second']:.1f} vs {comparison['plain_decode_tokens_per_second']:.1f} "
+              f"tokens/s, {_fmt(comparison['decode_speedup'], '.2f')}x")
         if in_vocab is not None:
             print(f"not draftable: {format_share(comparison['outside_draft_vocab'])} of plain decoding's tokens are "
                   f"outside the head's draft vocabulary ({int(in_vocab.sum()):,} of {len(in_vocab):,} ids)")

@@ -141,7 +141,7 @@ def run(args) -> int:
     for s, p in zip(spec_groups, plain_groups):
         lines.append(_line(s.category, s, p, "y" if s.outputs == p.outputs else "n") + not_draftable(p.outputs))
     same = sum(s.outputs == p.outputs for s, p in zip(spec_groups, plain_groups))
-    lines.append(_line("overall", _total(spec_groups), _total(plain_groups), f"{same}/{len(rows)}")
+    lines.append(_line("overall", GroupResult.total(spec_groups), GroupResult.total(plain_groups), f"{same}/{len(rows)}")
                  + not_draftable([o for p in plain_groups for o in p.outputs]))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     for line in lines:
@@ -150,16 +150,6 @@ def run(args) -> int:
     if spec_all.acceptance_rates:
         print("acceptance rate per draft position: " + ", ".join(f"{r:.3f}" for r in spec_all.acceptance_rates))
     return 0 if same == len(rows) else 1
-
-
-def _total(groups: list[GroupResult]) -> GroupResult:
-    """The prompts' sums as one group (prompts ran one at a time, so their times add up)."""
-    return GroupResult(category="overall", num_prompts=sum(g.num_prompts for g in groups),
-                       generated_tokens=sum(g.generated_tokens for g in groups),
-                       seconds=sum(g.seconds for g in groups),
-                       num_drafts=sum(g.num_drafts for g in groups),
-                       num_accepted_tokens=sum(g.num_accepted_tokens for g in groups),
-                       first_token_seconds=sum(g.first_token_seconds for g in groups))
 
 
 def _line(label, spec: GroupResult, plain: GroupResult, identical) -> tuple[str, ...]:

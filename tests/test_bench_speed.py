@@ -6,7 +6,6 @@ and a random EAGLE-1 head; the grouping and timing logic also against a scripted
 from __future__ import annotations
 
 import json
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -239,7 +238,9 @@ class ScriptedLLM:
         for c in conversations:
             ids = list(range(len(c)))
             self.engine.metrics.observe([2] * len(ids), [1] * len(ids))
-            metrics = RequestMetrics(arrival_time=time.monotonic(), first_token_time=time.monotonic())
+            now = 0.010 * len(outs)  # requests one after another, 10 ms each
+            metrics = RequestMetrics(arrival_time=now, first_scheduled_time=now + 0.001, first_token_time=now + 0.003,
+                                     finished_time=now + 0.010)
             outs.append(SimpleNamespace(outputs=[SimpleNamespace(token_ids=ids, text="x" * len(ids))],
                                         metrics=metrics))
         return outs
@@ -260,8 +261,27 @@ def test_measure_sends_messages_whole_and_times_each_category_as_a_batch(tmp_pat
     assert total.mean_acceptance_length == 2.0 and total.acceptance_rates == [1.0, 0.0]
     one = bench.measure(ScriptedLLM(), bench.group_rows(rows, by_category=False), params=None)
     assert len(one) == 1 and one[0].category is None and one[0].generated_tokens == 8
-    for g in groups + one:  # the batch's prefill phase lies inside its time
-        assert 0 < g.first_token_seconds <= g.seconds
+    for g in groups + one:  # the requests' scripted prefill (2 ms) and decoding (7 ms) times add up
+        assert g.first_token_seconds == pytest.approx(0.002 * g.num_prompts)
+        assert g.decode_seconds == pytest.approx(0.007 * g.num_prompts)
+
+
+def test_covered_adds_intervals_one_after_another_and_counts_overlaps_once():
+    assert bench.covered([(0.0, 1.0), (2.0, 3.5)]) == 2.5  # one request after another
+    assert bench.covered([(0.0, 2.0), (1.0, 3.0), (1.5, 2.5)]) == 3.0  # concurrent requests
+    assert bench.covered([(4.0, 5.0), (0.0, 1.0), (None, 9.0), (6.0, None)]) == 2.0  # unfinished ones left out
+
+
+def test_phases_split_first_token_from_decoding():
+    spec = bench.GroupResult("c", num_prompts=2, generated_tokens=202, seconds=1.0, first_token_seconds=0.04,
+                             decode_seconds=0.5)
+    plain = bench.GroupResult("c", num_prompts=2, generated_tokens=202, seconds=1.6, first_token_seconds=0.04,
+                              decode_seconds=1.0)
+    p = bench.phases(spec, plain)
+    assert p["spec_first_token_ms"] == pytest.approx(20.0) and p["plain_first_token_ms"] == pytest.approx(20.0)
+    assert p["spec_decode_tokens_per_second"] == pytest.approx(400.0) and p["decode_speedup"] == pytest.approx(2.0)
+    total = bench.GroupResult.total([spec, plain])
+    assert (total.num_prompts, total.first_token_seconds, total.decode_seconds) == (4, pytest.approx(0.08), 1.5)
 
 
 # -- make demo -------------------------------------------------------------------------------

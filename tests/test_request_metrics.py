@@ -18,7 +18,7 @@ def test_metrics_are_filled_and_add_up(spec):
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
     for out in outs:
         m = out.metrics
-        assert m.arrival_time <= m.first_token_time <= m.finished_time
+        assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finished_time
     drafts = sum(o.metrics.num_drafts for o in outs)
     engine = llm.engine.metrics
     assert drafts == engine.num_drafts
@@ -36,4 +36,5 @@ def test_n_completions_share_one_request_metrics():
     llm = LLM("HuggingFaceTB/SmolLM2-135M-Instruct", max_model_len=256, device="cpu", dtype="float32")
     out = llm.generate(["Hello"], SamplingParams(n=3, temperature=1.0, seed=1, max_tokens=4, ignore_eos=True))[0]
     assert len(out.outputs) == 3
-    assert out.metrics.arrival_time <= out.metrics.first_token_time <= out.metrics.finished_time
+    m = out.metrics
+    assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finished_time

@@ -282,6 +282,8 @@ class LLM:
             m = first.metrics
             firsts = [t.first_token_time for t in times if t.first_token_time is not None]
             m.first_token_time = min(firsts) if firsts else None
+            scheduled = [t.first_scheduled_time for t in times if t.first_scheduled_time is not None]
+            m.first_scheduled_time = min(scheduled) if scheduled else None
             m.finished_time = None if any(t.finished_time is None for t in times) else max(t.finished_time for t in times)
             m.num_drafts = sum(t.num_drafts for t in times)
             m.num_draft_tokens = sum(t.num_draft_tokens for t in times)

@@ -28,6 +28,7 @@ class RequestMetrics:
     """Per-request timing (time.monotonic seconds) and speculation counters."""
 
     arrival_time: float
+    first_scheduled_time: float | None = None  # admitted into a slot: its prefill begins
     first_token_time: float | None = None
     finished_time: float | None = None
     num_drafts: int = 0            # verification steps that carried draft tokens

@@ -44,6 +44,7 @@ class Scheduler:
             seq = self.waiting.popleft()
             seq.slot = self.free_slots.popleft()
             seq.status = Status.RUNNING
+            seq.metrics.first_scheduled_time = time.monotonic()
             prefill.append(seq)
             self.running.append(seq)
         return ScheduledStep(prefill=prefill, decode=decode)
