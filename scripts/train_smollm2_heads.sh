@@ -6,7 +6,8 @@
 # 0. prompts  SYNTH_PROMPTS self-instruct user turns the target writes (`eagle-zoo train
 #             prompts`, at most SYNTH_SECONDS), mixed into the broad prompt set built from
 #             SOURCES (`eagle-zoo train mix`: eleven categories, the dev set's records left out;
-#             MIX_CAPS="translation=8000 classification=5000" caps categories).
+#             MIX_CAPS="translation=8000 classification=5000" caps categories; MIX_SEED picks
+#             which prompts each capped category takes and their order, SYNTH_SEED the self-instruct ones).
 # 1. data     the target's greedy answers (MAX_NEW_TOKENS), short prompts at GEN_BATCH rows and
 #             long-context ones (summarization, retrieval QA; up to 4k tokens) at LONG_GEN_BATCH,
 #             two processes side by side, each stopped after DATA_SECONDS.
@@ -87,7 +88,7 @@ if [ "$SYNTH_PROMPTS" -gt 0 ]; then
   [ -s "$WORK/self_instruct.jsonl" ] && add=(--add "$WORK/self_instruct.jsonl") || say "self-instruct prompts failed: the mix alone"
 fi
 caps=(); for c in ${MIX_CAPS:-}; do caps+=(--cap "$c"); done
-ez train mix --sources "$SOURCES" --train-out "$WORK/prompts.short.jsonl" --long-out "$WORK/prompts.long.jsonl" \
+ez train mix --sources "$SOURCES" --seed "${MIX_SEED:-0}" --train-out "$WORK/prompts.short.jsonl" --long-out "$WORK/prompts.long.jsonl" \
   ${caps[@]+"${caps[@]}"} ${add[@]+"${add[@]}"} 2>&1 | tee "$WORK/logs/mix.log" || exit 1
 
 # -- 1. data: greedy answers, short and long-context prompts side by side --------------------
