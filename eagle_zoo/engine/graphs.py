@@ -63,8 +63,13 @@ class GraphPool:
 
 
 class GraphedForward:
-    def __init__(self, forward: Callable[..., Any], max_batch: int, scratch_slot: int, pool: GraphPool):
+    def __init__(self, forward: Callable[..., Any], max_batch: int, scratch_slot: int, pool: GraphPool,
+                 clone_outputs: bool = True):
         self.forward = forward  # forward(input_ids, positions, slot_ids, *args) under a full-length context
+        # Outputs are copies unless the caller reads them before the graph replays again
+        # (a step's own graphs, whose outputs the step's later work consumes on the same
+        # stream): then they are views of the static buffers, a copy kernel less each.
+        self.clone_outputs = clone_outputs
         self.buckets = [b for b in DEFAULT_BATCH_BUCKETS if b < max_batch] + [max_batch]
         self.scratch_slot = scratch_slot
         self.pool = pool
@@ -94,7 +99,8 @@ class GraphedForward:
             dst[:B].copy_(src)
         graph.replay()
         # Non-tensor leaves (a forward that only writes state returns None) pass through.
-        return tree_unflatten([o[:B].clone() if torch.is_tensor(o) else o for o in static_out], spec)
+        outs = [o[:B] if torch.is_tensor(o) else o for o in static_out]
+        return tree_unflatten([o.clone() if self.clone_outputs and torch.is_tensor(o) else o for o in outs], spec)
 
     def _capture(self, bucket: int, T: int, args: tuple):
         ids = torch.zeros(bucket, T, dtype=torch.long, device="cuda")
