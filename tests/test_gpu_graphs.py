@@ -2,8 +2,7 @@
 EAGLE-1 / EAGLE-3 chains (the drafting loop and the catch-up are one graph each) and
 EAGLE-2 trees (a greedy tree step is one graph), fp32, on tiny random checkpoints
 (tests/engine_fixtures.py): a bigram-like target with a head that predicts it, so
-drafts are accepted at every count. Prompts of 20-44 tokens, so their prefill is graphed
-too. Skipped without CUDA (the CPU runs the same
+drafts are accepted at every count. Skipped without CUDA (the CPU runs the same
 functions uncaptured: tests/test_draft_graph_functions.py, tests/test_tree.py)."""
 from __future__ import annotations
 
@@ -41,8 +40,6 @@ def _generate(target, spec, eager):
     prompts = ef.random_prompts((20, 31, 44, 25), cf.TINY["vocab_size"], seed=5)
     params = SamplingParams(temperature=0, max_tokens=96, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
-    # Prompts of 20-44 tokens: their prefill replays the prefill graphs (eager: none exist).
-    assert eager or {key[0] for key in llm.engine.runner.graphed_prefill.graphs} == {32, 48}
     return [o.outputs[0].token_ids for o in outs], llm.engine.metrics.num_accepted_tokens
 
 

@@ -136,10 +136,8 @@ class EngineCore:
                 self.tree_step_graph = GraphedForward(whole_row_greedy_step(self), max_num_seqs,
                                                       self.runner.scratch_slot, graph_pool)
         elif graphed:
-            # Its outputs are read within _launch (the catch-up copies the features in, the
-            # step's results are new tensors), before the next step replays it.
             self.greedy_target_graph = GraphedForward(self.greedy_target_pass, max_num_seqs,
-                                                      self.runner.scratch_slot, graph_pool, clone_outputs=False)
+                                                      self.runner.scratch_slot, graph_pool)
         self.scheduler = Scheduler(max_num_seqs)
         self.metrics = SpecDecodingMetrics(num_speculative_tokens=self.k)
         self.seed = seed

@@ -142,7 +142,7 @@ class LLM:
             )
         if max_num_seqs is None:
             max_num_seqs = 64 if self.device.type == "cuda" else 8
-        # CUDA graphs for decode-shaped steps and prompts unless eager mode is asked for.
+        # CUDA graphs for decode-shaped steps unless eager mode is asked for.
         self.graph_pool = GraphPool() if self.device.type == "cuda" and not enforce_eager else None
         with draft_scope(self.parallel):
             proposer = self._build_proposer(loaded, max_model_len, max_num_seqs)

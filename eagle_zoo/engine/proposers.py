@@ -109,10 +109,7 @@ class EagleProposer(Proposer):
         # index arithmetic, which eagerly cost more launches and Python than the head itself.
         self._graphed_drafts = self._graphed_catch_up = None
         if self.runner.graphed is not None:
-            # The drafts are read within the engine's step launch (into the target's input),
-            # before the next step drafts again.
-            self._graphed_drafts = GraphedForward(self._draft_chain, num_slots, num_slots, graph_pool,
-                                                  clone_outputs=False)
+            self._graphed_drafts = GraphedForward(self._draft_chain, num_slots, num_slots, graph_pool)
             self._graphed_catch_up = GraphedForward(self._catch_up, num_slots, num_slots, graph_pool)
         if method == "eagle3":
             ids = getattr(head.config, "eagle_aux_hidden_state_layer_ids", None)

@@ -3,8 +3,7 @@
 The runner owns the device-side state of a model (weights and caches) and turns
 an engine step's token/position tensors into a forward pass under an
 AttentionContext, so model code keeps a plain forward(input_ids, positions).
-On CUDA, decode-shaped calls and one sequence's prompt of up to 512 tokens replay
-captured CUDA graphs (graphs.py).
+On CUDA, decode-shaped calls replay captured CUDA graphs (graphs.py).
 """
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ from ..models.attention import AttentionContext, use_context
 from ..models.fused_layer import choose_decode_paths
 from ..models.layers import add_exact_int8_copies, prepare_one_row_copies
 from .cache import allocate_kv_caches
-from .graphs import GraphedForward, GraphedPrefill, GraphPool
+from .graphs import GraphedForward, GraphPool
 
 
 class ModelRunner:
@@ -44,20 +43,14 @@ class ModelRunner:
             # Weights that are exactly int8 blocks times a scale (a GGUF's Q8_0 tensors:
             # SmolLM2's lm_head) are read from an int8 copy, same bits (models/layers.py).
             add_exact_int8_copies(model)
-        self.graphed = self.graphed_prefill = None
+        self.graphed = None
         if graph_pool is not None:
             self.graphed = GraphedForward(self.forward_full_length, num_slots, self.scratch_slot, graph_pool)
-            self.graphed_prefill = GraphedPrefill(self.forward_whole_prompt, max_len, self.scratch_slot, graph_pool)
 
     def forward_full_length(self, input_ids, positions, slot_ids, *args, **keys):
         """The model over the whole cache row (kv_len = max_len, masked by position, or by
         attn_mask [B, T, max_len]): the form CUDA graphs capture."""
         return self._forward(input_ids, positions, slot_ids, self.max_len, args, **keys)
-
-    def forward_whole_prompt(self, input_ids, positions, slot_ids, *args):
-        """One sequence's first T tokens attending to themselves (kv_len = T): the form
-        the prefill graphs capture."""
-        return self._forward(input_ids, positions, slot_ids, input_ids.shape[1], args)
 
     def _forward(self, input_ids, positions, slot_ids, kv_len: int, args, attn_mask=None, cache_positions=None,
                  tree_keys=None):
@@ -89,9 +82,6 @@ class ModelRunner:
         if kv_len is None:
             return self.forward_full_length(input_ids, positions, slot_ids, *args, **keys)
         plain = attn_mask is None and cache_positions is None
-        if self.graphed is not None and plain:
-            if self.graphed.eligible(input_ids):
-                return self.graphed(input_ids, positions, slot_ids, *args)
-            if self.graphed_prefill.eligible(input_ids, kv_len):
-                return self.graphed_prefill(input_ids, positions, slot_ids, *args)
+        if self.graphed is not None and plain and self.graphed.eligible(input_ids):
+            return self.graphed(input_ids, positions, slot_ids, *args)
         return self._forward(input_ids, positions, slot_ids, min(kv_len, self.max_len), args, **keys)
