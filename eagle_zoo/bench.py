@@ -302,9 +302,9 @@ class GroupResult:
         return (self.generated_tokens - self.num_prompts) / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
     @classmethod
-    def total(cls, groups: list["GroupResult"], category: Optional[str] = "overall") -> "GroupResult":
+    def total(cls, groups: list["GroupResult"]) -> "GroupResult":
         """The groups as one (they ran one after another, so their times add up)."""
-        return cls(category=category, num_prompts=sum(g.num_prompts for g in groups),
+        return cls(category="overall", num_prompts=sum(g.num_prompts for g in groups),
                    generated_tokens=sum(g.generated_tokens for g in groups),
                    seconds=sum(g.seconds for g in groups),
                    num_drafts=sum(g.num_drafts for g in groups),
@@ -575,7 +575,12 @@ def category_table(comparison: dict) -> str:
                       _fmt(r["spec_tokens_per_second"], ".1f"), _fmt(r["plain_tokens_per_second"], ".1f"),
                       _fmt(r["speedup"], ".2f") + "x", f"{r['identical_outputs']}/{r['num_prompts']}")
                      + ((format_share(r["outside_draft_vocab"]),) if coverage else ()))
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return aligned_table(lines)
+
+
+def aligned_table(lines: list[tuple[str, ...]]) -> str:
+    """Rows of cells in columns: the first left-aligned, the others right-aligned."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
                      for line in lines)
 

@@ -19,7 +19,7 @@ import argparse
 import sys
 
 from .bench import DATASETS, DEFAULT_TARGET, BenchResult, GroupResult, draft_vocabulary, format_share, \
-    load_prompt_rows, measure, share_outside, shipped_dataset, warm_up
+    aligned_table, load_prompt_rows, measure, share_outside, shipped_dataset, warm_up
 
 SHIPPED_HEAD = "eagle-zoo/EAGLE3-SmolLM2-135M-Instruct"
 MAX_TOKENS = 96
@@ -143,9 +143,7 @@ def run(args) -> int:
     same = sum(s.outputs == p.outputs for s, p in zip(spec_groups, plain_groups))
     lines.append(_line("overall", GroupResult.total(spec_groups), GroupResult.total(plain_groups), f"{same}/{len(rows)}")
                  + not_draftable([o for p in plain_groups for o in p.outputs]))
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    for line in lines:
-        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))))
+    print(aligned_table(lines))
     spec_all = BenchResult.from_groups(spec_groups)
     if spec_all.acceptance_rates:
         print("acceptance rate per draft position: " + ", ".join(f"{r:.3f}" for r in spec_all.acceptance_rates))

@@ -227,7 +227,8 @@ def _few_row_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     int8 = _current_copy(weight, "_int8_copy")
     if int8 is not None:
         return cpu_decode.few_row_linear_int8(x, *int8)
-    return cpu_decode.few_row_linear(x, _decode_weight(weight))
+    bf16 = _current_copy(weight, "_bf16_copy")
+    return cpu_decode.few_row_linear(x, weight if bf16 is None else bf16)
 
 
 def _current_copy(weight: torch.Tensor, attr: str):
@@ -235,12 +236,6 @@ def _current_copy(weight: torch.Tensor, attr: str):
     if cached is None or cached[1] != _stamp(weight):
         return None
     return cached[0]
-
-
-def _decode_weight(weight: torch.Tensor) -> torch.Tensor:
-    """The weight the few-row kernel reads: its exact bfloat16 copy while it is current."""
-    copy = _current_copy(weight, "_bf16_copy")
-    return weight if copy is None else copy
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -4,7 +4,7 @@
 # Each run warms up before it times; the first run also compiles the Triton kernels, so
 # give the call ~4 minutes a shape. Needs .device/p00 carried (the wheels; setup.sh is run here).
 #   bash scripts/device/step_costs_ab.sh REV [SHAPES]      (SHAPES: smollm2 (default), 8b, smollm2,8b)
-# Results: $OUT/steps-{old,new}-{1,2}.json and one summary line per strategy and run.
+# Results: $OUT/steps-{old,new}-{1,2}.json, and each run's tables under its label.
 set -u
 cd "$(dirname "$0")/../.."
 rev=${1:?usage: step_costs_ab.sh REV [SHAPES]}
