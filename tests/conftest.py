@@ -53,6 +53,21 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
+def k_drafts_every_step():
+    """A CPU EAGLE chain drafts K tokens every step, as CUDA steps do, for the module's
+    tests. A random head gives every draft less than the CPU's confidence floor
+    (proposers.CPU_MIN_DRAFT_PROB), so without this its chain would run plain steps only
+    and tests of the K-draft step (reference drafts, exact counters) would test nothing;
+    tests/test_confident_drafts.py tests the floor. Modules ask for it with
+    ``pytestmark = pytest.mark.usefixtures("k_drafts_every_step")``."""
+    from eagle_zoo.engine import proposers
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(proposers, "CPU_MIN_DRAFT_PROB", 0.0)
+        yield
+
+
+@pytest.fixture(scope="module")
 def default_target_dir():
     """The embedded default target as a model directory (SmolLM2, converted from its GGUF);
     the module's tests that ask for it are skipped, with the reason, where it is unavailable."""

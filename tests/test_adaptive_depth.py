@@ -35,7 +35,7 @@ SCHEDULE = {"1": 3, "2": 0, "3": 2}
 FAMILIES = ("llama", "mistral")  # mistral: a sliding window shorter than the sequences
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "k_drafts_every_step")
 
 
 def greedy(n):

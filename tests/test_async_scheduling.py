@@ -16,7 +16,7 @@ import engine_fixtures as ef
 from eagle_zoo import LLM, SamplingParams
 from eagle_zoo.engine.core import EngineCore
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "k_drafts_every_step")
 
 PROMPT_LENGTHS = (9, 14, 6, 20, 11)
 # Different lengths, an EOS-stopped one, a stop token, and requests that run into

@@ -16,7 +16,7 @@ from eagle_zoo.catalog import CatalogEntry, MeasuredRecord
 from eagle_zoo.engine.metrics import SpecDecodingMetrics
 from eagle_zoo.engine.outputs import RequestMetrics
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "k_drafts_every_step")
 
 CHARS = list(" abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,:;!?'\"-()\n")
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."},

@@ -42,7 +42,7 @@ VOCAB = cf.TINY["vocab_size"]
 NGRAM = {"prompt_lookup_min": 1, "prompt_lookup_max": 3}
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "k_drafts_every_step")
 
 
 def greedy(max_tokens, **kw) -> SamplingParams:

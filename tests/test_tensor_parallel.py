@@ -35,7 +35,7 @@ from eagle_zoo.models import parallel_state as ps
 
 pytestmark = [pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                  reason="torch.distributed with gloo is needed"),
-              pytest.mark.usefixtures("one_thread")]
+              pytest.mark.usefixtures("one_thread", "k_drafts_every_step")]
 
 VOCAB = cf.TINY["vocab_size"]
 PROMPTS = ef.random_prompts((7, 12, 4, 9), VOCAB, seed=11)

@@ -27,7 +27,7 @@ from eagle_zoo.train.vocab import coverage, select_draft_vocab, token_counts, vo
 CPU = torch.device("cpu")
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "k_drafts_every_step")
 
 
 @pytest.fixture(scope="module")

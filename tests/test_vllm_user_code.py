@@ -22,7 +22,7 @@ TARGET = dt.DEFAULT_MODEL_ID
 EAGLE = "eagle-zoo/EAGLE-SmolLM2-135M-Instruct"
 EAGLE3 = "eagle-zoo/EAGLE3-SmolLM2-135M-Instruct"
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "k_drafts_every_step")
 
 
 @pytest.fixture(scope="module")

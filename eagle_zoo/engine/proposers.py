@@ -33,6 +33,16 @@ from .host_tensors import device_tensor
 from .runner import ModelRunner
 
 
+# On the CPU a greedy EAGLE chain stops drafting at the first draft the head gives less
+# than this probability (no draft at all: a plain step). There the drafting loop runs
+# eagerly, so reading the probability costs no device sync, and each position the target
+# verifies costs it about a seventh of a plain step, more than a draft that is likely
+# rejected returns. Chosen on dev-set prompts (BENCHMARKS.md). CUDA steps draft K always:
+# their fixed shapes are what one graph per step and one sync per step rest on. So do
+# tensor-parallel ranks, which must all draft the same width without a collective to agree.
+CPU_MIN_DRAFT_PROB = 0.3
+
+
 @dataclass
 class StepBatch:
     """The sequences of one decode step, as device tensors."""
@@ -111,6 +121,9 @@ class EagleProposer(Proposer):
         if self.runner.graphed is not None:
             self._graphed_drafts = GraphedForward(self._draft_chain, num_slots, num_slots, graph_pool)
             self._graphed_catch_up = GraphedForward(self._catch_up, num_slots, num_slots, graph_pool)
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        self._cuts_at_confidence = torch.device(device).type == "cpu" and not (
+            distributed and torch.distributed.get_world_size() > 1)
         if method == "eagle3":
             ids = getattr(head.config, "eagle_aux_hidden_state_layer_ids", None)
             n = target_num_layers
@@ -145,7 +158,24 @@ class EagleProposer(Proposer):
         base = batch.base_positions.unsqueeze(1)
         if self._graphed_drafts is not None and self._graphed_drafts.eligible(base):
             return self._graphed_drafts(base, base, batch.slots, k), None
+        if batch.all_greedy and self._cuts_at_confidence:
+            return self._confident_drafts(base, batch.slots, k, batch.kv_len), None
         return self._draft_chain(None, base, batch.slots, k, kv_len=batch.kv_len), None
+
+    def _confident_drafts(self, base: torch.Tensor, slots: torch.Tensor, k: int, kv_len: int) -> torch.Tensor:
+        """_draft_chain's drafts [B, <= K], cut before the first draft that every sequence's
+        head gives less than CPU_MIN_DRAFT_PROB (greedy batches verify any width)."""
+        hidden = self.next_hidden[slots]
+        drafts = []
+        for step in range(k):
+            if step:
+                hidden = self.runner.run(token.unsqueeze(1), base + step - 1, slots, kv_len, hidden.unsqueeze(1))[:, 0]
+            logprob, token = self.head.draft_top_k(hidden, 1)
+            if bool((logprob.exp() < CPU_MIN_DRAFT_PROB).all()):
+                break
+            token = token[:, 0]
+            drafts.append(token)
+        return torch.stack(drafts, dim=1) if drafts else base.new_zeros((base.shape[0], 0))
 
     def _draft_chain(self, _, base: torch.Tensor, slots: torch.Tensor, k: int, kv_len: Optional[int] = None):
         """K greedy drafts [B, K] from next_hidden[slots]; base [B, 1] holds each sequence's

@@ -25,3 +25,15 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def k_drafts_every_step():
+    # A random head gives every draft less than the CPU's confidence floor, so its chain
+    # would run plain steps only: the K-draft step is tested with the floor at 0, as in
+    # eagle-zoo's own tests/conftest.py.
+    from eagle_zoo.engine import proposers
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(proposers, "CPU_MIN_DRAFT_PROB", 0.0)
+        yield

@@ -30,7 +30,7 @@ MAX_TOKENS = (20, 14, 18, 11)
 MAX_NUM_SEQS = 2
 MAX_MODEL_LEN = 80
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "k_drafts_every_step")
 
 
 def run(target, prompts, max_tokens, spec=None):
