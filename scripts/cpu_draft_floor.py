@@ -1,23 +1,31 @@
-"""How CPU_MIN_DRAFT_PROB (eagle_zoo/engine/proposers.py) was chosen: decoding speed on
-the CPU of the shipped EAGLE-3 head at several floors and k, against plain decoding in
-the same process, on dev-set prompts the demo does not use (two a category from each
-category's sixth prompt on, under 1,500 characters, so the summarization and retrieval
-categories drop out), one request at a time, 96 new tokens, greedy. Every setting runs
-once a round, after that round's plain run.
+"""How CPU_MIN_DRAFT_PROB (eagle_zoo/engine/proposers.py) was chosen, and checked: decoding
+speed on the CPU of the shipped EAGLE-3 head at several floors and k, against plain
+decoding in the same process, one request at a time, 96 new tokens, greedy. Every setting
+runs once a round, after that round's plain run.
 
-    python3 scripts/cpu_draft_floor.py [--floors 0,0.2,0.3,0.5] [--ks 2,3] [--rounds 2]
+--prompts tuning (the floor was chosen on these): two dev-set prompts of each category
+from its sixth on, under 1,500 characters (so summarization and retrieval drop out).
+--prompts first3: the dev set's first three of each category (33; bench --per-category 3).
+--prompts demo: make demo's eleven (the shortest of each category's first five).
+
+    python3 scripts/cpu_draft_floor.py [--prompts tuning] [--floors 0,0.2,0.3,0.4] [--ks 2,3] [--rounds 2]
 """
 import argparse
 import json
 
 import eagle_zoo.engine.proposers as proposers
 from eagle_zoo import LLM, SamplingParams, bench
+from eagle_zoo.demo import demo_rows
 
 TARGET = "HuggingFaceTB/SmolLM2-135M-Instruct"
 HEAD = "eagle-zoo/EAGLE3-SmolLM2-135M-Instruct"
 
 
-def prompts() -> list[dict]:
+def prompts(which: str) -> list[dict]:
+    if which == "first3":
+        return [{"messages": row["messages"]} for row in bench.load_prompt_rows("dev", 33, per_category=3)]
+    if which == "demo":
+        return [{"messages": row["messages"]} for row in demo_rows()[1]]
     rows = bench.load_prompt_rows("dev", 330)
     by_category: dict[str, list[dict]] = {}
     for row in rows:
@@ -28,11 +36,12 @@ def prompts() -> list[dict]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--floors", default="0,0.2,0.3,0.5")
+    p.add_argument("--prompts", choices=("tuning", "first3", "demo"), default="tuning")
+    p.add_argument("--floors", default="0,0.2,0.3,0.4")
     p.add_argument("--ks", default="2,3")
     p.add_argument("--rounds", type=int, default=2)
     args = p.parse_args()
-    groups = [(None, prompts())]
+    groups = [(None, prompts(args.prompts))]
     params = SamplingParams(temperature=0, max_tokens=96)
     common = dict(device="cpu", dtype="float32", max_num_seqs=1, max_model_len=4096)
     plain_llm = LLM(TARGET, **common)
