@@ -47,6 +47,9 @@ def main() -> None:
     plain_llm = LLM(TARGET, **common)
     specs = {k: LLM(TARGET, speculative_config={"model": HEAD, "num_speculative_tokens": k}, **common)
              for k in map(int, args.ks.split(","))}
+    conversations = [row["messages"] for row in groups[0][1]]
+    for llm in (plain_llm, *specs.values()):
+        bench.warm_up(llm, conversations)  # one-off costs (first prefill of each length) untimed
     print(f"{len(groups[0][1])} prompts")
     for rnd in range(1, args.rounds + 1):
         plain = bench.measure(plain_llm, groups, params)[0]
