@@ -1,20 +1,21 @@
 """The qkv projection of a decode-shaped step with rope and the KV-cache write in its
-epilogue: one launch where linear.py's kernel and rope.py's rope_write_kv took two.
+epilogue, in one launch.
 
 qkv_rope_write_kv_triton(x [B,T,K], weight [(hq + 2 hk) d, K], cos / sin [B,T,1,d/2]
 float32, k_cache, v_cache, slot_ids [B], cache_positions [B,T], hq, hk, norm_weight=None,
 eps) -> rotated q [B,T,hq,d]; the rotated k and v land in the caches' row slot_ids[b]
 at column cache_positions[b, t] (a column outside the cache writes nothing).
 
-Same bits as fused_linear_triton followed by rope_write_kv_triton: each output of the
-product is reduced over K in linear.py's order and rounded to the activation dtype, then
-rotated with rope.py's roundings. What changes is which outputs share a program: a rope
-program's BLOCK_N weight rows are BLOCK_N / 2 rope pairs (i, i + d/2) of the q and k
-heads, their halves side by side, so the pair meets in the epilogue; v programs take
-BLOCK_N consecutive v rows. The tiling (linear.py tile_config) comes from the weight's
+Same bits as fused_linear_triton, rope_neox_triton and write_kv_triton one after
+another: each output of the product is reduced over K in linear.py's order and rounded
+to the activation dtype, then rotated with rope.py's roundings. Only which outputs share
+a program differs: a rope program's BLOCK_N weight rows are BLOCK_N / 2 rope pairs
+(i, i + d/2) of the q and k heads, their halves side by side, so each pair meets in the
+epilogue; a v program takes BLOCK_N consecutive v rows. The tiling (linear.py tile_config) comes from the weight's
 shape only, so a row's bits never depend on the step's size (batch invariance).
-Why: at batch 1 a small model's step costs per launch (linear.py), and every layer
-launched rope_write_kv for work that is a few hundred multiplies.
+Why: at batch 1 a small model's step costs per launch (linear.py), and rope and the KV
+write are a few hundred multiplies a token, cheaper as the product's epilogue than as a
+launch of their own.
 """
 from __future__ import annotations
 

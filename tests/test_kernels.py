@@ -466,8 +466,12 @@ def test_qkv_rope_write_kv_is_the_linear_then_rope_write_kv_bit_for_bit(device, 
             write_kv_triton(kc2, vc2, k2, qkv[:, :, hq + hk:], slots, pos)
             assert torch.equal(q, q2)
             assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+            # Against the torch references: the norm folded into the product rounds
+            # elsewhere (kernels/linear.py), and rope's differences cancel near 0.
             ref = fused_linear_torch(x, w, norm_weight=nw, eps=1e-5).view(2, 3, hq + 2 * hk, d)
-            _close_rope(q, rope_neox_torch(ref[:, :, :hq], ref[:, :, hq:hq + hk], cos, sin)[0], dtype)
+            ref_q = rope_neox_torch(ref[:, :, :hq], ref[:, :, hq:hq + hk], cos, sin)[0]
+            tol = 2 ** -6 if dtype == torch.bfloat16 else 1e-5
+            torch.testing.assert_close(q.float(), ref_q.float(), rtol=tol, atol=tol)
 
 
 def _tiny_llama_layer(device, dtype):
