@@ -23,8 +23,8 @@ from typing import Optional
 
 import torch
 
-from ._triton import gdc_launch_dependents, gdc_wait, pdl_launch, tl, triton
-from .linear import BLOCK_M, _k_block, _weight_tiles, tile_config
+from ._triton import pdl_launch, tl, triton
+from .linear import BLOCK_M, _product, tile_config
 
 
 @triton.jit(do_not_specialize=["M", "T", "spb"])
@@ -47,22 +47,8 @@ def _qkv_rope_kernel(X, W, NW, QO, KC, VC, COS, SIN, SLOT, POS, M, T, K, hq, hk,
     wrows = tl.where(rope, (pair // HALF) * D + pair % HALF + (j // PAIRS) * HALF, (hq + hk) * D + vcol)
     cmask = tl.where(rope, pair < (hq + hk) * HALF, (vcol >= 0) & (vcol < hk * D))
     wrows = tl.where(cmask, wrows, 0).to(tl.int64)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    sq = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
-    if PDL:  # as linear.py's kernel: the first weight tile before the wait
-        ks = tl.arange(0, BLOCK_K)
-        kmask = ks < K
-        w, u = _weight_tiles(W, wrows, cmask, ks, kmask, 0, swn, False)
-        gdc_wait()  # kernels/_triton.py: no activation is read before the kernels before are done
-        gdc_launch_dependents()
-        acc, _, sq = _k_block(X, NW, rows, rmask, ks, kmask, sxm, w, u, acc, acc, sq, HAS_NORM, False, IEEE)
-    for k0 in range(BLOCK_K if PDL else 0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        kmask = ks < K
-        w, u = _weight_tiles(W, wrows, cmask, ks, kmask, 0, swn, False)
-        acc, _, sq = _k_block(X, NW, rows, rmask, ks, kmask, sxm, w, u, acc, acc, sq, HAS_NORM, False, IEEE)
-    if HAS_NORM:
-        acc = acc * (1.0 / tl.sqrt(tl.sum(sq, axis=1) / K + eps))[:, None]
+    acc, _ = _product(X, W, NW, rows, rmask, wrows, cmask, 0, K, sxm, swn, eps,
+                      HAS_NORM, False, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, PDL)  # linear.py's reduction
     dt = QO.dtype.element_ty
     y = acc.to(dt)  # the projection's output, rounded as linear.py rounds it
     b = rows // T
