@@ -440,7 +440,7 @@ def test_fused_linear_dispatcher_keeps_autograd_and_cpu_on_the_reference():
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("norm", [False, True])
-def test_qkv_rope_write_kv_is_the_linear_then_rope_write_kv_bit_for_bit(device, norm):
+def test_qkv_rope_write_kv_is_the_separate_kernels_bit_for_bit(device, norm):
     """kernels/qkv_rope.py: the qkv product, rope and the KV write in one launch give the
     separate kernels' q and caches exactly (fused_linear_triton, rope_neox_triton,
     write_kv_triton), with 9 q and 3 k/v heads of 64 (SmolLM2's) and with 4 and 2 heads
