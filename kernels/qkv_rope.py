@@ -6,13 +6,16 @@ float32, k_cache, v_cache, slot_ids [B], cache_positions [B,T], hq, hk, norm_wei
 eps) -> rotated q [B,T,hq,d]; the rotated k and v land in the caches' row slot_ids[b]
 at column cache_positions[b, t] (a column outside the cache writes nothing).
 
-Same bits as fused_linear_triton, rope_neox_triton and write_kv_triton one after
-another: each output of the product is reduced over K in linear.py's order and rounded
-to the activation dtype, then rotated with rope.py's roundings. Only which outputs share
-a program differs: a rope program's BLOCK_N weight rows are BLOCK_N / 2 rope pairs
-(i, i + d/2) of the q and k heads, their halves side by side, so each pair meets in the
-epilogue; a v program takes BLOCK_N consecutive v rows. The tiling (linear.py tile_config) comes from the weight's
-shape only, so a row's bits never depend on the step's size (batch invariance).
+The product's bits are fused_linear_triton's: each output is reduced over K in
+linear.py's order and rounded to the activation dtype. Only which outputs share a program
+differs: a rope program's BLOCK_N weight rows are BLOCK_N / 2 rope pairs (i, i + d/2) of
+the q and k heads, their halves side by side, so each pair meets in the epilogue; a v
+program takes BLOCK_N consecutive v rows. The rotation is rope.py's formula, but the
+compiler contracts a product and the sum into one FMA in its own way in each kernel, so q
+and k can be one rounding step from rope_neox_triton's (on an H100: here the first
+product of each sum unrounded). What decoding needs holds: plain decoding and
+verification both run this kernel, and its tiling (linear.py tile_config) comes from the
+weight's shape only, so a row's bits never depend on the step's size (batch invariance).
 Why: at batch 1 a small model's step costs per launch (linear.py), and rope and the KV
 write are a few hundred multiplies a token, cheaper as the product's epilogue than as a
 launch of their own.
@@ -62,7 +65,8 @@ def _qkv_rope_kernel(X, W, NW, QO, KC, VC, COS, SIN, SLOT, POS, M, T, K, hq, hk,
         head = (p // HALF)[None, :]
         i = (p % HALF)[None, :]
         pmask = (p < (hq + hk) * HALF)[None, :]
-        # rope.py's arithmetic: the angles rounded to dt, each product rounded to dt
+        # rope.py's formula: the angles rounded to dt, each product rounded to dt where the
+        # compiler does not contract it into the sum (the module docstring)
         c = tl.load(COS + b[:, None] * scb + t[:, None] * sct + i, mask=rmask[:, None] & pmask, other=0.0)
         s = tl.load(SIN + b[:, None] * ssb + t[:, None] * sst + i, mask=rmask[:, None] & pmask, other=0.0)
         c = c.to(dt).to(tl.float32)
