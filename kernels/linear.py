@@ -86,18 +86,12 @@ def _k_block(X, NW, rows, rmask, ks, kmask, sxm, w, u, acc, acc_up, sq,
     return acc, acc_up, sq
 
 
-@triton.jit(do_not_specialize=["M"])  # M varies per call (prefill lengths): one compiled variant
-def _linear_kernel(X, W, B, NW, R, Y, M, N, K, sxm, swn, srm, sym, eps,
-                   HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, GATED: tl.constexpr, HAS_RES: tl.constexpr,
-                   IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   PDL: tl.constexpr):
-    # Program (n, m): output columns [n*BLOCK_N, +BLOCK_N) of rows [m*BLOCK_M, +BLOCK_M).
-    # GATED: W holds gate rows [0, N) then up rows [N, 2N); the output is silu(gate) * up.
-    rows = (tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    cols = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-    rmask = rows < M
-    cmask = cols < N
-    dt = Y.dtype.element_ty
+@triton.jit
+def _product(X, W, NW, rows, rmask, cols, cmask, N, K, sxm, swn, eps,
+             HAS_NORM: tl.constexpr, GATED: tl.constexpr, IEEE: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    # [rms_norm(x)] W^T for weight rows cols (and their up rows cols + N, GATED) in fp32,
+    # reduced over K in fixed BLOCK_K steps: -> (acc, acc_up).
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     sq = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)  # summed over K once, after the loop
@@ -120,6 +114,23 @@ def _linear_kernel(X, W, B, NW, R, Y, M, N, K, sxm, swn, srm, sym, eps,
         acc = acc * rstd
         if GATED:
             acc_up = acc_up * rstd
+    return acc, acc_up
+
+
+@triton.jit(do_not_specialize=["M"])  # M varies per call (prefill lengths): one compiled variant
+def _linear_kernel(X, W, B, NW, R, Y, M, N, K, sxm, swn, srm, sym, eps,
+                   HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, GATED: tl.constexpr, HAS_RES: tl.constexpr,
+                   IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   PDL: tl.constexpr):
+    # Program (n, m): output columns [n*BLOCK_N, +BLOCK_N) of rows [m*BLOCK_M, +BLOCK_M).
+    # GATED: W holds gate rows [0, N) then up rows [N, 2N); the output is silu(gate) * up.
+    rows = (tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    cols = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    rmask = rows < M
+    cmask = cols < N
+    dt = Y.dtype.element_ty
+    acc, acc_up = _product(X, W, NW, rows, rmask, cols, cmask, N, K, sxm, swn, eps,
+                           HAS_NORM, GATED, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, PDL)
     if HAS_BIAS:
         acc += tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
         if GATED:

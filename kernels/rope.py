@@ -15,7 +15,6 @@ from __future__ import annotations
 import torch
 
 from ._triton import gdc_launch_dependents, gdc_wait, pdl_launch, triton, tl, use_triton
-from .kv_cache import write_kv_torch
 
 
 def signed_angles(cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype):
@@ -94,82 +93,6 @@ def rope_neox_triton(q, k, cos, sin):
             BLOCK_D=triton.next_power_of_2(d // 2), **pdl_launch(q),
         )
     return qo, ko
-
-
-def rope_write_kv_torch(q, k, v, cos, sin, k_cache, v_cache, slot_ids, cache_positions):
-    """Reference: rope_neox_torch, then write_kv_torch of the rotated k and of v; -> rotated q."""
-    qo, ko = rope_neox_torch(q, k, cos, sin)
-    write_kv_torch(k_cache, v_cache, ko, v, slot_ids, cache_positions)
-    return qo
-
-
-@triton.jit(do_not_specialize=["T", "spb"])  # prompt lengths vary: one compiled variant
-def _rope_write_kv_kernel(Q, K, V, QO, KC, VC, COS, SIN, SLOT, POS, T, hq, hk, max_len,
-                          sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sqob, sqot, sqoh,
-                          sks, skl, skch, svs, svl, svch, scb, sct, ssb, sst, sslot, spb, spt,
-                          HALF: tl.constexpr, DV: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
-                          BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PDL: tl.constexpr):
-    if PDL:  # kernels/_triton.py: nothing of the kernels before is read until they are done
-        gdc_wait()
-        gdc_launch_dependents()
-    # One program per token: rotate its q heads into QO, its k heads straight into the
-    # cache row slot_ids[b] at column cache_positions[b, t], and copy its v heads there.
-    pid = tl.program_id(0)
-    b = (pid // T).to(tl.int64)
-    t = (pid % T).to(tl.int64)
-    d = tl.arange(0, BLOCK_D)[None, :]
-    dmask = d < HALF
-    dt = QO.dtype.element_ty
-    c = tl.load(COS + b * scb + t * sct + d, mask=dmask, other=0.0).to(dt).to(tl.float32)
-    s = tl.load(SIN + b * ssb + t * sst + d, mask=dmask, other=0.0).to(dt).to(tl.float32)
-    _rotate_heads(Q + b * sqb + t * sqt, QO + b * sqob + t * sqot, sqh, sqoh, hq, c, s, HALF, BLOCK_HQ, BLOCK_D)
-    slot = tl.load(SLOT + b * sslot).to(tl.int64)
-    pos = tl.load(POS + b * spb + t * spt).to(tl.int64)
-    heads = tl.where((pos >= 0) & (pos < max_len), hk, 0)  # an out-of-range position writes nothing
-    _rotate_heads(K + b * skb + t * skt, KC + slot * sks + pos * skl, skh, skch, heads, c, s, HALF, BLOCK_HK,
-                  BLOCK_D)
-    h = tl.arange(0, BLOCK_HK)[:, None]
-    dv = tl.arange(0, BLOCK_DV)[None, :]
-    mv = (h < heads) & (dv < DV)
-    x = tl.load(V + b * svb + t * svt + h * svh + dv, mask=mv)
-    tl.store(VC + slot * svs + pos * svl + h * svch + dv, x, mask=mv)
-
-
-def rope_write_kv_triton(q, k, v, cos, sin, k_cache, v_cache, slot_ids, cache_positions):
-    B, T, hq, d = q.shape
-    hk, dv = k.shape[2], v.shape[-1]
-    qo = torch.empty((B, T, hq, d), dtype=q.dtype, device=q.device)
-    cos = cos.expand(B, T, 1, d // 2)
-    sin = sin.expand(B, T, 1, d // 2)
-    if B * T:
-        _rope_write_kv_kernel[(B * T,)](
-            q, k, v, qo, k_cache, v_cache, cos, sin, slot_ids, cache_positions, T, hq, hk, k_cache.shape[1],
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), qo.stride(0), qo.stride(1), qo.stride(2),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-            cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1), slot_ids.stride(0),
-            cache_positions.stride(0), cache_positions.stride(1),
-            HALF=d // 2, DV=dv, BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HK=triton.next_power_of_2(hk),
-            BLOCK_D=triton.next_power_of_2(d // 2), BLOCK_DV=triton.next_power_of_2(dv), **pdl_launch(q),
-        )
-    return qo
-
-
-def use_rope_write_kv_kernel(q, k, v, cos, k_cache, v_cache) -> bool:
-    """use_rope_kernel's case, v of unit stride in d, and caches of the activations' dtype
-    with unit stride in d."""
-    return (use_rope_kernel(q, k, cos) and v.stride(-1) == 1 and use_triton(v, k_cache, v_cache)
-            and k_cache.dtype == v_cache.dtype == q.dtype == v.dtype
-            and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1)
-
-
-def rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slot_ids, cache_positions):
-    """Rotate q and k ("neox"), write the rotated k and v into the caches (kernels/kv_cache.py's
-    write_kv) in one launch; returns the rotated q. Triton on CUDA, the reference otherwise."""
-    if use_rope_write_kv_kernel(q, k, v, cos, k_cache, v_cache):
-        return rope_write_kv_triton(q, k, v, cos, sin, k_cache, v_cache, slot_ids, cache_positions)
-    return rope_write_kv_torch(q, k, v, cos, sin, k_cache, v_cache, slot_ids, cache_positions)
 
 
 def use_rope_kernel(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor) -> bool:

@@ -352,7 +352,6 @@ def test_layer_op_dispatchers_use_the_reference_on_cpu():
 from eagle_zoo.kernels._triton import needs_autograd  # noqa: E402
 from eagle_zoo.kernels.linear import (BLOCK_M, fused_linear, fused_linear_torch, fused_linear_triton,  # noqa: E402
                                       use_linear_kernel)
-from eagle_zoo.kernels.rope import rope_write_kv, rope_write_kv_torch, rope_write_kv_triton  # noqa: E402
 
 LINEAR_CASES = {  # name: fused_linear keyword arguments besides x and weight
     "plain": dict(),
@@ -439,40 +438,55 @@ def test_fused_linear_dispatcher_keeps_autograd_and_cpu_on_the_reference():
         assert not needs_autograd(x, w)
 
 
-def _rope_kv_problem(device, dtype):
-    q, k, cos, sin = _rope_problem(device, dtype)
-    g = torch.Generator().manual_seed(5)
-    v = torch.randn(*k.shape[:-1], 48, generator=g).to(device, dtype)
-    k_cache = torch.randn(4, 400, k.shape[2], k.shape[3], generator=g).to(device, dtype)
-    v_cache = torch.randn(4, 400, k.shape[2], 48, generator=g).to(device, dtype)
-    slots = torch.tensor([2, 0], device=device)
-    cache_pos = torch.tensor([[0, 7, 300], [5, 6, 7]], device=device)
-    return q, k, v, cos, sin, k_cache, v_cache, slots, cache_pos
-
-
 @pytest.mark.parametrize("device", DEVICES)
-def test_rope_write_kv_triton_matches_reference(device):
+@pytest.mark.parametrize("norm", [False, True])
+def test_qkv_rope_write_kv_matches_the_separate_kernels_and_is_batch_invariant(device, norm):
+    """kernels/qkv_rope.py: the qkv product, rope and the KV write in one launch, with 9 q
+    and 3 k/v heads of 64 (SmolLM2's) and with 4 and 2 heads of 16 (pairs of two heads
+    in one tile). The product is fused_linear_triton's bit for bit (the v cache); q and k
+    are rope_neox_triton's within one rounding step (the compilers contract rope's
+    product and sum differently in the two kernels); a row's bits are the same alone, and
+    its first token's the same in a one-token step; a cache column outside the cache
+    writes nothing. (The separate kernels' own tests hold them to the torch references.)"""
+    from eagle_zoo.kernels.qkv_rope import qkv_rope_write_kv_triton
+
+    dev = _dev(device)
     for dtype in _dtypes(device):
-        q, k, v, cos, sin, kc, vc, slots, pos = _rope_kv_problem(_dev(device), dtype)
-        kc2, vc2 = kc.clone(), vc.clone()
-        qo = rope_write_kv_triton(q, k, v, cos, sin, kc, vc, slots, pos)
-        qr = rope_write_kv_torch(q, k, v, cos, sin, kc2, vc2, slots, pos)
-        _close_rope(qo, qr, dtype)
-        _close_rope(kc, kc2, dtype)
-        assert torch.equal(vc, vc2)  # v is copied
-        # An out-of-range position writes nothing.
-        before = kc.clone(), vc.clone()
-        rope_write_kv_triton(q[:, :1], k[:, :1], v[:, :1], cos[:, :1], sin[:, :1], kc, vc, slots,
-                             torch.full((2, 1), 400, device=_dev(device)))
-        assert torch.equal(kc, before[0]) and torch.equal(vc, before[1])
+        for hq, hk, d, K in ((9, 3, 64, 96), (4, 2, 16, 40)):
+            _, _, cos, sin = _rope_problem(dev, dtype, hq=hq, hk=hk, d=d)
+            g = torch.Generator().manual_seed(7)
+            x = torch.randn(2, 3, K, generator=g).to(dev, dtype)
+            w = (0.2 * torch.randn((hq + 2 * hk) * d, K, generator=g)).to(dev, dtype)
+            nw = (1 + 0.1 * torch.randn(K, generator=g)).to(dev, dtype) if norm else None
+            caches = (torch.randn(4, 400, hk, d, generator=g).to(dev, dtype),
+                      torch.randn(4, 400, hk, d, generator=g).to(dev, dtype))
+            slots = torch.tensor([2, 0], device=dev)
+            pos = torch.tensor([[0, 7, 400], [5, 6, 7]], device=dev)  # 400: outside the cache
 
+            def fused(rows, steps):
+                kc, vc = caches[0].clone(), caches[1].clone()
+                q = qkv_rope_write_kv_triton(x[rows, :steps], w, cos[rows, :steps], sin[rows, :steps], kc, vc,
+                                             slots[rows], pos[rows, :steps], hq, hk, norm_weight=nw, eps=1e-5)
+                return q, kc, vc
 
-def test_rope_write_kv_dispatcher_uses_the_reference_on_cpu():
-    q, k, v, cos, sin, kc, vc, slots, pos = _rope_kv_problem("cpu", torch.float32)
-    kc2, vc2 = kc.clone(), vc.clone()
-    assert torch.equal(rope_write_kv(q, k, v, cos, sin, kc, vc, slots, pos),
-                       rope_write_kv_torch(q, k, v, cos, sin, kc2, vc2, slots, pos))
-    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+            q, kc, vc = fused(slice(None), 3)
+            kc2, vc2 = caches[0].clone(), caches[1].clone()
+            qkv = fused_linear_triton(x, w, norm_weight=nw, eps=1e-5).view(2, 3, hq + 2 * hk, d)
+            q2, k2 = rope_neox_triton(qkv[:, :, :hq], qkv[:, :, hq:hq + hk], cos, sin)
+            write_kv_triton(kc2, vc2, k2, qkv[:, :, hq + hk:], slots, pos)
+            assert torch.equal(vc, vc2)
+            _close_rope(q, q2, dtype)
+            _close_rope(kc, kc2, dtype)
+            written = torch.zeros(4, 400, dtype=torch.bool, device=dev)
+            written[2, [0, 7]] = written[0, [5, 6, 7]] = True
+            assert torch.equal(kc[~written], caches[0][~written]) and torch.equal(vc[~written], caches[1][~written])
+            for b in (0, 1):  # batch invariance: alone, and its first token alone
+                for steps in (3, 1):
+                    qb, kcb, vcb = fused(slice(b, b + 1), steps)
+                    assert torch.equal(qb[0], q[b, :steps]), (b, steps)
+                    cols = pos[b, :steps][pos[b, :steps] < 400]
+                    assert torch.equal(kcb[slots[b], cols], kc[slots[b], cols]), (b, steps)
+                    assert torch.equal(vcb[slots[b], cols], vc[slots[b], cols]), (b, steps)
 
 
 def _tiny_llama_layer(device, dtype):
@@ -493,7 +507,7 @@ def _tiny_llama_layer(device, dtype):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_fused_decoder_layer_matches_the_module_path(device):
-    """eagle_zoo/models/fused_layer.py's 6 launches against LlamaDecoderLayer's modules
+    """eagle_zoo/models/fused_layer.py's 6 kernels against LlamaDecoderLayer's modules
     (the torch references), same output and the same KV cache, for a decode step (T=1)
     and a verification step (T=4) of two sequences."""
     from eagle_zoo.models.fused_layer import fused_layer_kernels, layer_supports_fusion

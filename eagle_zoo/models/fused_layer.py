@@ -1,12 +1,12 @@
-"""A Llama-style decoder layer in 6 launches for decode-shaped steps on CUDA, and in one
+"""A Llama-style decoder layer in 6 kernels for decode-shaped steps on CUDA, and in one
 C++ call on the CPU (cpu_decoder_layer, at the end).
 
 The module path runs ~13 kernels a layer (norm, qkv, rope, KV write, attention split and
 merge, o_proj, add, norm, gate_up, silu-and-mul, down_proj, add). At batch 1 a step of a
 small model costs per kernel, not per byte, so the same layer is regrouped here:
 
-  qkv   = linear(rms_norm(h), W_qkv)               kernels/linear.py, norm as prologue
-  q     = rope(q); cache <- rope(k), v            kernels/rope.py, one launch
+  q     = rope(q of linear(rms_norm(h), W_qkv))    kernels/qkv_rope.py, norm as prologue,
+          cache <- rope(k), v                      rope and the KV write as epilogue
   a     = attention over the cache                 kernels/attention.py (split + merge)
   h     = h + linear(a, W_o)                       residual add as epilogue
   m     = silu_and_mul(linear(rms_norm(h), W_gu))  norm prologue, activation epilogue
@@ -36,7 +36,7 @@ from eagle_zoo.kernels._triton import needs_autograd
 from eagle_zoo.kernels.attention import cache_attention_triton
 from eagle_zoo.kernels.linear import MAX_K, fused_linear_triton, use_linear_kernel
 from eagle_zoo.kernels.norm import rms_norm_pair_triton
-from eagle_zoo.kernels.rope import rope_write_kv_triton
+from eagle_zoo.kernels.qkv_rope import qkv_rope_write_kv_triton
 
 from .attention import KERNEL_MAX_T, get_context, single_slot
 from .layers import RMSNorm
@@ -112,8 +112,8 @@ def _cuda_step_context(layer, h: torch.Tensor, *norm_weights: torch.Tensor):
                                   mlp.down_proj.weight)):
         return None
     k_cache, v_cache = ctx.kv_caches[attn.attn.layer_idx]
-    # q, k, v will be views of the kernel's contiguous qkv output (unit stride in d) and
-    # the angles float32 (RotaryEmbedding): what rope_write_kv needs besides the caches.
+    # Caches of the activations' dtype with unit stride in d, the angles float32
+    # (RotaryEmbedding): what kernels/qkv_rope.py needs besides the linear kernel's case.
     if not (k_cache.is_cuda and k_cache.dtype == v_cache.dtype == h.dtype
             and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1):
         return None
@@ -124,33 +124,39 @@ def fused_layer_kernels(layer, positions: torch.Tensor, h: torch.Tensor, ctx) ->
     """The regrouped layer itself, Triton kernels called directly (the checks are the
     caller's; tests run it on CPU tensors under TRITON_INTERPRET=1)."""
     norm1 = layer.input_layernorm
-    qkv = fused_linear_triton(h, layer.self_attn.qkv_proj.weight, norm_weight=norm1.weight, eps=norm1.eps)
-    return _attention_and_mlp_kernels(layer, positions, qkv, h, ctx)
+    q = _qkv_rope_write_kv(layer, positions, h, ctx, norm_weight=norm1.weight, eps=norm1.eps)
+    return _attention_and_mlp_kernels(layer, q, h, ctx)
 
 
 def fused_eagle3_layer_kernels(layer, positions: torch.Tensor, embeds: torch.Tensor, hidden: torch.Tensor,
                                ctx) -> torch.Tensor:
-    """An EAGLE-3 head layer in 7 launches: both input norms side by side in one
+    """An EAGLE-3 head layer in 7 kernels: both input norms side by side in one
     (kernels/norm.py rms_norm_pair), the qkv product over them, then as a Llama layer.
     The residual is the raw hidden state, or its norm under norm_before_residual."""
     e_norm, h_norm = layer.input_layernorm, layer.hidden_norm
     x = rms_norm_pair_triton(embeds, e_norm.weight, e_norm.eps, hidden, h_norm.weight, h_norm.eps)
     residual = x[..., hidden.shape[-1]:] if layer.norm_before_residual else hidden
-    qkv = fused_linear_triton(x, layer.self_attn.qkv_proj.weight)
-    return _attention_and_mlp_kernels(layer, positions, qkv, residual, ctx)
+    q = _qkv_rope_write_kv(layer, positions, x, ctx)
+    return _attention_and_mlp_kernels(layer, q, residual, ctx)
 
 
-def _attention_and_mlp_kernels(layer, positions: torch.Tensor, qkv: torch.Tensor, residual: torch.Tensor,
-                               ctx) -> torch.Tensor:
-    """From the qkv projection on: rope and the KV write in one launch, attention (split
-    and merge), o_proj with the residual added, gate_up with the norm before it and
-    silu-and-mul after it, down_proj with its residual."""
+def _qkv_rope_write_kv(layer, positions: torch.Tensor, x: torch.Tensor, ctx, **norm) -> torch.Tensor:
+    """The qkv product (with the input norm as its prologue when given), rope, and k and v
+    written into the layer's cache, in one launch (kernels/qkv_rope.py): the rotated q."""
+    attn = layer.self_attn
+    k_cache, v_cache = ctx.kv_caches[attn.attn.layer_idx]
+    cos, sin = attn.rotary_emb._angles(positions)
+    return qkv_rope_write_kv_triton(x, attn.qkv_proj.weight, cos, sin, k_cache, v_cache, ctx.slot_ids,
+                                    ctx.cache_positions, attn.attn.num_heads, attn.attn.num_kv_heads, **norm)
+
+
+def _attention_and_mlp_kernels(layer, q: torch.Tensor, residual: torch.Tensor, ctx) -> torch.Tensor:
+    """From the rotated q on: attention (split and merge), o_proj with the residual
+    added, gate_up with the norm before it and silu-and-mul after it, down_proj with its
+    residual."""
     attn, mlp, core = layer.self_attn, layer.mlp, layer.self_attn.attn
     norm2 = layer.post_attention_layernorm
     k_cache, v_cache = ctx.kv_caches[core.layer_idx]
-    q, k, v = attn.qkv_proj.split(qkv)
-    cos, sin = attn.rotary_emb._angles(positions)
-    q = rope_write_kv_triton(q, k, v, cos, sin, k_cache, v_cache, ctx.slot_ids, ctx.cache_positions)
     a = cache_attention_triton(q, k_cache, v_cache, ctx.slot_ids, ctx.cache_positions, ctx.kv_len, core.scale,
                                attn_mask=ctx.attn_mask, window=core.sliding_window, tree=ctx.tree_keys).flatten(2)
     h = fused_linear_triton(a, attn.o_proj.weight, residual=residual)

@@ -90,7 +90,7 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = self.mlp_cls(config)
 
     # Whether decode-shaped engine steps take models/fused_layer.py's regrouped kernels
-    # (6 launches on CUDA, one C++ call on the CPU): chosen once, when an engine's runner
+    # (6 kernels on CUDA, one C++ call on the CPU): chosen once, when an engine's runner
     # takes the loaded model (choose_decode_path); the module path until then.
     fused_decode = False
 
