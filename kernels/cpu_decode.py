@@ -1,8 +1,8 @@
 """The float32 CPU kernels of decode steps (csrc/cpu_decode.cpp), for up to MAX_ROWS rows:
 few_row_linear (y = x @ w^T, a row-major AVX2 dot product per output; w float32 or
 bfloat16; few_row_linear_int8 from a weight's exact int8 blocks), rms_norm_rows,
-cache_attention (flash-decoding over one sequence's cache row) and llama_layer_rows (a
-whole Llama decoder layer).
+cache_attention (flash-decoding over one sequence's cache row), llama_layer_rows (a
+whole Llama decoder layer) and eagle3_layer_rows (an EAGLE-3 head's first layer).
 All are batch invariant (a row's bits do not depend on how many rows there are). Built
 on first use with torch's C++ extension loader (g++ with OpenMP; about 30 s, then
 cached); where it cannot be built or the CPU lacks AVX2, `available()` is False and
@@ -119,6 +119,22 @@ def llama_layer_rows(h, norm1, eps1, w_qkv, w_o, norm2, eps2, w_gate_up, w_down,
                                     w_down, cos.contiguous(), sin.contiguous(), k_cache, v_cache, int(slot),
                                     cache_positions.contiguous(), int(kv_len), int(num_heads), int(num_kv_heads),
                                     float(scale))
+
+
+def eagle3_layer_rows(embeds, norm_e, eps_e, hidden, norm_h, eps_h, norm_before_residual: bool, w_qkv, w_o, norm2,
+                      eps2, w_gate_up, w_down, cos, sin, k_cache, v_cache, slot: int, cache_positions, kv_len: int,
+                      num_heads: int, num_kv_heads: int, scale: float):
+    """An EAGLE-3 head's first decoder layer (models/heads.py Eagle3DecoderLayer) for T <=
+    MAX_ROWS tokens of one sequence: qkv of [rms_norm(embeds), rms_norm(hidden)] side by
+    side, the residual hidden (its norm with norm_before_residual), then as
+    llama_layer_rows. embeds and hidden [T, H] float32; weights float32 or bfloat16. The
+    caller checks available() and the layer's type (models/fused_layer.py
+    cpu_eagle3_layer); the module path is the reference."""
+    return _module.eagle3_layer_rows(embeds.contiguous(), norm_e, float(eps_e), hidden.contiguous(), norm_h,
+                                     float(eps_h), bool(norm_before_residual), w_qkv, w_o, norm2, float(eps2),
+                                     w_gate_up, w_down, cos.contiguous(), sin.contiguous(), k_cache, v_cache,
+                                     int(slot), cache_positions.contiguous(), int(kv_len), int(num_heads),
+                                     int(num_kv_heads), float(scale))
 
 
 if __name__ == "__main__":

@@ -95,8 +95,9 @@ def test_rmsnorm_module_uses_it_for_few_rows(monkeypatch):
 @needs_kernel
 @pytest.mark.parametrize("family", ["llama", "mistral"])
 def test_whole_llama_layer_in_one_call_gives_transformers_greedy(family, tmp_path, monkeypatch):
-    """models/fused_layer.py cpu_decoder_layer: plain decoding and EAGLE chain verification
-    of a tiny random Llama target run each decoder layer as one C++ call (counted), and give
+    """models/fused_layer.py cpu_decoder_layer and cpu_eagle3_layer: plain decoding and
+    EAGLE / EAGLE-3 chain verification of a tiny random Llama target run each decoder layer
+    of the target, and the EAGLE-3 head's layer, as one C++ call (counted), and give
     transformers' greedy tokens. The tiny Mistral target has a sliding window, which the
     call does not do: it keeps the module path, with the same result."""
     import checkpoint_factory as cf
@@ -105,26 +106,32 @@ def test_whole_llama_layer_in_one_call_gives_transformers_greedy(family, tmp_pat
 
     kind = ef.kind_of(family)
     target = ef.write_target(tmp_path / "target", kind)
-    head = ef.write_head(tmp_path / "head", kind, "eagle", seed=4, scale=0.6)
+    heads = {m: ef.write_head(tmp_path / m, kind, m, seed=4, scale=0.6) for m in ("eagle", "eagle3")}
     prompts = ef.random_prompts((5, 12, 3), cf.TINY["vocab_size"], seed=1)
     want = ef.hf_greedy(target, prompts, [20, 26, 14])
-    calls = []
-    kernel = cpu_decode.llama_layer_rows
+    calls, head_calls = [], []
+    kernel, head_kernel = cpu_decode.llama_layer_rows, cpu_decode.eagle3_layer_rows
     monkeypatch.setattr(cpu_decode, "llama_layer_rows", lambda h, *a: calls.append(h.shape[0]) or kernel(h, *a))
+    monkeypatch.setattr(cpu_decode, "eagle3_layer_rows",
+                        lambda e, *a: head_calls.append(e.shape[0]) or head_kernel(e, *a))
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (20, 26, 14)]
-    for spec in (None, {"method": "eagle", "model": str(head), "num_speculative_tokens": 3}):
-        calls.clear()
+    for method in (None, "eagle", "eagle3"):
+        calls.clear(), head_calls.clear()
+        spec = method and {"method": method, "model": str(heads[method]), "num_speculative_tokens": 3}
         llm = LLM(str(target), speculative_config=spec, device="cpu", dtype="float32", max_model_len=96,
                   max_num_seqs=1)
         got = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
-        assert got == want, spec
+        assert got == want, method
         if family == "mistral":
-            assert not calls
+            assert not calls and not head_calls
             continue
         # Prompts of up to 8 tokens are prefilled through it too; then one token a step
         # (plain) or the last token and 3 drafts (verification).
-        assert set(calls) >= {5, 3} | ({1} if spec is None else {4}), sorted(set(calls))
+        assert set(calls) >= {5, 3} | ({1} if method is None else {4}), sorted(set(calls))
         assert 12 not in calls  # prefill-sized: the module path
+        # The EAGLE-3 head's layer: its prompt passes of up to 8 tokens, the catch-up over
+        # the 4 verified positions and the draft passes of one token.
+        assert set(head_calls) == (set() if method != "eagle3" else {5, 3, 4, 1}), sorted(set(head_calls))
 
 
 @needs_kernel
@@ -150,21 +157,29 @@ def test_llama_layer_rows_rejects_mismatched_weights_and_slots():
         call(qkv=torch.zeros(heads * d, H))
 
 
+def _rms(x, weight):
+    return weight.double() * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+
+
 def _layer_reference(h, norm1, w, norm2, cos, sin, k_cache, v_cache, slot, pos, kv_len, heads, kv_heads, scale):
     """The decoder layer written out in float64 torch (writes the rows' k / v into the caches)."""
-    f = lambda x: x.double()  # noqa: E731
-    T, d = h.shape[0], k_cache.shape[-1]
+    x = h.double()
+    return _layer_from_qkv_input(_rms(x, norm1), x, w, norm2, cos, sin, k_cache, v_cache, slot, pos, kv_len, heads,
+                                 kv_heads, scale)
 
-    def rms(x, weight):
-        return f(weight) * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+
+def _layer_from_qkv_input(qkv_in, residual, w, norm2, cos, sin, k_cache, v_cache, slot, pos, kv_len, heads, kv_heads,
+                          scale):
+    """float64: qkv of qkv_in, rope, attention over the cache row, o_proj + residual, the MLP."""
+    f = lambda x: x.double()  # noqa: E731
+    T, d = qkv_in.shape[0], k_cache.shape[-1]
 
     def rope(x):  # [T, n, d]: x1*cos - x2*sin, x2*cos + x1*sin
         c, s = f(cos)[:, None], f(sin)[:, None]
         x1, x2 = x[..., : d // 2], x[..., d // 2:]
         return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1)
 
-    x = f(h)
-    qkv = rms(x, norm1) @ f(w["qkv"]).t()
+    qkv = qkv_in @ f(w["qkv"]).t()
     q = rope(qkv[:, : heads * d].view(T, heads, d))
     k = rope(qkv[:, heads * d: (heads + kv_heads) * d].view(T, kv_heads, d))
     v = qkv[:, (heads + kv_heads) * d:].view(T, kv_heads, d)
@@ -177,8 +192,8 @@ def _layer_reference(h, norm1, w, norm2, cos, sin, k_cache, v_cache, slot, pos, 
             g = head // (heads // kv_heads)
             p = torch.softmax(keys[:n, g] @ q[t, head] * scale, 0)
             out[t, head] = p @ values[:n, g]
-    h2 = x + out.view(T, -1) @ f(w["o"]).t()
-    gate, up = (rms(h2, norm2) @ f(w["gu"]).t()).chunk(2, -1)
+    h2 = residual + out.view(T, -1) @ f(w["o"]).t()
+    gate, up = (_rms(h2, norm2) @ f(w["gu"]).t()).chunk(2, -1)
     return h2 + (torch.nn.functional.silu(gate) * up) @ f(w["down"]).t()
 
 
@@ -214,6 +229,53 @@ def test_llama_layer_rows_matches_the_reference_and_a_row_does_not_depend_on_the
     torch.testing.assert_close(full.double(), ref, rtol=1e-4, atol=1e-4)
     for T in range(1, cpu_decode.MAX_ROWS):
         assert torch.equal(layer(T), full[:T]), T
+
+
+@needs_kernel
+@pytest.mark.parametrize("norm_before_residual", [False, True])
+def test_eagle3_layer_rows_matches_the_reference_and_bfloat16_weights_their_float32_bits(norm_before_residual):
+    """kernels/cpu_decode.py eagle3_layer_rows (an EAGLE-3 head's first layer): qkv over
+    [rms(embeds), rms(hidden)], the residual hidden or its norm, then the Llama layer.
+    Every row agrees with the float64 layer, a row's bits do not depend on the others,
+    and bfloat16 weights give the bits of their float32 copies."""
+    g = torch.Generator().manual_seed(7)
+    H, heads, kv_heads, d, inter, max_len, context = 48, 6, 2, 8, 40, 64, 9
+    w = {"qkv": torch.randn((heads + 2 * kv_heads) * d, 2 * H, generator=g) * 0.3,
+         "o": torch.randn(H, heads * d, generator=g) * 0.3,
+         "gu": torch.randn(2 * inter, H, generator=g) * 0.3, "down": torch.randn(H, inter, generator=g) * 0.3}
+    w = {k: v.bfloat16().float() for k, v in w.items()}  # exact in bfloat16, as a shipped head's
+    norm_e, norm_h, norm2 = (torch.rand(H, generator=g) + 0.5 for _ in range(3))
+    caches = torch.randn(2, max_len, kv_heads, d, generator=g), torch.randn(2, max_len, kv_heads, d, generator=g)
+    embeds, hidden = torch.randn(cpu_decode.MAX_ROWS, H, generator=g), torch.randn(cpu_decode.MAX_ROWS, H, generator=g)
+    pos = torch.arange(context, context + cpu_decode.MAX_ROWS)
+    angles = pos[:, None].double() * 0.05 * torch.arange(1, d // 2 + 1)
+    cos, sin = angles.cos().float(), angles.sin().float()
+
+    def layer(T, weights):
+        k_cache, v_cache = caches[0].clone(), caches[1].clone()
+        return cpu_decode.eagle3_layer_rows(embeds[:T], norm_e, 1e-5, hidden[:T], norm_h, 1e-5, norm_before_residual,
+                                            weights["qkv"], weights["o"], norm2, 1e-5, weights["gu"], weights["down"],
+                                            cos[:T], sin[:T], k_cache, v_cache, 1, pos[:T], context + T, heads,
+                                            kv_heads, d ** -0.5)
+
+    full = layer(cpu_decode.MAX_ROWS, w)
+    normed_hidden = _rms(hidden.double(), norm_h)
+    qkv_in = torch.cat([_rms(embeds.double(), norm_e), normed_hidden], -1)
+    residual = normed_hidden if norm_before_residual else hidden.double()
+    ref = _layer_from_qkv_input(qkv_in, residual, w, norm2, cos, sin, caches[0], caches[1], 1, pos,
+                                context + cpu_decode.MAX_ROWS, heads, kv_heads, d ** -0.5)
+    torch.testing.assert_close(full.double(), ref, rtol=1e-4, atol=1e-4)
+    for T in range(1, cpu_decode.MAX_ROWS):
+        assert torch.equal(layer(T, w), full[:T]), T
+    assert torch.equal(layer(cpu_decode.MAX_ROWS, {k: v.bfloat16() for k, v in w.items()}), full)
+    with pytest.raises(RuntimeError, match="embeds and hidden"):
+        cpu_decode.eagle3_layer_rows(embeds[:2], norm_e, 1e-5, hidden[:3], norm_h, 1e-5, False, w["qkv"], w["o"],
+                                     norm2, 1e-5, w["gu"], w["down"], cos[:2], sin[:2], *caches, 1, pos[:2],
+                                     context + 2, heads, kv_heads, d ** -0.5)
+    with pytest.raises(RuntimeError, match=r"eagle3_layer_rows: w_qkv \[\d+, 96\]"):
+        cpu_decode.eagle3_layer_rows(embeds[:2], norm_e, 1e-5, hidden[:2], norm_h, 1e-5, False, w["o"], w["o"],
+                                     norm2, 1e-5, w["gu"], w["down"], cos[:2], sin[:2], *caches, 1, pos[:2],
+                                     context + 2, heads, kv_heads, d ** -0.5)
 
 
 @needs_kernel

@@ -1,5 +1,5 @@
 """A Llama-style decoder layer in 6 kernels for decode-shaped steps on CUDA, and in one
-C++ call on the CPU (cpu_decoder_layer, at the end).
+C++ call on the CPU (cpu_decoder_layer and cpu_eagle3_layer, at the end).
 
 The module path runs ~13 kernels a layer (norm, qkv, rope, KV write, attention split and
 merge, o_proj, add, norm, gate_up, silu-and-mul, down_proj, add). At batch 1 a step of a
@@ -23,7 +23,8 @@ Otherwise LlamaDecoderLayer runs its modules.
 
 An EAGLE-3 head's layer (models/heads.py Eagle3DecoderLayer) takes the same path on CUDA
 after one launch that norms its two inputs side by side (its module path: two norms, a
-cat and the ~13 kernels above), so each draft and catch-up pass of the head runs 7.
+cat and the ~13 kernels above), so each draft and catch-up pass of the head runs 7; on
+the CPU it is one C++ call too.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ from eagle_zoo.kernels.norm import rms_norm_pair_triton
 from eagle_zoo.kernels.qkv_rope import qkv_rope_write_kv_triton
 
 from .attention import KERNEL_MAX_T, get_context, single_slot
-from .layers import RMSNorm
+from .layers import RMSNorm, cpu_layer_weight
 
 
 def layer_supports_fusion(layer) -> bool:
@@ -90,10 +91,13 @@ def fused_decoder_layer(layer, positions: torch.Tensor, h: torch.Tensor) -> Opti
 def fused_eagle3_layer(layer, positions: torch.Tensor, embeds: torch.Tensor,
                        hidden: torch.Tensor) -> Optional[torch.Tensor]:
     """An EAGLE-3 head layer that chose this path (eagle3_layer_supports_fusion) through
-    the regrouped kernels on CUDA, or None where they do not apply (the CPU keeps the
-    module path, whose attention is already one C++ call there)."""
-    if not hidden.is_cuda or embeds.shape != hidden.shape or embeds.dtype != hidden.dtype \
-            or 2 * hidden.shape[-1] > MAX_K:  # the qkv product reads both halves
+    the regrouped kernels on CUDA, or None where they do not apply. On the CPU: one C++
+    call (cpu_eagle3_layer)."""
+    if embeds.shape != hidden.shape or embeds.dtype != hidden.dtype:
+        return None
+    if not hidden.is_cuda:
+        return cpu_eagle3_layer(layer, positions, embeds, hidden)
+    if 2 * hidden.shape[-1] > MAX_K:  # the qkv product reads both halves
         return None
     ctx = _cuda_step_context(layer, hidden, layer.input_layernorm.weight, layer.hidden_norm.weight)
     return None if ctx is None else fused_eagle3_layer_kernels(layer, positions, embeds, hidden, ctx)
@@ -168,22 +172,53 @@ def cpu_decoder_layer(layer, positions: torch.Tensor, h: torch.Tensor) -> Option
     """The layer (one that chose this path, layer_supports_fusion) for up to 8 float32
     tokens of one sequence in one C++ call (kernels/cpu_decode.py llama_layer_rows: norm,
     qkv, rope, KV write, causal attention, o_proj, norm, gate_up, silu, down_proj), or
-    None where it does not apply: a mask other than causal (trees), a sliding window, several
-    sequences, prefill-sized steps, a head size not a multiple of 8, autograd, or the kernels
-    not built. Plain decoding and chain verification both take it, so a verified token gets
-    plain decoding's bits."""
-    ctx = get_context()
-    attn, mlp, core = layer.self_attn, layer.mlp, layer.self_attn.attn
-    if (ctx is None or h.dim() != 3 or not core.cpu_kernel_applies(ctx, h)
-            or needs_autograd(h, attn.qkv_proj.weight)):
+    None where it does not apply (_cpu_step_context). Plain decoding and chain
+    verification both take it, so a verified token gets plain decoding's bits."""
+    ctx = _cpu_step_context(layer, h)
+    if ctx is None:
         return None
+    norm1 = layer.input_layernorm
+    out = cpu_decode.llama_layer_rows(h[0], norm1.weight, norm1.eps, *_cpu_layer_arguments(layer, positions, h, ctx))
+    return out.unsqueeze(0)
+
+
+def cpu_eagle3_layer(layer, positions: torch.Tensor, embeds: torch.Tensor,
+                     hidden: torch.Tensor) -> Optional[torch.Tensor]:
+    """An EAGLE-3 head layer (one that chose this path, eagle3_layer_supports_fusion) for
+    up to 8 float32 tokens of one sequence in one C++ call (kernels/cpu_decode.py
+    eagle3_layer_rows: both input norms, qkv over them side by side, then as
+    llama_layer_rows), or None where it does not apply (_cpu_step_context)."""
+    ctx = _cpu_step_context(layer, hidden)
+    if ctx is None:
+        return None
+    e_norm, h_norm = layer.input_layernorm, layer.hidden_norm
+    out = cpu_decode.eagle3_layer_rows(embeds[0], e_norm.weight, e_norm.eps, hidden[0], h_norm.weight, h_norm.eps,
+                                       layer.norm_before_residual, *_cpu_layer_arguments(layer, positions, hidden, ctx))
+    return out.unsqueeze(0)
+
+
+def _cpu_step_context(layer, h: torch.Tensor):
+    """The engine step's AttentionContext where the C++ layer call applies to h, else
+    None: a mask other than causal (trees), a sliding window, several sequences,
+    prefill-sized steps, a head size not a multiple of 8, autograd, or the kernels not
+    built."""
+    ctx = get_context()
+    if (ctx is None or h.dim() != 3 or not layer.self_attn.attn.cpu_kernel_applies(ctx, h)
+            or needs_autograd(h, layer.self_attn.qkv_proj.weight)):
+        return None
+    return ctx
+
+
+def _cpu_layer_arguments(layer, positions: torch.Tensor, h: torch.Tensor, ctx) -> tuple:
+    """The arguments both C++ layer calls share after their inputs: the projections (an
+    EAGLE head's read from their exact bfloat16 copies), the second norm, the angles, the
+    cache row and the heads."""
+    attn, mlp, core = layer.self_attn, layer.mlp, layer.self_attn.attn
+    norm2 = layer.post_attention_layernorm
     k_cache, v_cache = ctx.kv_caches[core.layer_idx]
-    slot = single_slot(ctx)
     cos, sin = attn.rotary_emb._angles(positions)
     T, half = h.shape[1], cos.shape[-1]
-    out = cpu_decode.llama_layer_rows(
-        h[0], layer.input_layernorm.weight, layer.input_layernorm.eps, attn.qkv_proj.weight, attn.o_proj.weight,
-        layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps, mlp.gate_up_proj.weight,
-        mlp.down_proj.weight, cos.reshape(T, half), sin.reshape(T, half), k_cache, v_cache, slot,
-        ctx.cache_positions.reshape(T), ctx.kv_len, core.num_heads, core.num_kv_heads, core.scale)
-    return out.unsqueeze(0)
+    return (cpu_layer_weight(attn.qkv_proj.weight), cpu_layer_weight(attn.o_proj.weight), norm2.weight, norm2.eps,
+            cpu_layer_weight(mlp.gate_up_proj.weight), cpu_layer_weight(mlp.down_proj.weight),
+            cos.reshape(T, half), sin.reshape(T, half), k_cache, v_cache, single_slot(ctx),
+            ctx.cache_positions.reshape(T), ctx.kv_len, core.num_heads, core.num_kv_heads, core.scale)

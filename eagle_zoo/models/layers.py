@@ -231,6 +231,14 @@ def _few_row_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return cpu_decode.few_row_linear(x, weight if bf16 is None else bf16)
 
 
+def cpu_layer_weight(weight: torch.Tensor) -> torch.Tensor:
+    """What kernels/cpu_decode.py's decoder-layer calls read for ``weight``: its exact
+    bfloat16 copy while current (an EAGLE head's weights: the same bits from half the
+    bytes), else the weight itself."""
+    bf16 = _current_copy(weight, "_bf16_copy")
+    return weight if bf16 is None else bf16
+
+
 def _current_copy(weight: torch.Tensor, attr: str):
     cached = getattr(weight, attr, None)
     if cached is None or cached[1] != _stamp(weight):

@@ -415,32 +415,23 @@ void check_caches(const char* fn, const torch::Tensor& k_cache, const torch::Ten
 
 }  // namespace
 
-// One exact Llama decoder layer for T <= 8 tokens of one sequence (plain decoding and
-// chain verification), float32: rmsnorm -> qkv -> neox rope of q and k -> KV-cache write
-// -> causal attention over the cache row -> o_proj + residual -> rmsnorm -> gate_up ->
-// silu(gate) * up -> down_proj + residual. Why one call: the module path runs ~13 torch
-// ops and their Python a layer, ~12 ms a SmolLM2 step on the development CPU against
-// ~17 ms of matmuls (BENCHMARKS.md, CPU). Every token row goes through the same code
-// whatever T is, so verification gives plain decoding's bits.
-torch::Tensor llama_layer_rows(const torch::Tensor& h, const torch::Tensor& norm1, double eps1,
-                               const torch::Tensor& w_qkv, const torch::Tensor& w_o, const torch::Tensor& norm2,
-                               double eps2, const torch::Tensor& w_gate_up, const torch::Tensor& w_down,
-                               const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor k_cache,
-                               torch::Tensor v_cache, int64_t slot, const torch::Tensor& cache_positions,
-                               int64_t kv_len, int64_t num_heads, int64_t num_kv_heads, double scale) {
-  const int64_t T = h.size(0);
-  check_caches("llama_layer_rows", k_cache, v_cache, slot, cache_positions, T, kv_len, num_heads, num_kv_heads);
+namespace {
+
+// A Llama decoder layer from its qkv projection on, for T <= 8 tokens of one sequence:
+// neox rope of q and k -> KV-cache write -> causal attention over the cache row -> o_proj
+// + residual -> rmsnorm -> gate_up -> silu(gate) * up -> down_proj + residual. The two
+// entry points below differ only in what feeds the qkv projection and the residual.
+torch::Tensor layer_from_qkv(const char* fn, torch::Tensor qkv, const torch::Tensor& residual,
+                             const torch::Tensor& w_o, const torch::Tensor& norm2, double eps2, const torch::Tensor& w_gate_up,
+                             const torch::Tensor& w_down, const torch::Tensor& cos, const torch::Tensor& sin,
+                             torch::Tensor k_cache, torch::Tensor v_cache, int64_t slot,
+                             const torch::Tensor& cache_positions, int64_t kv_len, int64_t num_heads,
+                             int64_t num_kv_heads, double scale) {
+  const int64_t T = qkv.size(0);
   const int64_t d = k_cache.size(3);
   const int64_t half = d / 2;
-  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.numel() == T * half && sin.numel() == T * half,
-              "llama_layer_rows: cos / sin [T, d/2]");
   const int64_t max_len = k_cache.size(1);
   const int64_t q_width = num_heads * d, kv_width = num_kv_heads * d;
-  TORCH_CHECK(w_qkv.size(0) == q_width + 2 * kv_width && w_o.size(1) == q_width,
-              "llama_layer_rows: w_qkv [", q_width + 2 * kv_width, ", H] and w_o [H, ", q_width, "] for ", num_heads,
-              " heads, ", num_kv_heads, " kv heads of ", d, ", got ", w_qkv.sizes(), " and ", w_o.sizes());
-
-  torch::Tensor qkv = few_row_linear(rms_norm_rows(h, norm1, eps1), w_qkv);  // [T, q + k + v]
   float* qkvp = qkv.data_ptr<float>();
   const float* cp = cos.data_ptr<float>();
   const float* sp = sin.data_ptr<float>();
@@ -462,19 +453,18 @@ torch::Tensor llama_layer_rows(const torch::Tensor& h, const torch::Tensor& norm
         x[i + half] = x2 * c[i] + x1 * s[i];
       }
     }
-    TORCH_CHECK(pos[t] >= 0 && pos[t] < max_len, "llama_layer_rows: cache position ", pos[t], " outside [0, ",
-                max_len, ")");
+    TORCH_CHECK(pos[t] >= 0 && pos[t] < max_len, fn, ": cache position ", pos[t], " outside [0, ", max_len, ")");
     const int64_t at = (slot * max_len + pos[t]) * kv_width;
     std::memcpy(kc + at, tok + q_width, kv_width * sizeof(float));
     std::memcpy(vc + at, tok + q_width + kv_width, kv_width * sizeof(float));
   }
-  auto attn = torch::empty({T, q_width}, h.options());
+  auto attn = torch::empty({T, q_width}, qkv.options());
   cache_attention_rows(qkvp, row, kc + slot * max_len * kv_width, vc + slot * max_len * kv_width, kv_width, pos, T,
                        kv_len, num_heads, num_kv_heads, d, static_cast<float>(scale), attn.data_ptr<float>());
-  torch::Tensor h2 = h + few_row_linear(attn, w_o);
+  torch::Tensor h2 = residual + few_row_linear(attn, w_o);
   torch::Tensor gu = few_row_linear(rms_norm_rows(h2, norm2, eps2), w_gate_up);  // [T, 2I]
   const int64_t inter = gu.size(1) / 2;
-  auto act = torch::empty({T, inter}, h.options());
+  auto act = torch::empty({T, inter}, qkv.options());
   const float* gp = gu.data_ptr<float>();
   float* mp = act.data_ptr<float>();
   // silu(gate) * up = gate / (1 + e^-gate) * up, eight at a time (exp8), the rest scalar.
@@ -492,6 +482,68 @@ torch::Tensor llama_layer_rows(const torch::Tensor& h, const torch::Tensor& norm
     for (; i < inter; ++i) o[i] = (gate[i] / (1.f + std::exp(-gate[i]))) * up[i];
   }
   return h2 + few_row_linear(act, w_down);
+}
+
+// The checks of both layer entry points: caches, angles, and projections of the heads'
+// widths for a qkv input of qkv_in floats and a residual of H (w_* float32 or bfloat16).
+void check_layer(const char* fn, const torch::Tensor& k_cache, const torch::Tensor& v_cache, int64_t slot,
+                 const torch::Tensor& cache_positions, int64_t T, int64_t kv_len, int64_t num_heads,
+                 int64_t num_kv_heads, const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& w_qkv,
+                 const torch::Tensor& w_o, int64_t qkv_in, int64_t H) {
+  check_caches(fn, k_cache, v_cache, slot, cache_positions, T, kv_len, num_heads, num_kv_heads);
+  const int64_t d = k_cache.size(3), half = d / 2;
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.numel() == T * half && sin.numel() == T * half,
+              fn, ": cos / sin [T, d/2]");
+  const int64_t q_width = num_heads * d, kv_width = num_kv_heads * d;
+  TORCH_CHECK(w_qkv.dim() == 2 && w_o.dim() == 2 && w_qkv.size(0) == q_width + 2 * kv_width &&
+              w_qkv.size(1) == qkv_in && w_o.size(0) == H && w_o.size(1) == q_width,
+              fn, ": w_qkv [", q_width + 2 * kv_width, ", ", qkv_in, "] and w_o [", H, ", ", q_width, "] for ",
+              num_heads, " heads, ", num_kv_heads, " kv heads of ", d, ", got ", w_qkv.sizes(), " and ", w_o.sizes());
+}
+
+}  // namespace
+
+// One exact Llama decoder layer for T <= 8 tokens of one sequence (plain decoding and
+// chain verification), float32 activations: rmsnorm -> qkv -> layer_from_qkv. Why one
+// call: the module path runs ~13 torch ops and their Python a layer, ~12 ms a SmolLM2 step
+// on the development CPU against ~17 ms of matmuls (BENCHMARKS.md, CPU). Every token row
+// goes through the same code whatever T is, so verification gives plain decoding's bits.
+// Weights float32, or bfloat16 read as their exact float32 values (an EAGLE head's).
+torch::Tensor llama_layer_rows(const torch::Tensor& h, const torch::Tensor& norm1, double eps1,
+                               const torch::Tensor& w_qkv, const torch::Tensor& w_o, const torch::Tensor& norm2,
+                               double eps2, const torch::Tensor& w_gate_up, const torch::Tensor& w_down,
+                               const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor k_cache,
+                               torch::Tensor v_cache, int64_t slot, const torch::Tensor& cache_positions,
+                               int64_t kv_len, int64_t num_heads, int64_t num_kv_heads, double scale) {
+  check_layer("llama_layer_rows", k_cache, v_cache, slot, cache_positions, h.size(0), kv_len, num_heads,
+              num_kv_heads, cos, sin, w_qkv, w_o, h.size(1), h.size(1));
+  return layer_from_qkv("llama_layer_rows", few_row_linear(rms_norm_rows(h, norm1, eps1), w_qkv), h, w_o, norm2,
+                        eps2, w_gate_up, w_down, cos, sin, k_cache, v_cache, slot, cache_positions, kv_len,
+                        num_heads, num_kv_heads, scale);
+}
+
+// An EAGLE-3 head's first decoder layer (models/heads.py Eagle3DecoderLayer) for T <= 8
+// tokens: qkv of [rmsnorm(embeds), rmsnorm(hidden)] side by side, the residual the raw
+// hidden state (or its norm, norm_before_residual), then layer_from_qkv. One call
+// instead of the module path's ~15 torch ops, which cost a CPU draft pass more than the
+// head's weights do.
+torch::Tensor eagle3_layer_rows(const torch::Tensor& embeds, const torch::Tensor& norm_e, double eps_e,
+                                const torch::Tensor& hidden, const torch::Tensor& norm_h, double eps_h,
+                                bool norm_before_residual, const torch::Tensor& w_qkv, const torch::Tensor& w_o,
+                                const torch::Tensor& norm2, double eps2, const torch::Tensor& w_gate_up,
+                                const torch::Tensor& w_down, const torch::Tensor& cos, const torch::Tensor& sin,
+                                torch::Tensor k_cache, torch::Tensor v_cache, int64_t slot,
+                                const torch::Tensor& cache_positions, int64_t kv_len, int64_t num_heads,
+                                int64_t num_kv_heads, double scale) {
+  TORCH_CHECK(embeds.sizes() == hidden.sizes(), "eagle3_layer_rows: embeds and hidden [T, H] of one shape, got ",
+              embeds.sizes(), " and ", hidden.sizes());
+  check_layer("eagle3_layer_rows", k_cache, v_cache, slot, cache_positions, hidden.size(0), kv_len, num_heads,
+              num_kv_heads, cos, sin, w_qkv, w_o, 2 * hidden.size(1), hidden.size(1));
+  torch::Tensor normed_hidden = rms_norm_rows(hidden, norm_h, eps_h);
+  torch::Tensor x = torch::cat({rms_norm_rows(embeds, norm_e, eps_e), normed_hidden}, 1);
+  return layer_from_qkv("eagle3_layer_rows", few_row_linear(x, w_qkv), norm_before_residual ? normed_hidden : hidden,
+                        w_o, norm2, eps2, w_gate_up, w_down, cos, sin, k_cache, v_cache, slot, cache_positions,
+                        kv_len, num_heads, num_kv_heads, scale);
 }
 
 // Attention of T <= 8 tokens of one sequence (cache row ``slot``) over their cache:
@@ -517,6 +569,7 @@ torch::Tensor cache_attention(const torch::Tensor& q, const torch::Tensor& k_cac
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cache_attention", &cache_attention, "causal attention of a few float32 tokens over their cache row (CPU)");
   m.def("llama_layer_rows", &llama_layer_rows, "an exact Llama decoder layer for a few float32 tokens (CPU)");
+  m.def("eagle3_layer_rows", &eagle3_layer_rows, "an EAGLE-3 head's first decoder layer for a few float32 tokens (CPU)");
   m.def("few_row_linear", &few_row_linear, "y = x @ w^T for a few float32 rows (CPU)");
   m.def("few_row_linear_int8", &few_row_linear_int8, "few_row_linear from a weight's exact int8 blocks (CPU)");
   m.def("rms_norm_rows", &rms_norm_rows, "RMSNorm of a few float32 rows (CPU)");
