@@ -172,8 +172,9 @@ class Attention(nn.Module):
                 and ctx.cache_positions.dtype == torch.long and cpu_decode.available())
 
     def _use_cpu_kernel(self, ctx: AttentionContext, q: torch.Tensor, k: torch.Tensor) -> bool:
-        # A layer that keeps its modules (an EAGLE head's draft and catch-up passes): the
-        # fused layer's own flash-decoding instead of a built mask and SDPA.
+        # A layer that keeps its modules (one the C++ layer calls do not cover, as a head
+        # layer of another family): the fused layer's own flash-decoding instead of a
+        # built mask and SDPA.
         return self.cpu_kernel_applies(ctx, q) and k.dtype == q.dtype and not needs_autograd(q, k)
 
     def _cpu_kernel_attention(self, ctx: AttentionContext, q, k, v):
