@@ -422,9 +422,9 @@ namespace {
 // + residual -> rmsnorm -> gate_up -> silu(gate) * up -> down_proj + residual. The two
 // entry points below differ only in what feeds the qkv projection and the residual.
 torch::Tensor layer_from_qkv(const char* fn, torch::Tensor qkv, const torch::Tensor& residual,
-                             const torch::Tensor& w_o, const torch::Tensor& norm2, double eps2, const torch::Tensor& w_gate_up,
-                             const torch::Tensor& w_down, const torch::Tensor& cos, const torch::Tensor& sin,
-                             torch::Tensor k_cache, torch::Tensor v_cache, int64_t slot,
+                             const torch::Tensor& w_o, const torch::Tensor& norm2, double eps2,
+                             const torch::Tensor& w_gate_up, const torch::Tensor& w_down, const torch::Tensor& cos,
+                             const torch::Tensor& sin, torch::Tensor k_cache, torch::Tensor v_cache, int64_t slot,
                              const torch::Tensor& cache_positions, int64_t kv_len, int64_t num_heads,
                              int64_t num_kv_heads, double scale) {
   const int64_t T = qkv.size(0);
@@ -541,9 +541,10 @@ torch::Tensor eagle3_layer_rows(const torch::Tensor& embeds, const torch::Tensor
               num_kv_heads, cos, sin, w_qkv, w_o, 2 * hidden.size(1), hidden.size(1));
   torch::Tensor normed_hidden = rms_norm_rows(hidden, norm_h, eps_h);
   torch::Tensor x = torch::cat({rms_norm_rows(embeds, norm_e, eps_e), normed_hidden}, 1);
-  return layer_from_qkv("eagle3_layer_rows", few_row_linear(x, w_qkv), norm_before_residual ? normed_hidden : hidden,
-                        w_o, norm2, eps2, w_gate_up, w_down, cos, sin, k_cache, v_cache, slot, cache_positions,
-                        kv_len, num_heads, num_kv_heads, scale);
+  const torch::Tensor& residual = norm_before_residual ? normed_hidden : hidden;
+  return layer_from_qkv("eagle3_layer_rows", few_row_linear(x, w_qkv), residual, w_o, norm2, eps2, w_gate_up,
+                        w_down, cos, sin, k_cache, v_cache, slot, cache_positions, kv_len, num_heads, num_kv_heads,
+                        scale);
 }
 
 // Attention of T <= 8 tokens of one sequence (cache row ``slot``) over their cache:
@@ -569,7 +570,8 @@ torch::Tensor cache_attention(const torch::Tensor& q, const torch::Tensor& k_cac
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cache_attention", &cache_attention, "causal attention of a few float32 tokens over their cache row (CPU)");
   m.def("llama_layer_rows", &llama_layer_rows, "an exact Llama decoder layer for a few float32 tokens (CPU)");
-  m.def("eagle3_layer_rows", &eagle3_layer_rows, "an EAGLE-3 head's first decoder layer for a few float32 tokens (CPU)");
+  m.def("eagle3_layer_rows", &eagle3_layer_rows,
+        "an EAGLE-3 head's first decoder layer for a few float32 tokens (CPU)");
   m.def("few_row_linear", &few_row_linear, "y = x @ w^T for a few float32 rows (CPU)");
   m.def("few_row_linear_int8", &few_row_linear_int8, "few_row_linear from a weight's exact int8 blocks (CPU)");
   m.def("rms_norm_rows", &rms_norm_rows, "RMSNorm of a few float32 rows (CPU)");
