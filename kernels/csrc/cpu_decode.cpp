@@ -1,7 +1,8 @@
 // The float32 CPU kernels of decode steps (a few rows): few_row_linear, y[M, N] =
 // x[M, K] @ w[N, K]^T (w float32, or bfloat16 read as its exact float32 values;
 // few_row_linear_int8 reads int8 blocks whose exact float32 values w holds), and
-// rms_norm_rows, for M <= 8; llama_layer_rows, a whole Llama decoder layer.
+// rms_norm_rows, for M <= 8; llama_layer_rows, a whole Llama decoder layer, and
+// eagle3_layer_rows, an EAGLE-3 head's first layer (both from layer_from_qkv).
 //
 // Why: a decode step reads every weight once for one row (plain decoding) or a few
 // (verification). MKL's paths for these shapes stream the weights at 15-20 GB/s on the
