@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from eagle_zoo import bench
-from eagle_zoo.perf_steps import format_table, parse_acceptance_profile, project_speedup, run_step_costs, \
-    step_cost_table
+from eagle_zoo.perf_steps import copy_bandwidth, format_table, parse_acceptance_profile, project_speedup, \
+    run_step_costs, step_cost_table
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=512, max_position_embeddings=4096, rope_theta=10000.0, tie_word_embeddings=True,
@@ -35,6 +35,18 @@ def test_table_has_a_row_per_strategy_with_ratios_to_plain():
     projection = table["projection"]
     assert projection["projected_speedup"] == pytest.approx(2.6 / chain["vs_plain"])
     assert "projection" in format_table(table) and "| chain k=3 |" in format_table(table)
+
+
+def test_the_floor_line_names_the_bandwidth_it_divides_by():
+    table = {"shape": "8b", "device": "cuda", "dtype": "bfloat16", "rows": [], "plain_tokens_per_s": 155.8,
+             "copy_bandwidth": 3.36e12, "weight_read_floor_us": 4467.3, "plain_vs_floor": 1.44}
+    assert "1.44x the weight-read floor (4467.3 us at a measured copy bandwidth of 3.36 TB/s)" in format_table(table)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_copy_bandwidth_is_measured_on_the_gpu_at_hand():
+    assert 1e11 < copy_bandwidth(torch.device("cuda"), nbytes=1 << 28) < 2e13  # bytes/s read plus written
 
 
 def test_the_cache_is_sized_for_the_steps_and_too_many_steps_are_refused_by_name():

@@ -23,7 +23,7 @@ import torch
 from eagle_zoo.engine.core import EngineCore
 from eagle_zoo.engine.graphs import GraphPool
 from eagle_zoo.engine.sampling_params import SamplingParams
-from eagle_zoo.perf_steps import COPY_BANDWIDTH, SHAPES, random_target
+from eagle_zoo.perf_steps import SHAPES, copy_bandwidth, random_target
 
 
 def cuda_ms(fn, reps: int, rounds: int = 5) -> float:
@@ -62,7 +62,7 @@ def main() -> None:
     hidden, _ = runner.run(ids, pos, slots, 2048)
     graph_us = cuda_ms(graph.replay, 100) * 1e3
     weight_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
-    floor_us = weight_bytes / COPY_BANDWIDTH * 1e6  # the floor: weight bytes / copy bandwidth
+    floor_us = weight_bytes / copy_bandwidth(dev) * 1e6  # the floor: weight bytes / copy bandwidth
     print(f"graph   {graph_us:8.1f} us  (replay only; floor {floor_us:.1f} us for {weight_bytes / 1e9:.2f} GB of "
           f"weights: {graph_us / floor_us:.2f}x)")
     print(f"runner  {cuda_ms(lambda: runner.run(ids, pos, slots, 2048), 100) * 1e3:8.1f} us  (copies + replay + clone)")
