@@ -180,7 +180,7 @@ def _graph_replays(engine) -> dict:
     if engine.device.type != "cuda":
         return {}
     owners = {"target": engine.runner.graphed, "target+verify": engine.greedy_target_graph,
-              "tree step": engine.tree_step_graph}
+              "chain step": engine.chain_step_graph, "tree step": engine.tree_step_graph}
     proposer = engine.proposer
     if proposer is not None:
         owners["drafts"] = getattr(proposer, "_graphed_drafts", None)

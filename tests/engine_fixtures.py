@@ -425,3 +425,19 @@ class RunnerGraphStandIn:
     def __call__(self, input_ids, positions, slot_ids, *args):
         self.calls.append((self.name, input_ids.shape[1]))
         return self.runner.forward_full_length(input_ids, positions, slot_ids, *args)
+
+
+class StepGraphStandIn:
+    """Stands in for a whole-step CUDA graph (EngineCore.tree_step_graph, chain_step_graph)
+    on the CPU: records (name, T) of each call and runs the function a graph would capture
+    (its whole-row form) directly."""
+
+    def __init__(self, fn, calls, name):
+        self.fn, self.calls, self.name = fn, calls, name
+
+    def eligible(self, input_ids):
+        return True
+
+    def __call__(self, last, base, slots, *args):
+        self.calls.append((self.name, last.shape[1]))
+        return self.fn(last, base, slots, *args)

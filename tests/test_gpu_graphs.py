@@ -1,9 +1,10 @@
 """On a GPU: the engine's CUDA graphs give the eager engine's tokens. Plain decoding,
-EAGLE-1 / EAGLE-3 chains (the drafting loop and the catch-up are one graph each) and
-EAGLE-2 trees (a greedy tree step is one graph), fp32, on tiny random checkpoints
-(tests/engine_fixtures.py): a bigram-like target with a head that predicts it, so
-drafts are accepted at every count. Skipped without CUDA (the CPU runs the same
-functions uncaptured: tests/test_draft_graph_functions.py, tests/test_tree.py)."""
+EAGLE-1 / EAGLE-3 chains (a greedy step is one graph; a sampled one replays the drafting
+loop's and the catch-up's) and EAGLE-2 trees (a greedy tree step is one graph), fp32, on
+tiny random checkpoints (tests/engine_fixtures.py): a bigram-like target with a head that
+predicts it, so drafts are accepted at every count. Skipped without CUDA (the CPU runs the
+same functions uncaptured: tests/test_draft_graph_functions.py, tests/test_chain_step_graph.py,
+tests/test_tree.py)."""
 from __future__ import annotations
 
 import pytest
@@ -91,3 +92,27 @@ def test_async_scheduling_with_graphs_gives_the_same_tokens(checkpoints, name):
         got = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
         outs.append(([o.outputs[0].token_ids for o in got], llm.engine.metrics.num_accepted_tokens))
     assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("name", ["eagle k=3", "eagle3 k=3"])
+def test_greedy_chain_steps_replay_one_graph(checkpoints, name):
+    """A greedy EAGLE chain step is EngineCore.chain_step_graph (drafting, target pass,
+    catch-up); the runners' own decode graphs are not replayed; sampled steps take them."""
+    target, heads = checkpoints
+    method, extra = SPECS[name]
+    spec = {"method": method, "model": str(heads[method]), **extra}
+    eager, accepted_eager = _generate(target, spec, eager=True)
+    llm = LLM(str(target), speculative_config=spec, device="cuda", dtype="float32", max_model_len=256,
+              max_num_seqs=4)
+    prompts = ef.random_prompts((20, 31, 44, 25), cf.TINY["vocab_size"], seed=5)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0, max_tokens=96, ignore_eos=True))
+    assert [o.outputs[0].token_ids for o in outs] == eager
+    assert llm.engine.metrics.num_accepted_tokens == accepted_eager
+    engine = llm.engine
+    assert engine.chain_step_graph.graphs and not engine.greedy_target_graph.graphs
+    assert not engine.proposer._graphed_drafts.graphs and not engine.proposer._graphed_catch_up.graphs
+    sampled = llm.generate([{"prompt_token_ids": p} for p in prompts[:2]],
+                           SamplingParams(temperature=0.8, seed=3, max_tokens=8))
+    assert all(len(o.outputs[0].token_ids) == 8 for o in sampled)
+    assert engine.proposer._graphed_drafts.graphs and engine.proposer._graphed_catch_up.graphs

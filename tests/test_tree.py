@@ -249,21 +249,6 @@ def test_greedy_tree_equals_transformers(models, family, method, shape):
         check_counters(llm, outs, max_depth, total - 1)
 
 
-class StepGraphStandIn:
-    """Stands in for the greedy tree step's CUDA graph on the CPU: records each call and
-    runs the function a graph would capture (the whole-row form) directly."""
-
-    def __init__(self, fn, calls):
-        self.fn, self.calls = fn, calls
-
-    def eligible(self, input_ids):
-        return True
-
-    def __call__(self, last, base, slots):
-        self.calls.append(("tree step", last.shape[1]))
-        return self.fn(last, base, slots)
-
-
 def test_graph_mode_runs_the_greedy_tree_step_as_one_graph(models):
     """With graphs on, a greedy tree step is one captured function over whole cache rows
     (drafting rounds, the target's tree pass, acceptance, compaction, catch-up): the
@@ -274,7 +259,8 @@ def test_graph_mode_runs_the_greedy_tree_step_as_one_graph(models):
     calls = []
     for name, runner in (("target", llm.engine.runner), ("head", llm.engine.proposer.runner)):
         runner.graphed = ef.RunnerGraphStandIn(runner, name, calls)
-    llm.engine.tree_step_graph = StepGraphStandIn(tree_verify.whole_row_greedy_step(llm.engine), calls)
+    llm.engine.tree_step_graph = ef.StepGraphStandIn(tree_verify.whole_row_greedy_step(llm.engine), calls,
+                                                     "tree step")
     assert generate(llm, prompts, [greedy(n) for n in MAX_TOKENS]) == want
     prefill = sorted({n for n in LENGTHS if n <= 16})
     assert sorted({t for name, t in calls if name == "target"}) == prefill  # never the 9-node tree pass
@@ -290,7 +276,8 @@ def test_sampled_tree_steps_stay_eager_with_graphs(models):
     spec = {"method": "eagle3", "model": str(head), "tree": {"top_k": 3, "depth": 3, "total_tokens": 9}}
     llm = make_llm(target, spec, 3)
     calls = []
-    llm.engine.tree_step_graph = StepGraphStandIn(lambda *a: pytest.fail("a sampled step was graphed"), calls)
+    llm.engine.tree_step_graph = ef.StepGraphStandIn(lambda *a: pytest.fail("a sampled step was graphed"), calls,
+                                                     "tree step")
     outs = generate(llm, prompts[:2], [SamplingParams(temperature=0.8, seed=3, max_tokens=6)] * 2)
     assert all(len(o) == 6 for o in outs) and not calls
 

@@ -26,6 +26,7 @@ finishes got one step more on the GPU, which is discarded; outputs are unchanged
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import time
 from dataclasses import dataclass
@@ -138,6 +139,14 @@ class EngineCore:
         elif graphed:
             self.greedy_target_graph = GraphedForward(self.greedy_target_pass, max_num_seqs,
                                                       self.runner.scratch_slot, graph_pool)
+        # Greedy EAGLE chain steps: drafting, the target's pass with greedy verification and
+        # the catch-up in one CUDA graph (EagleProposer.greedy_chain_step), so a step's host
+        # work is one replay and its input copies; when the head's passes can be captured.
+        self.chain_step_graph = None
+        if graphed and self.strategy == "chain" and getattr(proposer, "whole_step_graphable", False):
+            self.chain_step_graph = GraphedForward(functools.partial(proposer.greedy_chain_step,
+                                                                     self.greedy_target_pass),
+                                                   max_num_seqs, self.runner.scratch_slot, graph_pool)
         self.scheduler = Scheduler(max_num_seqs)
         self.metrics = SpecDecodingMetrics(num_speculative_tokens=self.k)
         self.seed = seed
@@ -398,6 +407,10 @@ class EngineCore:
         # put on the device fails here, and the step can run again without it.
         sampling = self._sampling_batch(seqs)
         wants_logprobs = [s.params.logprobs for s in seqs if s.params.logprobs is not None]
+        whole = self.chain_step_graph
+        if k and whole is not None and sampling.plain_greedy and not wants_logprobs and whole.eligible(last):
+            tokens, accepted = whole(last, base.unsqueeze(1), slots, k)
+            return self.launched_step(seqs, k, tokens, accepted, torch.full_like(accepted, k), slots, base)
         # Copying every sequence's token list is O(length) per step: only for proposers
         # that read it (n-gram lookup, the draft model's last two tokens).
         reads = self.proposer is not None and (self.proposer.needs_token_history if k else

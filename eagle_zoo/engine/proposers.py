@@ -161,6 +161,27 @@ class EagleProposer(Proposer):
             drafts.append(token)
         return torch.stack(drafts, dim=1)
 
+    @property
+    def whole_step_graphable(self) -> bool:
+        """Whether greedy_chain_step can be captured: the padded catch-up (device work only)
+        and a head runner with CUDA graphs (not speculative_config enforce_eager)."""
+        return self.padded_drafter_batch and self.runner.graphed is not None
+
+    def greedy_chain_step(self, verify, last: torch.Tensor, base: torch.Tensor, slots: torch.Tensor, k: int):
+        """A whole greedy chain step in the whole-row forms, device work only, so that
+        EngineCore.chain_step_graph captures it as one CUDA graph: K drafts, the target's
+        pass with greedy verification ``verify(input_ids, positions, slots, drafts) ->
+        (tokens, accepted, hidden, aux)`` over [last, drafts], then the padded catch-up.
+        last, base [B, 1] (base: each sequence's last verified position); -> (tokens
+        [B, K+1], -1 past the accepted run; accepted [B])."""
+        drafts = self._draft_chain(None, base, slots, k)
+        input_ids = torch.cat([last, drafts], dim=1)
+        positions = base + torch.arange(k + 1, device=base.device)
+        tokens, accepted, hidden, aux = verify(input_ids, positions, slots, drafts)
+        verified = TargetOutput(input_ids, tokens, positions, hidden, aux)
+        self._catch_up(tokens, positions, slots, accepted.view(-1, 1), *self._feature_inputs(verified))
+        return tokens, accepted
+
     @torch.inference_mode()
     def on_verify(self, batch: StepBatch, out: TargetOutput, num_accepted: torch.Tensor) -> None:
         if not self.padded_drafter_batch:
