@@ -14,7 +14,7 @@ scheduling where the engine picks them), and the table gives per engine step:
   syncs     host waits for the device (the engine's read-back) and implicit syncs
             (torch.cuda.set_sync_debug_mode) per step
   graphs    each captured graph of the step replayed alone (the target pass, the drafts,
-            the catch-up, the whole tree step): what the device needs without the host
+            the catch-up, the whole chain or tree step): what the device needs without the host
 
 then each strategy's step against the plain one, plain decoding's tokens/s (one token a
 step), the plain step against the weight-read floor (weight bytes over this GPU's

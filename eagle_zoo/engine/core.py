@@ -140,8 +140,9 @@ class EngineCore:
             self.greedy_target_graph = GraphedForward(self.greedy_target_pass, max_num_seqs,
                                                       self.runner.scratch_slot, graph_pool)
         # Greedy EAGLE chain steps: drafting, the target's pass with greedy verification and
-        # the catch-up in one CUDA graph (EagleProposer.greedy_chain_step), so a step's host
-        # work is one replay and its input copies; when the head's passes can be captured.
+        # the catch-up in one CUDA graph (EagleProposer.greedy_chain_step), so the GPU runs
+        # the step without eager kernels or idle gaps between graphs (BENCHMARKS.md, "Step
+        # costs"); when the head's passes can be captured.
         self.chain_step_graph = None
         if graphed and self.strategy == "chain" and getattr(proposer, "whole_step_graphable", False):
             self.chain_step_graph = GraphedForward(functools.partial(proposer.greedy_chain_step,
