@@ -25,6 +25,9 @@ projection from the profile, not a measurement.
 from __future__ import annotations
 
 import json
+import cProfile
+import io
+import pstats
 import statistics
 import tempfile
 import time
@@ -203,16 +206,16 @@ def _graph_replays(engine) -> dict:
     return out
 
 
-def measure_strategy(target, head, strategy: str, *, k: int = 3, tree: Optional[dict] = None,
-                     dtype: torch.dtype, device: torch.device, steps: int = 200) -> dict:
-    """One strategy's row: engine-step wall, host and device time, syncs and graphs (module doc)."""
+def _warm_engine(target, head, strategy: str, k: int, tree: Optional[dict], dtype, device, steps: int):
+    """An engine of ``strategy`` serving one greedy request that outlives ``steps`` more
+    engine steps, after its prefill, graph captures and 30 steps of warm-up; -> (engine, seq)."""
     from .engine.sampling_params import SamplingParams
 
     per_step = (tree or {}).get("depth", k) + 1 if strategy != "plain" else 1
-    # Steps the request must outlive: 30 of warm-up, the timed ones, as many profiled (on
-    # CUDA), and two that async scheduling may launch ahead. The cache holds them at the
-    # most tokens a step can add, so no step count or tree depth outgrows it.
-    need = 32 + 2 * steps
+    # Steps the request must outlive: 30 of warm-up, the ones asked for, and two that async
+    # scheduling may launch ahead. The cache holds them at the most tokens a step can add,
+    # so no step count or tree depth outgrows it.
+    need = 32 + steps
     max_model_len = -(-(PROMPT_TOKENS + need * per_step + per_step) // 256) * 256
     if max_model_len > target.config.max_position_embeddings:
         raise ValueError(f"step costs: {steps} steps of up to {per_step} tokens need max_model_len={max_model_len}, "
@@ -225,6 +228,37 @@ def measure_strategy(target, head, strategy: str, *, k: int = 3, tree: Optional[
     for _ in range(30):  # prefill, graph captures, warm-up
         engine.step()
     _sync(device)
+    return engine, seq
+
+
+def _finish(engine, seq) -> None:
+    """Abort the request and run the engine dry (its step launched ahead included)."""
+    engine.abort(seq.request_id)
+    while engine.has_unfinished():
+        engine.step()
+
+
+def host_profile(target, head, strategy: str, *, k: int = 3, tree: Optional[dict] = None,
+                 dtype: torch.dtype, device: torch.device, steps: int = 100, top: int = 25) -> str:
+    """Where the host's time of ``steps`` engine steps of one strategy goes: cProfile's
+    table of the ``top`` functions by own time (scripts/device/step_profile.py --host)."""
+    engine, seq = _warm_engine(target, head, strategy, k, tree, dtype, device, steps)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        engine.step()
+    _sync(device)
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    _finish(engine, seq)
+    return out.getvalue()
+
+
+def measure_strategy(target, head, strategy: str, *, k: int = 3, tree: Optional[dict] = None,
+                     dtype: torch.dtype, device: torch.device, steps: int = 200) -> dict:
+    """One strategy's row: engine-step wall, host and device time, syncs and graphs (module doc)."""
+    engine, seq = _warm_engine(target, head, strategy, k, tree, dtype, device, 2 * steps)  # timed, then profiled
     implicit = 0
     with _HostWaits() as waits, warnings.catch_warnings(record=True) as caught:
         if device.type == "cuda":
@@ -248,9 +282,7 @@ def measure_strategy(target, head, strategy: str, *, k: int = 3, tree: Optional[
     if device.type == "cuda":
         row.update(_device_profile(engine, steps))
     row["graphs_us"] = _graph_replays(engine)
-    engine.abort(seq.request_id)
-    while engine.has_unfinished():
-        engine.step()
+    _finish(engine, seq)
     del engine
     if device.type == "cuda":
         torch.cuda.empty_cache()

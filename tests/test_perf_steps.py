@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from eagle_zoo import bench
-from eagle_zoo.perf_steps import copy_bandwidth, format_table, parse_acceptance_profile, project_speedup, \
-    run_step_costs, step_cost_table
+from eagle_zoo.perf_steps import copy_bandwidth, format_table, host_profile, parse_acceptance_profile, \
+    project_speedup, random_eagle3_head, random_target, run_step_costs, step_cost_table
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=512, max_position_embeddings=4096, rope_theta=10000.0, tie_word_embeddings=True,
@@ -35,6 +35,17 @@ def test_table_has_a_row_per_strategy_with_ratios_to_plain():
     projection = table["projection"]
     assert projection["projected_speedup"] == pytest.approx(2.6 / chain["vs_plain"])
     assert "projection" in format_table(table) and "| chain k=3 |" in format_table(table)
+
+
+@pytest.mark.parametrize("strategy", ["plain", "chain", "tree"])
+def test_host_profile_times_the_steps_of_the_strategy_asked_for(strategy):
+    target = random_target(TINY, torch.float32, torch.device("cpu"))
+    head = random_eagle3_head(target, 256, torch.float32)
+    text = host_profile(target, head, strategy, k=3, tree={"top_k": 4, "depth": 3, "total_tokens": 12},
+                        dtype=torch.float32, device=torch.device("cpu"), steps=6, top=400)
+    assert "(step)" in text  # EngineCore.step, among the functions listed as file:line(function)
+    assert {"plain": "(_launch)", "chain": "(propose)", "tree": "(launch_tree_step)"}[strategy] in text
+    assert ("(propose)" in text) == (strategy == "chain")
 
 
 def test_the_floor_line_names_the_bandwidth_it_divides_by():

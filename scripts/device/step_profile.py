@@ -10,7 +10,10 @@ needed, so it runs on a bare GPU machine). Prints, each the median of several ti
   steps      the mean step over many steps without syncs in between, with and without
              async_scheduling (the next step launched before this one is read back)
   kernels    the kernels of one eager forward (torch.profiler): count and GPU time by name
-Usage: python3 scripts/device/step_profile.py [--shape smollm2|8b] [--steps 200] [--no-profiler] [--host]
+  host       with --host: cProfile of 100 engine steps of --strategy (plain, an EAGLE-3
+             chain of k = 3 with a random head, or an EAGLE-2 tree 6,3,30): host time by function
+Usage: python3 scripts/device/step_profile.py [--shape smollm2|8b] [--steps 200] [--no-profiler]
+       [--host [--strategy plain|chain|tree]]
 """
 from __future__ import annotations
 
@@ -23,7 +26,8 @@ import torch
 from eagle_zoo.engine.core import EngineCore
 from eagle_zoo.engine.graphs import GraphPool
 from eagle_zoo.engine.sampling_params import SamplingParams
-from eagle_zoo.perf_steps import SHAPES, copy_bandwidth, random_target
+from eagle_zoo.perf_steps import DRAFT_VOCAB, SHAPES, copy_bandwidth, host_profile, random_eagle3_head, \
+    random_target
 
 
 def cuda_ms(fn, reps: int, rounds: int = 5) -> float:
@@ -47,6 +51,8 @@ def main() -> None:
     ap.add_argument("--shape", choices=("smollm2", "8b"), default="smollm2")
     ap.add_argument("--no-profiler", action="store_true")
     ap.add_argument("--host", action="store_true", help="cProfile 100 engine steps (host time by function)")
+    ap.add_argument("--strategy", choices=("plain", "chain", "tree"), default="plain",
+                    help="the engine step --host profiles (chain k = 3, tree 6,3,30; a random EAGLE-3 head)")
     args = ap.parse_args()
     dev, dtype = torch.device("cuda"), torch.bfloat16
     shape = SHAPES[args.shape]
@@ -97,16 +103,10 @@ def main() -> None:
     print(f"steps   {sync_s * 1e6:8.1f} us synchronous, {async_s * 1e6:.1f} us with async_scheduling "
           f"(means over {args.steps} steps: {1 / sync_s:.0f} vs {1 / async_s:.0f} tok/s)")
 
-    if args.host:  # where the host time of a step goes (Python functions, cumulative)
-        import cProfile
-        import pstats
-
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(100):
-            engine.step()
-        prof.disable()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+    if args.host:  # where the host time of a step goes (Python functions, by own time)
+        head = random_eagle3_head(model, DRAFT_VOCAB[args.shape], dtype)
+        print(host_profile(model, head, args.strategy, k=3, tree={"top_k": 6, "depth": 3, "total_tokens": 30},
+                           dtype=dtype, device=dev, steps=100, top=30))
     if args.no_profiler:
         return
     from torch.profiler import ProfilerActivity, profile
