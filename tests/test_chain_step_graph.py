@@ -94,11 +94,13 @@ def test_sampled_chain_steps_take_the_passes(setup):
     assert ("target", 4) in calls  # verification went through the target runner's own graph
 
 
-@pytest.mark.parametrize("spec", [{"disable_padded_drafter_batch": True}, {"enforce_eager": True}])
-def test_no_chain_step_graph_where_the_head_cannot_be_captured(setup, spec):
-    """The unpadded catch-up reads accepted counts back on the host, and speculative_config
-    enforce_eager gives the head no graphs: neither step can be one graph."""
+def test_no_whole_step_graph_with_the_unpadded_catch_up(setup):
+    """The unpadded catch-up reads the accepted counts back on the host, so its step cannot
+    be one graph even where the head's passes have graphs (speculative_config enforce_eager,
+    which leaves the head none: tests/test_gpu_graphs.py)."""
     target, heads, _, _ = setup
-    llm = make_llm(target, heads["eagle3"], "eagle3", 1, **spec)
-    llm.engine.proposer.runner.graphed = "graphs" if "disable_padded_drafter_batch" in spec else None
-    assert not llm.engine.proposer.whole_step_graphable
+    calls = []
+    for spec, graphable in (({}, True), ({"disable_padded_drafter_batch": True}, False)):
+        llm = make_llm(target, heads["eagle3"], "eagle3", 1, **spec)
+        llm.engine.proposer.runner.graphed = ef.RunnerGraphStandIn(llm.engine.proposer.runner, "head", calls)
+        assert llm.engine.proposer.whole_step_graphable is graphable

@@ -59,9 +59,9 @@ def test_graphs_give_the_eager_tokens(checkpoints, name):
 
 @pytest.mark.parametrize("name", ["eagle k=3", "eagle3 tree"])
 def test_draft_enforce_eager_keeps_the_target_graphs(checkpoints, name):
-    """speculative_config enforce_eager: the head runs without graphs (a tree step, whose
-    one graph holds the head's passes, then runs eagerly), the target's graphs stay;
-    the eager engine's tokens."""
+    """speculative_config enforce_eager: the head runs without graphs (a greedy tree or
+    chain step, whose one graph holds the head's passes, then runs without it), the
+    target's graphs stay; the eager engine's tokens."""
     target, heads = checkpoints
     method, extra = SPECS[name]
     spec = {"method": method, "model": str(heads[method]), **extra}
@@ -69,7 +69,7 @@ def test_draft_enforce_eager_keeps_the_target_graphs(checkpoints, name):
     llm = LLM(str(target), speculative_config={**spec, "enforce_eager": True}, device="cuda", dtype="float32",
               max_model_len=256, max_num_seqs=4)
     assert llm.engine.runner.graphed is not None and llm.engine.proposer.runner.graphed is None
-    assert llm.engine.tree_step_graph is None
+    assert llm.engine.tree_step_graph is None and llm.engine.chain_step_graph is None
     prompts = ef.random_prompts((20, 31, 44, 25), cf.TINY["vocab_size"], seed=5)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(temperature=0, max_tokens=96, ignore_eos=True))
