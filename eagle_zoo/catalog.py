@@ -28,7 +28,7 @@ File layout (registry.yaml)::
             speedup: 0.96                           # optional: speculative / plain tokens/s
             hardware: "2-core CPU"                  # optional
             source: "BENCHMARKS.md"                 # optional
-        num_speculative_tokens: null                # optional default K
+        num_speculative_tokens: null                # optional: the k to run it at on a GPU
         revision: null                              # optional pinned hub revision
         path: null                                  # optional: the head ships with the plugin,
                                                     # in this directory (relative to the yaml)
