@@ -159,14 +159,15 @@ def _busy_us(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def _device_profile(engine, steps: int) -> dict:
-    """GPU busy time and kernels per step over ``steps`` engine steps (torch.profiler)."""
+def _device_profile(step, steps: int) -> dict:
+    """GPU busy time and kernels per step over ``steps`` calls of ``step`` (an engine step,
+    or an added request's prefill step) under torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
-            engine.step()
+            step()
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     intervals = [(e.time_range.start, e.time_range.end) for e in kernels]
@@ -255,6 +256,82 @@ def host_profile(target, head, strategy: str, *, k: int = 3, tree: Optional[dict
     return out.getvalue()
 
 
+def prefill_profile(target, head, strategy: str, *, prompt_tokens: int, requests: int = 20, k: int = 3,
+                    tree: Optional[dict] = None, dtype: torch.dtype, device: torch.device, top: int = 25) -> dict:
+    """Where one request's prefill goes (scripts/device/step_profile.py --prefill): an engine
+    of ``strategy`` serves ``requests`` greedy requests one at a time, each a random prompt
+    of ``prompt_tokens`` tokens and one output token, so each request's only engine step is
+    its prefill (the target's eager pass, its first token and the proposer's on_prefill).
+    Returns the median and every wall time of that step, host waits for the device a
+    prefill, cProfile's ``top`` functions by own time over a second round of the same
+    requests (its overhead stays out of the times) and, on CUDA, the kernels and GPU busy
+    time of one prefill (torch.profiler)."""
+    from .engine.sampling_params import SamplingParams
+
+    limit = target.config.max_position_embeddings
+    if prompt_tokens < 1:
+        raise ValueError(f"prefill profile: prompt_tokens={prompt_tokens}; give --prefill of at least 1 token")
+    if prompt_tokens >= limit:
+        raise ValueError(f"prefill profile: a prompt of {prompt_tokens} tokens and its first new token need "
+                         f"max_model_len={prompt_tokens + 1}, over the shape's max_position_embeddings={limit}; "
+                         f"give --prefill between 1 and {limit - 1}")
+    if requests < 1:
+        raise ValueError(f"prefill profile: requests={requests}; time at least one request")
+    if strategy == "tree" and not tree:
+        raise ValueError("prefill profile: strategy 'tree' needs tree={'top_k': .., 'depth': .., 'total_tokens': ..}")
+    # The cache holds the prompt and its one new token: a prefill's cost does not depend
+    # on room for later steps.
+    engine = _engine(target, head, strategy, k, tree, dtype, device, prompt_tokens + 1)
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    rng = torch.Generator().manual_seed(1)
+
+    def prompt():
+        return torch.randint(0, target.config.vocab_size, (prompt_tokens,), generator=rng).tolist()
+
+    def prefill(tokens, sync: bool = True) -> float:
+        """Seconds of the engine step that prefills a request of ``tokens`` (its only step),
+        its device work included unless ``sync`` is off."""
+        engine.add_request(tokens, params)
+        start = time.perf_counter()
+        engine.step()
+        if sync:
+            _sync(device)
+        seconds = time.perf_counter() - start
+        assert not engine.has_unfinished(), "a max_tokens=1 request outlived its prefill step"
+        return seconds
+
+    prefill(prompt())  # warm-up: graph captures, Triton compiles and allocator growth of this length
+    prompts = [prompt() for _ in range(requests)]
+    with _HostWaits() as waits:
+        seconds = [prefill(p) for p in prompts]
+    implicit = 0
+    if device.type == "cuda":  # syncs the code does not ask for (.item(), copies to the host)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")  # one warning per sync, not one per call site
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                for p in prompts:
+                    prefill(p, sync=False)  # count the prefill's syncs, not the timing's own
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        implicit = sum("synchroniz" in str(w.message) for w in caught)
+    prof = cProfile.Profile()
+    prof.enable()
+    for p in prompts:
+        prefill(p)
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    ms = [s * 1e3 for s in seconds]
+    result = {"strategy": strategy, "prompt_tokens": prompt_tokens, "requests": requests,
+              "prefill_ms": statistics.median(ms), "prefill_ms_all": ms,
+              "host_waits_per_prefill": (waits.count + implicit) / requests, "profile": out.getvalue()}
+    if device.type == "cuda":
+        queue = iter(prompts)
+        result.update(_device_profile(lambda: prefill(next(queue)), requests))
+    return result
+
+
 def measure_strategy(target, head, strategy: str, *, k: int = 3, tree: Optional[dict] = None,
                      dtype: torch.dtype, device: torch.device, steps: int = 200) -> dict:
     """One strategy's row: engine-step wall, host and device time, syncs and graphs (module doc)."""
@@ -280,7 +357,7 @@ def measure_strategy(target, head, strategy: str, *, k: int = 3, tree: Optional[
     if strategy == "tree":
         row["tree"] = tree
     if device.type == "cuda":
-        row.update(_device_profile(engine, steps))
+        row.update(_device_profile(engine.step, steps))
     row["graphs_us"] = _graph_replays(engine)
     _finish(engine, seq)
     del engine

@@ -10,7 +10,7 @@ import torch
 
 from eagle_zoo import bench
 from eagle_zoo.perf_steps import copy_bandwidth, format_table, host_profile, parse_acceptance_profile, \
-    project_speedup, random_eagle3_head, random_target, run_step_costs, step_cost_table
+    prefill_profile, project_speedup, random_eagle3_head, random_target, run_step_costs, step_cost_table
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=512, max_position_embeddings=4096, rope_theta=10000.0, tie_word_embeddings=True,
@@ -48,6 +48,32 @@ def test_host_profile_times_the_steps_of_the_strategy_asked_for(strategy):
     assert "(_decode_isolated)" in text
     assert {"plain": "(_launch)", "chain": "(propose)", "tree": "(launch_tree_step)"}[strategy] in text
     assert ("(propose)" in text) == (strategy == "chain")
+
+
+@pytest.mark.parametrize("strategy", ["plain", "chain"])
+def test_prefill_profile_times_each_request_s_prefill_step(strategy):
+    import statistics
+
+    target = random_target(TINY, torch.float32, torch.device("cpu"))
+    head = random_eagle3_head(target, 256, torch.float32)
+    result = prefill_profile(target, head, strategy, prompt_tokens=40, requests=5, k=3, dtype=torch.float32,
+                             device=torch.device("cpu"), top=400)
+    assert (result["strategy"], result["prompt_tokens"], result["requests"]) == (strategy, 40, 5)
+    times = result["prefill_ms_all"]
+    assert len(times) == 5 and all(t > 0 for t in times)
+    assert result["prefill_ms"] == statistics.median(times)
+    assert result["host_waits_per_prefill"] == 0  # no device to wait for on the CPU
+    text = result["profile"]  # functions listed as file:line(function)
+    assert "(_prefill)" in text
+    assert ("(on_prefill)" in text) == (strategy == "chain")  # the draft head's prefill
+    assert "(_decode)" not in text  # one output token: the prefill step is the request's only step
+    assert "kernels" not in result  # torch.profiler's kernel count: CUDA only
+
+
+def test_a_prefill_longer_than_the_shape_s_positions_is_refused_by_name():
+    target = random_target(TINY, torch.float32, torch.device("cpu"))
+    with pytest.raises(ValueError, match="max_position_embeddings=4096; give --prefill between 1 and 4095"):
+        prefill_profile(target, None, "chain", prompt_tokens=5000, dtype=torch.float32, device=torch.device("cpu"))
 
 
 def test_the_floor_line_names_the_bandwidth_it_divides_by():

@@ -12,8 +12,15 @@ needed, so it runs on a bare GPU machine). Prints, each the median of several ti
   kernels    the kernels of one eager forward (torch.profiler): count and GPU time by name
   host       with --host: cProfile of 100 engine steps of --strategy (plain, an EAGLE-3
              chain of k = 3 with a random head, or an EAGLE-2 tree 6,3,30): host time by function
+With --prefill N it prints instead where one request's prefill goes: 20 requests of N random
+prompt tokens and one output token each through an engine of --strategy, one at a time
+(perf_steps.prefill_profile): the median and every wall time of the engine step that
+prefills a request (the target's eager pass, the first token, the draft head's
+on_prefill), host waits for the device a prefill, the kernels and GPU busy time of one
+prefill (torch.profiler), and cProfile's host time by function over those prefills.
 Usage: python3 scripts/device/step_profile.py [--shape smollm2|8b] [--steps 200] [--no-profiler]
        [--host [--strategy plain|chain|tree]]
+       python3 scripts/device/step_profile.py --prefill N [--shape smollm2|8b] [--strategy plain|chain|tree]
 """
 from __future__ import annotations
 
@@ -26,8 +33,10 @@ import torch
 from eagle_zoo.engine.core import EngineCore
 from eagle_zoo.engine.graphs import GraphPool
 from eagle_zoo.engine.sampling_params import SamplingParams
-from eagle_zoo.perf_steps import DRAFT_VOCAB, SHAPES, copy_bandwidth, host_profile, random_eagle3_head, \
-    random_target
+from eagle_zoo.perf_steps import DRAFT_VOCAB, SHAPES, copy_bandwidth, host_profile, prefill_profile, \
+    random_eagle3_head, random_target
+
+TREE = {"top_k": 6, "depth": 3, "total_tokens": 30}
 
 
 def cuda_ms(fn, reps: int, rounds: int = 5) -> float:
@@ -52,11 +61,18 @@ def main() -> None:
     ap.add_argument("--no-profiler", action="store_true")
     ap.add_argument("--host", action="store_true", help="cProfile 100 engine steps (host time by function)")
     ap.add_argument("--strategy", choices=("plain", "chain", "tree"), default="plain",
-                    help="the engine step --host profiles (chain k = 3, tree 6,3,30; a random EAGLE-3 head)")
+                    help="the engine step --host or --prefill profiles (chain k = 3, tree 6,3,30; a random "
+                         "EAGLE-3 head)")
+    ap.add_argument("--prefill", type=int, metavar="N",
+                    help="only profile the prefill of 20 requests of N prompt tokens each (host time by "
+                         "function, kernels, per-request times)")
     args = ap.parse_args()
     dev, dtype = torch.device("cuda"), torch.bfloat16
     shape = SHAPES[args.shape]
     model = random_target(shape, dtype, dev)
+    if args.prefill is not None:
+        print_prefill(model, args, dtype, dev)
+        return
     engine = EngineCore(model, None, max_model_len=2048, max_num_seqs=1, dtype=dtype, device=dev,
                         graph_pool=GraphPool())
     runner = engine.runner
@@ -105,7 +121,7 @@ def main() -> None:
 
     if args.host:  # where the host time of a step goes (Python functions, by own time)
         head = random_eagle3_head(model, DRAFT_VOCAB[args.shape], dtype)
-        print(host_profile(model, head, args.strategy, k=3, tree={"top_k": 6, "depth": 3, "total_tokens": 30},
+        print(host_profile(model, head, args.strategy, k=3, tree=TREE,
                            dtype=dtype, device=dev, steps=100, top=30))
     if args.no_profiler:
         return
@@ -128,6 +144,25 @@ def main() -> None:
         by_name.setdefault(e.name[:90], []).append(e.device_time)
     for name, ts in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:25]:
         print(f"  {len(ts):4d} x {statistics.mean(ts):7.2f} us = {sum(ts):8.1f} us  {name}")
+
+
+def print_prefill(model, args, dtype, dev) -> None:
+    head = random_eagle3_head(model, DRAFT_VOCAB[args.shape], dtype)
+    try:
+        r = prefill_profile(model, head, args.strategy, prompt_tokens=args.prefill, k=3, tree=TREE, dtype=dtype,
+                            device=dev, top=40)
+    except ValueError as exc:
+        raise SystemExit(f"--prefill {args.prefill}: {exc}") from None
+    print(f"prefill {r['prefill_ms']:8.2f} ms  (median of {r['requests']} requests of {r['prompt_tokens']} prompt "
+          f"tokens, {args.strategy}, one engine step each; {r['host_waits_per_prefill']:.1f} host waits for the "
+          "device a prefill)")
+    print("  per request: " + " ".join(f"{ms:.2f}" for ms in r["prefill_ms_all"]) + " ms")
+    if "kernels" in r:
+        print(f"  kernels {r['kernels']:.0f} a prefill, GPU busy {r['gpu_busy_us'] / 1e3:.2f} ms "
+              f"(wall - busy: the device waiting for the host)")
+        for name, us in r["top_kernels_us"].items():
+            print(f"    {us:9.1f} us  {name}")
+    print(r["profile"])
 
 
 if __name__ == "__main__":
