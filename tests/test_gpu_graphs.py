@@ -116,3 +116,32 @@ def test_greedy_chain_steps_replay_one_graph(checkpoints, name):
                            SamplingParams(temperature=0.8, seed=3, max_tokens=8))
     assert all(len(o.outputs[0].token_ids) == 8 for o in sampled)
     assert engine.proposer._graphed_drafts.graphs and engine.proposer._graphed_catch_up.graphs
+
+
+@pytest.mark.parametrize("name", ["plain", "eagle3 k=3"])
+def test_a_prefill_step_waits_for_the_device_once(checkpoints, name):
+    """A request's prefill step (the target's pass, its first token, the head's on_prefill)
+    waits for the device only to read its first token: the prompt's and the slot's copies
+    are pinned and non-blocking (engine/host_tensors.py), so the host queues the head's pass
+    behind the target's instead of waiting for it."""
+    import warnings
+
+    target, heads = checkpoints
+    spec = None if SPECS[name] is None else {"method": SPECS[name][0], "model": str(heads[SPECS[name][0]]),
+                                              **SPECS[name][1]}
+    engine = LLM(str(target), speculative_config=spec, device="cuda", dtype="float32", max_model_len=256,
+                 max_num_seqs=1).engine
+    prompt = ef.random_prompts((40,), cf.TINY["vocab_size"], seed=5)[0]
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)  # the prefill step is its only step
+    engine.add_request(prompt, params)
+    engine.step()  # warm-up: this prompt length's first pass
+    engine.add_request(prompt, params)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            finished = engine.step()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    assert len(finished) == 1 and not engine.has_unfinished()
+    assert sum("synchroniz" in str(w.message) for w in caught) == 1

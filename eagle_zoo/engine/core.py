@@ -301,9 +301,11 @@ class EngineCore:
         return text
 
     def _prefill(self, seq: Sequence) -> None:
-        ids = torch.tensor([seq.prompt_token_ids], device=self.device)
+        # Pinned, non-blocking copies (host_tensors.py): the host queues the prefill behind a
+        # step still running instead of waiting for it.
+        ids = device_tensor([seq.prompt_token_ids], self.device, torch.long)
         positions = torch.arange(ids.shape[1], device=self.device).unsqueeze(0)
-        slots = torch.tensor([seq.slot], device=self.device)
+        slots = device_tensor([seq.slot], self.device, torch.long)
         hidden, aux = self.runner.run(ids, positions, slots, ids.shape[1], self.aux_layer_ids)
         logits = self.target.compute_logits(hidden[:, -1:])
         batch = self._sampling_batch([seq])

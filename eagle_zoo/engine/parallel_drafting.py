@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 
 from .drafter_batch import accepted_groups
+from .host_tensors import device_tensor
 from .proposers import EagleProposer, StepBatch, TargetOutput
 
 MASK_TOKEN_KEYS = ("mask_token_id", "pard_token", "ptd_token_id")
@@ -93,9 +94,8 @@ class ParallelEagleProposer(EagleProposer):
 
     @torch.inference_mode()
     def on_prefill(self, slot: int, out: TargetOutput) -> None:
-        slots = torch.tensor([slot], device=out.tokens.device)
         L = out.positions.shape[1]
-        last = torch.tensor([L - 1], device=out.tokens.device)
+        slots, last = device_tensor([[slot], [L - 1]], out.tokens.device, torch.long)  # non-blocking (host_tensors.py)
         self.drafts[slot] = self._run(out.tokens, out.positions, out.positions, slots, L, self._features(out), last)[0]
 
     @torch.inference_mode()

@@ -134,7 +134,9 @@ class EagleProposer(Proposer):
 
     @torch.inference_mode()
     def on_prefill(self, slot: int, out: TargetOutput) -> None:
-        slots = torch.tensor([slot], device=out.tokens.device)
+        # Non-blocking (host_tensors.py), so the host queues the head's pass behind the
+        # target's prefill instead of waiting for it to finish first.
+        slots = device_tensor([slot], out.tokens.device, torch.long)
         kv_len = out.positions.shape[1]
         h = self.runner.run(out.tokens, out.positions, slots, kv_len, self._features(out))
         self.next_hidden[slot] = h[0, -1]
@@ -271,7 +273,7 @@ class DraftModelProposer(Proposer):
     @torch.inference_mode()
     def on_prefill(self, slot: int, out: TargetOutput) -> None:
         # The draft caches the prompt; the first propose() feeds its last token again.
-        slots = torch.tensor([slot], device=self.device)
+        slots = device_tensor([slot], self.device, torch.long)
         self.runner.run(out.input_ids, out.positions, slots, out.positions.shape[1])
 
     @torch.inference_mode()
