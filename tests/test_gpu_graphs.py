@@ -145,3 +145,24 @@ def test_a_prefill_step_waits_for_the_device_once(checkpoints, name):
             torch.cuda.set_sync_debug_mode(0)
     assert len(finished) == 1 and not engine.has_unfinished()
     assert sum("synchroniz" in str(w.message) for w in caught) == 1
+
+
+def test_prefill_graphs_give_the_eager_tokens(tmp_path):
+    """Prompts padded up to a prefill graph's bucket (engine/prefill_graphs.py): up to 64
+    tokens through the fused decode kernels, whose rows do not depend on the padding, and
+    longer ones through the layers' modules; a random target, whose greedy margins absorb
+    the last bits a padded product may move. The engine captures each bucket once."""
+    target = ef.write_target(tmp_path / "target", ef.kind_of("llama"))
+    prompts = ef.random_prompts((20, 64, 100, 200), cf.TINY["vocab_size"], seed=6)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    tokens = []
+    for eager in (False, True):
+        llm = LLM(str(target), device="cuda", dtype="float32", max_model_len=256, max_num_seqs=2,
+                  enforce_eager=eager)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+        tokens.append([o.outputs[0].token_ids for o in outs])
+        prefill = llm.engine.runner.graphed_prefill
+        assert (prefill is None) == eager
+        if not eager:
+            assert sorted(key[0] for key in prefill.graphs) == [32, 64, 128, 256]
+    assert tokens[0] == tokens[1]

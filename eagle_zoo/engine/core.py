@@ -306,7 +306,7 @@ class EngineCore:
         ids = device_tensor([seq.prompt_token_ids], self.device, torch.long)
         positions = torch.arange(ids.shape[1], device=self.device).unsqueeze(0)
         slots = device_tensor([seq.slot], self.device, torch.long)
-        hidden, aux = self.runner.run(ids, positions, slots, ids.shape[1], self.aux_layer_ids)
+        hidden, aux = self.runner.prefill(ids, slots, self.aux_layer_ids)
         logits = self.target.compute_logits(hidden[:, -1:])
         batch = self._sampling_batch([seq])
         tokens, _ = verify_drafts(logits, None, None, batch)

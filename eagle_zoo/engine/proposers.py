@@ -137,8 +137,7 @@ class EagleProposer(Proposer):
         # Non-blocking (host_tensors.py), so the host queues the head's pass behind the
         # target's prefill instead of waiting for it to finish first.
         slots = device_tensor([slot], out.tokens.device, torch.long)
-        kv_len = out.positions.shape[1]
-        h = self.runner.run(out.tokens, out.positions, slots, kv_len, self._features(out))
+        h = self.runner.prefill(out.tokens, slots, self._features(out))  # positions 0 .. L-1: the prompt's
         self.next_hidden[slot] = h[0, -1]
 
     @torch.inference_mode()

@@ -17,6 +17,7 @@ from ..models.fused_layer import choose_decode_paths
 from ..models.layers import add_exact_int8_copies, prepare_one_row_copies
 from .cache import allocate_kv_caches
 from .graphs import GraphedForward, GraphPool
+from .prefill_graphs import GraphedPrefill
 
 
 class ModelRunner:
@@ -43,14 +44,31 @@ class ModelRunner:
             # Weights that are exactly int8 blocks times a scale (a GGUF's Q8_0 tensors:
             # SmolLM2's lm_head) are read from an int8 copy, same bits (models/layers.py).
             add_exact_int8_copies(model)
-        self.graphed = None
+        self.graphed = self.graphed_prefill = None
         if graph_pool is not None:
             self.graphed = GraphedForward(self.forward_full_length, num_slots, self.scratch_slot, graph_pool)
+            self.graphed_prefill = GraphedPrefill(self.forward_prefix, max_len, self.scratch_slot, graph_pool)
 
     def forward_full_length(self, input_ids, positions, slot_ids, *args, **keys):
         """The model over the whole cache row (kv_len = max_len, masked by position, or by
         attn_mask [B, T, max_len]): the form CUDA graphs capture."""
         return self._forward(input_ids, positions, slot_ids, self.max_len, args, **keys)
+
+    def forward_prefix(self, input_ids, positions, slot_ids, *args):
+        """The model over the first T positions of the cache row, T = input_ids.shape[1]
+        (one sequence's prompt from position 0): the form prefill graphs capture."""
+        return self._forward(input_ids, positions, slot_ids, input_ids.shape[1], args)
+
+    @torch.inference_mode()
+    def prefill(self, input_ids: torch.Tensor, slot_ids: torch.Tensor, *args):
+        """One sequence's whole prompt, input_ids [1, L] at positions 0 .. L-1 of row
+        slot_ids [1]; tensor args are per-position [1, L, ...]. A captured prefill graph
+        on CUDA where one applies (prefill_graphs.py), else as run()."""
+        L = input_ids.shape[1]
+        if self.graphed_prefill is not None and self.graphed_prefill.eligible(L):
+            return self.graphed_prefill(input_ids, slot_ids, *args)
+        positions = torch.arange(L, device=input_ids.device).unsqueeze(0)
+        return self.run(input_ids, positions, slot_ids, L, *args)
 
     def _forward(self, input_ids, positions, slot_ids, kv_len: int, args, attn_mask=None, cache_positions=None,
                  tree_keys=None):
