@@ -279,9 +279,10 @@ def prefill_profile(target, head, strategy: str, *, prompt_tokens: int, requests
         raise ValueError(f"prefill profile: requests={requests}; time at least one request")
     if strategy == "tree" and not tree:
         raise ValueError("prefill profile: strategy 'tree' needs tree={'top_k': .., 'depth': .., 'total_tokens': ..}")
-    # The cache holds the prompt and its one new token: a prefill's cost does not depend
-    # on room for later steps.
-    engine = _engine(target, head, strategy, k, tree, dtype, device, prompt_tokens + 1)
+    # Cache rows as long as a serving engine's (2,048 positions, or the prompt and its new
+    # token if longer, within the shape's limit): the prefill graphs' buckets
+    # (engine/prefill_graphs.py) are those that fit the row.
+    engine = _engine(target, head, strategy, k, tree, dtype, device, min(limit, max(prompt_tokens + 1, 2048)))
     params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     rng = torch.Generator().manual_seed(1)
 

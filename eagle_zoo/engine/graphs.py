@@ -97,17 +97,25 @@ class GraphedForward:
                        for a in args if torch.is_tensor(a)]
         it = iter(tensor_args)
         call_args = [next(it) if torch.is_tensor(a) else a for a in args]
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm-up outside the graph (allocator, lazy init)
-            for _ in range(2):
-                self.forward(ids, pos, slots, *call_args)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool.handle):
-            out = self.forward(ids, pos, slots, *call_args)
-        flat, spec = tree_flatten(out)
+        graph, flat, spec = capture(self.forward, (ids, pos, slots, *call_args), self.pool)
         return graph, (ids, pos, slots, tensor_args), flat, spec
+
+
+def capture(forward: Callable[..., Any], args: tuple, pool: GraphPool):
+    """forward(*args) over static buffers captured into a CUDA graph in the engine's pool,
+    after two warm-up calls outside it (allocator, lazy init); -> (graph, its flat outputs,
+    their tree spec)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            forward(*args)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool.handle):
+        out = forward(*args)
+    flat, spec = tree_flatten(out)
+    return graph, flat, spec
 
 
 def _signature(arg) -> Any:

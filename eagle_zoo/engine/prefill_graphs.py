@@ -21,9 +21,9 @@ import bisect
 from typing import Any, Callable
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_unflatten
 
-from .graphs import MAX_GRAPH_TOKENS, GraphPool
+from .graphs import MAX_GRAPH_TOKENS, GraphPool, capture
 
 PREFILL_BUCKETS = (32, 64, 128, 256, 512)
 
@@ -77,14 +77,5 @@ class GraphedPrefill:
     def _capture(self, T: int, args: tuple):
         """-> (replay, static inputs, flat static outputs, their tree spec)."""
         ids, positions, slots, tensor_args, call_args = self._static_inputs(T, args, torch.device("cuda"))
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm-up outside the graph (allocator, lazy init)
-            for _ in range(2):
-                self.forward(ids, positions, slots, *call_args)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool.handle):
-            out = self.forward(ids, positions, slots, *call_args)
-        flat, spec = tree_flatten(out)
+        graph, flat, spec = capture(self.forward, (ids, positions, slots, *call_args), self.pool)
         return graph.replay, (ids, slots, tensor_args), flat, spec
