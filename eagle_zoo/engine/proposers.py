@@ -273,7 +273,7 @@ class DraftModelProposer(Proposer):
     def on_prefill(self, slot: int, out: TargetOutput) -> None:
         # The draft caches the prompt; the first propose() feeds its last token again.
         slots = device_tensor([slot], self.device, torch.long)
-        self.runner.run(out.input_ids, out.positions, slots, out.positions.shape[1])
+        self.runner.prefill(out.input_ids, slots)
 
     @torch.inference_mode()
     def propose(self, batch: StepBatch):
