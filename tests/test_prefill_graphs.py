@@ -2,8 +2,8 @@
 function a prefill graph captures runs on the graph's static, padded buffers through a
 stand-in for the capture: the prompt padded up to its bucket must give transformers'
 greedy tokens (the padding's keys and values in the cache row are overwritten before
-anything attends to them), EAGLE chains whose heads prefill the same way must give plain
-decoding's tokens, and prompts outside the buckets prefill eagerly. tests/test_gpu_graphs.py runs
+anything attends to them), EAGLE chains and trees whose heads prefill the same way must
+give plain decoding's tokens, and prompts outside the buckets prefill eagerly. tests/test_gpu_graphs.py runs
 the captured graphs on a GPU."""
 from __future__ import annotations
 
@@ -88,17 +88,23 @@ def test_padded_prefill_gives_the_greedy_tokens(setup):
     assert sorted(T for _, T in calls) == [32, 64, 64]
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle3"])
-def test_chains_over_padded_prefills_are_lossless(setup, method):
+SPECS = {"eagle": {"method": "eagle", "num_speculative_tokens": 3},
+         "eagle3": {"method": "eagle3", "num_speculative_tokens": 3},
+         "eagle tree": {"method": "eagle", "tree": {"top_k": 3, "depth": 3, "total_tokens": 10}}}
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_speculation_over_padded_prefills_is_lossless(setup, name):
     """The target and the head both prefill padded; the output is plain decoding's over
     the same padded prefills (the EAGLE-1 head predicts the bigram target, so its drafts
     are accepted)."""
     _, bigram, heads, prompts = setup
     plain = generate(padded_llm(bigram, None, []), prompts)
     calls = []
-    llm = padded_llm(bigram, {"method": method, "model": str(heads[method]), "num_speculative_tokens": 3}, calls)
+    spec = SPECS[name]
+    llm = padded_llm(bigram, {**spec, "model": str(heads[spec["method"]])}, calls)
     assert generate(llm, prompts) == plain
-    assert method != "eagle" or llm.engine.metrics.num_accepted_tokens > 0
+    assert spec["method"] != "eagle" or llm.engine.metrics.num_accepted_tokens > 0
     for name in ("target", "head"):
         assert sorted(T for n, T in calls if n == name) == [32, 64, 64]
 
