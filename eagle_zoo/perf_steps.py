@@ -146,6 +146,40 @@ class _HostWaits:
         torch.cuda.Event.synchronize = self._original
 
 
+class _ImplicitSyncs:
+    """Counts, while active on CUDA, the host syncs the code does not ask for (.item(), a
+    blocking copy): torch.cuda.set_sync_debug_mode("warn") turns each into a warning, and
+    every one is recorded (not one per call site, as the default filter would)."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.count = device, 0
+
+    def __enter__(self):
+        self._catching = warnings.catch_warnings(record=True)
+        self._caught = self._catching.__enter__()
+        warnings.simplefilter("always")
+        if self.device.type == "cuda":
+            torch.cuda.set_sync_debug_mode("warn")
+        return self
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            torch.cuda.set_sync_debug_mode(0)
+        self.count = sum("synchroniz" in str(w.message) for w in self._caught)
+        self._catching.__exit__(*exc)
+
+
+def _cprofile_table(run, top: int) -> str:
+    """cProfile's table of the ``top`` functions by own time over one call of ``run``."""
+    prof = cProfile.Profile()
+    prof.enable()
+    run()
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
 def _busy_us(intervals: list[tuple[float, float]]) -> float:
     """Length of the union of [start, end] intervals (microseconds)."""
     total, end = 0.0, float("-inf")
@@ -244,16 +278,14 @@ def host_profile(target, head, strategy: str, *, k: int = 3, tree: Optional[dict
     """Where the host's time of ``steps`` engine steps of one strategy goes: cProfile's
     table of the ``top`` functions by own time (scripts/device/step_profile.py --host)."""
     engine, seq = _warm_engine(target, head, strategy, k, tree, dtype, device, steps)
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(steps):
-        engine.step()
-    _sync(device)
-    prof.disable()
-    out = io.StringIO()
-    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+
+    def run():
+        for _ in range(steps):
+            engine.step()
+        _sync(device)
+    table = _cprofile_table(run, top)
     _finish(engine, seq)
-    return out.getvalue()
+    return table
 
 
 def prefill_profile(target, head, strategy: str, *, prompt_tokens: int, requests: int = 20, k: int = 3,
@@ -305,28 +337,16 @@ def prefill_profile(target, head, strategy: str, *, prompt_tokens: int, requests
     prompts = [prompt() for _ in range(requests)]
     with _HostWaits() as waits:
         seconds = [prefill(p) for p in prompts]
-    implicit = 0
-    if device.type == "cuda":  # syncs the code does not ask for (.item(), copies to the host)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")  # one warning per sync, not one per call site
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                for p in prompts:
-                    prefill(p, sync=False)  # count the prefill's syncs, not the timing's own
-            finally:
-                torch.cuda.set_sync_debug_mode(0)
-        implicit = sum("synchroniz" in str(w.message) for w in caught)
-    prof = cProfile.Profile()
-    prof.enable()
-    for p in prompts:
-        prefill(p)
-    prof.disable()
-    out = io.StringIO()
-    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    implicit = _ImplicitSyncs(device)
+    if device.type == "cuda":
+        with implicit:
+            for p in prompts:
+                prefill(p, sync=False)  # count the prefill's syncs, not the timing's own
+    profile = _cprofile_table(lambda: [prefill(p) for p in prompts], top)
     ms = [s * 1e3 for s in seconds]
     result = {"strategy": strategy, "prompt_tokens": prompt_tokens, "requests": requests,
               "prefill_ms": statistics.median(ms), "prefill_ms_all": ms,
-              "host_waits_per_prefill": (waits.count + implicit) / requests, "profile": out.getvalue()}
+              "host_waits_per_prefill": (waits.count + implicit.count) / requests, "profile": profile}
     if device.type == "cuda":
         queue = iter(prompts)
         result.update(_device_profile(lambda: prefill(next(queue)), requests))
@@ -337,21 +357,15 @@ def measure_strategy(target, head, strategy: str, *, k: int = 3, tree: Optional[
                      dtype: torch.dtype, device: torch.device, steps: int = 200) -> dict:
     """One strategy's row: engine-step wall, host and device time, syncs and graphs (module doc)."""
     engine, seq = _warm_engine(target, head, strategy, k, tree, dtype, device, 2 * steps)  # timed, then profiled
-    implicit = 0
-    with _HostWaits() as waits, warnings.catch_warnings(record=True) as caught:
-        if device.type == "cuda":
-            torch.cuda.set_sync_debug_mode("warn")
+    with _HostWaits() as waits, _ImplicitSyncs(device) as implicit:
         n0, start = len(seq.output_token_ids), time.perf_counter()
         for _ in range(steps):
             engine.step()
         _sync(device)
         seconds = time.perf_counter() - start
-        if device.type == "cuda":
-            torch.cuda.set_sync_debug_mode(0)
-        implicit = sum("synchroniz" in str(w.message) for w in caught)
     row = {"strategy": strategy, "step_us": seconds / steps * 1e6,
            "host_us": (seconds - waits.seconds) / steps * 1e6,
-           "syncs_per_step": (waits.count + implicit) / steps,
+           "syncs_per_step": (waits.count + implicit.count) / steps,
            "tokens_per_step": (len(seq.output_token_ids) - n0) / steps}
     if strategy == "chain":
         row["k"] = k
