@@ -13,6 +13,7 @@ import torch
 import checkpoint_factory as cf
 import engine_fixtures as ef
 from eagle_zoo import LLM, SamplingParams
+from eagle_zoo.perf_steps import SYNC_WARNING
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -144,7 +145,7 @@ def test_a_prefill_step_waits_for_the_device_once(checkpoints, name):
         finally:
             torch.cuda.set_sync_debug_mode(0)
     assert len(finished) == 1 and not engine.has_unfinished()
-    assert sum("synchroniz" in str(w.message) for w in caught) == 1
+    assert sum(SYNC_WARNING in str(w.message) for w in caught) == 1
 
 
 def test_prefill_graphs_give_the_eager_tokens(tmp_path):

@@ -613,7 +613,12 @@ def test_eagle3_draft_logits_fold_the_norm_into_the_lm_head():
         with patch_kernels_off():
             modules = head.lm_head(head.norm(h))
     assert folded.shape == (2, 4, 300)
-    _close(folded, modules, torch.bfloat16)
+    # The modules round the norm's output to bf16 before the product and the folded
+    # launch does not, so a logit's 64 products differ by up to a bf16 step of the
+    # larger terms: near-zero logits move by more than a step of their own. Tolerance:
+    # two bf16 steps of the largest logit (a norm left out or applied twice is ~10x that).
+    scale = modules.float().abs().max().item()
+    torch.testing.assert_close(folded.float(), modules.float(), rtol=2 ** -7, atol=2 ** -6 * scale)
 
 
 def patch_kernels_off():

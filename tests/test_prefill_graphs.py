@@ -1,13 +1,15 @@
 """Prompt prefill through padded, captured passes (engine/prefill_graphs.py). On the CPU the
 function a prefill graph captures runs on the graph's static, padded buffers through a
-stand-in for the capture: the prompt padded up to its bucket must give transformers'
+stand-in for the capture that, like a graph, holds them by address only: the prompt padded up to its bucket must give transformers'
 greedy tokens (the padding's keys and values in the cache row are overwritten before
 anything attends to them), EAGLE chains and trees whose heads prefill the same way must
 give plain decoding's tokens, and prompts outside the buckets prefill eagerly. tests/test_gpu_graphs.py runs
 the captured graphs on a GPU."""
 from __future__ import annotations
 
+import gc
 import types
+import weakref
 
 import pytest
 import torch
@@ -16,6 +18,7 @@ from torch.utils._pytree import tree_flatten
 import checkpoint_factory as cf
 import engine_fixtures as ef
 from eagle_zoo import LLM, SamplingParams
+from eagle_zoo.engine import prefill_graphs
 from eagle_zoo.engine.prefill_graphs import PREFILL_BUCKETS, GraphedPrefill
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -25,27 +28,46 @@ LENGTHS = (20, 45, 9, 70, 33)  # buckets 32 and 64; 9: a decode-shaped pass; 70:
 MAX_TOKENS = (18, 12, 10, 14, 16)
 
 
+def capture_by_address(forward, args, pool):
+    """A stand-in for graphs.capture on the CPU: replaying runs ``forward`` again on the
+    static buffers. Like a CUDA graph it keeps its inputs by address only (weak
+    references), so a static input its owner did not keep alive fails the replay instead
+    of being read after the allocator handed its memory to another tensor."""
+    refs = [weakref.ref(a) if torch.is_tensor(a) else a for a in args]
+    flat, spec = tree_flatten(forward(*args))
+    static = [o.clone() if torch.is_tensor(o) else o for o in flat]
+
+    def replay():
+        live = [r() if isinstance(r, weakref.ref) else r for r in refs]
+        assert all(a is not None for a in live), "a captured graph's static input was freed"
+        fresh, _ = tree_flatten(forward(*live))
+        for dst, src in zip(static, fresh):
+            if torch.is_tensor(dst):
+                dst.copy_(src)
+    return types.SimpleNamespace(replay=replay), static, spec
+
+
 class CpuPrefillGraphs(GraphedPrefill):
-    """GraphedPrefill whose capture runs the captured function on the static buffers
-    instead of recording it, and logs (name, bucket) for every replay."""
+    """GraphedPrefill over capture_by_address that logs (name, bucket) for every replay."""
 
     def __init__(self, runner, name, calls):
         super().__init__(runner.forward_prefix, runner.max_len, runner.scratch_slot,
                          types.SimpleNamespace(users=[], handle=None))
         self.name, self.calls = name, calls
 
-    def _capture(self, T, args):
-        ids, positions, slots, tensor_args, call_args = self._static_inputs(T, args, torch.device("cpu"))
-        flat, spec = tree_flatten(self.forward(ids, positions, slots, *call_args))
-        static = [o.clone() if torch.is_tensor(o) else o for o in flat]
+    def _capture(self, T, args, device):
+        replay, static_in, static_out, spec = super()._capture(T, args, device)
 
-        def replay():
+        def logged_replay():
             self.calls.append((self.name, T))
-            fresh, _ = tree_flatten(self.forward(ids, positions, slots, *call_args))
-            for dst, src in zip(static, fresh):
-                if torch.is_tensor(dst):
-                    dst.copy_(src)
-        return replay, (ids, slots, tensor_args), static, spec
+            gc.collect()  # what the graph does not hold is gone before it replays
+            replay()
+        return logged_replay, static_in, static_out, spec
+
+
+@pytest.fixture(autouse=True)
+def cpu_capture(monkeypatch):
+    monkeypatch.setattr(prefill_graphs, "capture", capture_by_address)
 
 
 @pytest.fixture(scope="module")

@@ -53,8 +53,8 @@ class GraphedPrefill:
                            for a in args)
         entry = self.graphs.get(key)
         if entry is None:
-            entry = self.graphs[key] = self._capture(T, args)
-        replay, (ids, slots, tensor_args), static_out, spec = entry
+            entry = self.graphs[key] = self._capture(T, args, input_ids.device)
+        replay, (ids, _positions, slots, tensor_args), static_out, spec = entry
         ids[:, :L].copy_(input_ids)
         ids[:, L:].zero_()
         slots.copy_(slot_ids)
@@ -74,8 +74,11 @@ class GraphedPrefill:
         call_args = [next(it) if torch.is_tensor(a) else a for a in args]
         return ids, positions, slots, tensor_args, call_args
 
-    def _capture(self, T: int, args: tuple):
-        """-> (replay, static inputs, flat static outputs, their tree spec)."""
-        ids, positions, slots, tensor_args, call_args = self._static_inputs(T, args, torch.device("cuda"))
+    def _capture(self, T: int, args: tuple, device: torch.device):
+        """-> (replay, static inputs, flat static outputs, their tree spec). The entry holds
+        every static input, positions included: the graph reads them by address, so one
+        left to the allocator would be handed to other tensors and the replays would read
+        whatever those hold."""
+        ids, positions, slots, tensor_args, call_args = self._static_inputs(T, args, device)
         graph, flat, spec = capture(self.forward, (ids, positions, slots, *call_args), self.pool)
-        return graph.replay, (ids, slots, tensor_args), flat, spec
+        return graph.replay, (ids, positions, slots, tensor_args), flat, spec
