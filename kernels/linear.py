@@ -18,8 +18,8 @@ Rounding: the norm is folded into the product (x * norm_weight, rounded to the
 activation dtype, then the fp32 sums scaled by the row's rstd: one pass over x instead of
 two; in bf16 not the module path's bits, which round x * rstd first); the product is
 rounded once (bias added in fp32 first); silu(gate) is rounded before the product with
-up; the residual add rounds once. Rows above MAX_ROWS (prefill) keep cuBLAS: plain and
-speculative decoding prefill alike, so they still agree.
+up; the residual add rounds once. A prefill of more than MAX_ROWS tokens keeps cuBLAS:
+plain and speculative decoding prefill alike, so they still agree.
 """
 from __future__ import annotations
 
@@ -32,7 +32,12 @@ from ._triton import gdc_launch_dependents, gdc_wait, pdl_launch, triton, tl, us
 from .activation import silu_and_mul_torch
 from .norm import rms_norm_torch
 
-MAX_ROWS = 256  # decode, verification (B x (K+1)) and tree steps; more rows: cuBLAS
+# The kernel's case by shape (kernel_rows): every decode-shaped step, [B, T, K] with at most
+# STEP_MAX_T tokens a sequence, whatever its batch (a plain step of B rows and a verification
+# of B x (k+1) must reduce each row alike: batch 64 at k = 4 is 320 rows); other inputs
+# (a prompt's prefill) of at most MAX_ROWS rows; more rows: cuBLAS.
+STEP_MAX_T = 64
+MAX_ROWS = 256
 BLOCK_M = 16    # the smallest tl.dot tile; fixed so that a row's bits never depend on M
 # Wider inputs keep cuBLAS: on the H200 this kernel lost to it on Llama-3-8B's qkv (32.6
 # vs 16.3 us), gate_up (69.5 vs 61.7) and down_proj (37.6 vs 33.8), and won on SmolLM2's
@@ -181,15 +186,25 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[to
     return out.view(*x.shape[:-1], N)
 
 
+def kernel_rows(shape: torch.Size | tuple) -> bool:
+    """Whether x of this shape is the kernel's by its rows (MAX_ROWS's comment)."""
+    if len(shape) == 3 and shape[1] <= STEP_MAX_T:
+        return True
+    rows = 1
+    for n in shape[:-1]:
+        rows *= n
+    return rows <= MAX_ROWS
+
+
 def use_linear_kernel(x: torch.Tensor, weight: torch.Tensor, *others: Optional[torch.Tensor]) -> bool:
-    """The kernel's case: CUDA, at most MAX_ROWS rows of unit stride and at most MAX_K
-    columns, a contiguous 2-D weight and every tensor of x's dtype."""
+    """The kernel's case: CUDA, rows it takes (kernel_rows) of unit stride and at most
+    MAX_K columns, a contiguous 2-D weight and every tensor of x's dtype."""
     present = [t for t in others if t is not None]
     if not use_triton(x, weight, *present):
         return False
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32) or weight.dim() != 2:
         return False
-    if x.numel() > MAX_ROWS * x.shape[-1] or x.stride(-1) != 1 or not weight.is_contiguous():
+    if not kernel_rows(x.shape) or x.stride(-1) != 1 or not weight.is_contiguous():
         return False
     if x.shape[-1] > MAX_K:
         return False

@@ -428,6 +428,20 @@ def test_fused_linear_triton_is_batch_invariant(device, case):
         assert torch.equal(fused_linear_triton(x[:37], w, **some), full[:37])
 
 
+def test_every_decode_shaped_step_takes_the_linear_kernel_whatever_its_batch():
+    """A row's bits must be the same in a plain step and in a verification or tree step,
+    so every decode-shaped step takes the batch-invariant kernel: a verification at
+    batch 64 and k = 4 (320 rows), a (6, 3, 30) tree's 31 nodes at batch 64; a prompt
+    (one sequence) only up to MAX_ROWS tokens, then cuBLAS."""
+    from eagle_zoo.kernels.linear import MAX_ROWS, STEP_MAX_T, kernel_rows
+
+    K = 576
+    assert kernel_rows((64, 1, K)) and kernel_rows((64, 5, K)) and kernel_rows((64, 31, K))
+    assert kernel_rows((128, STEP_MAX_T, K)) and kernel_rows((64, K))  # a draft step's [B, H]
+    assert kernel_rows((1, MAX_ROWS, K)) and not kernel_rows((1, MAX_ROWS + 1, K))
+    assert not kernel_rows((4 * MAX_ROWS, K)) and not kernel_rows((8, STEP_MAX_T + 1, K))
+
+
 def test_fused_linear_dispatcher_keeps_autograd_and_cpu_on_the_reference():
     x, w, kw = _linear_problem("cpu", torch.float32, 3, "norm")
     assert not use_linear_kernel(x, w)  # CPU tensors

@@ -17,6 +17,7 @@ from torch import nn
 
 from eagle_zoo.kernels import cpu_decode
 from eagle_zoo.kernels._triton import needs_autograd
+from eagle_zoo.kernels.linear import STEP_MAX_T
 
 
 @dataclass(slots=True)
@@ -89,7 +90,7 @@ def _window_mask(query_pos: torch.Tensor, key_pos: torch.Tensor, window: Optiona
     return mask
 
 
-KERNEL_MAX_T = 64  # longer steps (prefill) use the torch path
+KERNEL_MAX_T = STEP_MAX_T  # tokens a sequence of a decode-shaped step; longer steps (prefill) use the torch path
 
 
 class Attention(nn.Module):
