@@ -1,10 +1,11 @@
 """Prompt prefill through padded, captured passes (engine/prefill_graphs.py). On the CPU the
 function a prefill graph captures runs on the graph's static, padded buffers through a
-stand-in for the capture that, like a graph, holds them by address only: the prompt padded up to its bucket must give transformers'
-greedy tokens (the padding's keys and values in the cache row are overwritten before
-anything attends to them), EAGLE chains and trees whose heads prefill the same way must
-give plain decoding's tokens, and prompts outside the buckets prefill eagerly. tests/test_gpu_graphs.py runs
-the captured graphs on a GPU."""
+stand-in for the capture that, like a graph, holds them by address only: the prompt
+padded up to its bucket must give transformers' greedy tokens (the padding's keys and
+values in the cache row are overwritten before anything attends to them), EAGLE chains
+and trees whose heads prefill the same way must give plain decoding's tokens, and
+prompts outside the buckets prefill eagerly. tests/test_gpu_graphs.py runs the captured
+graphs on a GPU."""
 from __future__ import annotations
 
 import gc

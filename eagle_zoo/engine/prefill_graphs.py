@@ -2,10 +2,10 @@
 
 An eager prefill launches every op of every layer from Python, so a short prompt's
 prefill costs the host's launch time, not the GPU's (BENCHMARKS.md: about 21 ms for 100
-tokens of SmolLM2-135M on an H100, against about 2 ms replayed from a graph). Here a prompt of L tokens is
-padded up to a bucket of T tokens (PREFILL_BUCKETS) and the model's pass over positions
-0 .. T-1 of the sequence's cache row is replayed from a graph captured once per bucket
-(and argument signature). The padding tokens sit after the prompt, so causal attention
+tokens of SmolLM2-135M on an H100, against about 2 ms replayed from a graph). Here a
+prompt of L tokens is padded up to a bucket of T tokens (PREFILL_BUCKETS) and the
+model's pass over positions 0 .. T-1 of the sequence's cache row is replayed from a
+graph captured once per bucket (and argument signature). The padding tokens sit after the prompt, so causal attention
 keeps them out of the prompt's outputs; their keys and values land in the row's
 positions L .. T-1, which the decode steps overwrite before anything attends to them
 (every step writes a position before attending to it, and attention is masked by
