@@ -297,7 +297,7 @@ def prefill_profile(target, head, strategy: str, *, prompt_tokens: int, requests
     """Where one request's prefill goes (scripts/device/step_profile.py --prefill): an engine
     of ``strategy`` serves ``requests`` greedy requests one at a time, each a random prompt
     of ``prompt_tokens`` tokens and one output token, so each request's only engine step is
-    its prefill (the target's eager pass, its first token and the proposer's on_prefill).
+    its prefill (the target's pass, its first token and the proposer's on_prefill).
     Returns the median and every wall time of that step, host waits for the device a
     prefill, cProfile's ``top`` functions by own time over a second round of the same
     requests (its overhead stays out of the times) and, on CUDA, the kernels and GPU busy

@@ -89,16 +89,21 @@ class GraphedForward:
         return tree_unflatten([o[:B].clone() if torch.is_tensor(o) else o for o in static_out], spec)
 
     def _capture(self, bucket: int, T: int, args: tuple):
-        device = args[0].device if args and torch.is_tensor(args[0]) else torch.device("cuda")
         ids = torch.zeros(bucket, T, dtype=torch.long, device="cuda")
         pos = torch.zeros(bucket, T, dtype=torch.long, device="cuda")
         slots = torch.full((bucket,), self.scratch_slot, dtype=torch.long, device="cuda")
-        tensor_args = [torch.zeros((bucket, *a.shape[1:]), dtype=a.dtype, device=device)
-                       for a in args if torch.is_tensor(a)]
-        it = iter(tensor_args)
-        call_args = [next(it) if torch.is_tensor(a) else a for a in args]
+        tensor_args, call_args = static_args(args, lambda a: (bucket, *a.shape[1:]))
         graph, flat, spec = capture(self.forward, (ids, pos, slots, *call_args), self.pool)
         return graph, (ids, pos, slots, tensor_args), flat, spec
+
+
+def static_args(args: tuple, shape: Callable[[torch.Tensor], tuple]) -> tuple[list, list]:
+    """Zeroed static buffers for a captured call's tensor arguments, each of shape(arg) and
+    the argument's dtype and device; -> (the buffers, args with each tensor replaced by its
+    buffer and other values kept)."""
+    buffers = [torch.zeros(shape(a), dtype=a.dtype, device=a.device) for a in args if torch.is_tensor(a)]
+    it = iter(buffers)
+    return buffers, [next(it) if torch.is_tensor(a) else a for a in args]
 
 
 def capture(forward: Callable[..., Any], args: tuple, pool: GraphPool):

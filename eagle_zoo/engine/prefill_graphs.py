@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_unflatten
 
-from .graphs import MAX_GRAPH_TOKENS, GraphPool, capture
+from .graphs import MAX_GRAPH_TOKENS, GraphPool, capture, static_args
 
 PREFILL_BUCKETS = (32, 64, 128, 256, 512)
 
@@ -68,10 +68,7 @@ class GraphedPrefill:
         ids = torch.zeros(1, T, dtype=torch.long, device=device)
         positions = torch.arange(T, device=device).unsqueeze(0)
         slots = torch.full((1,), self.scratch_slot, dtype=torch.long, device=device)
-        tensor_args = [torch.zeros((1, T, *a.shape[2:]), dtype=a.dtype, device=a.device)
-                       for a in args if torch.is_tensor(a)]
-        it = iter(tensor_args)
-        call_args = [next(it) if torch.is_tensor(a) else a for a in args]
+        tensor_args, call_args = static_args(args, lambda a: (1, T, *a.shape[2:]))
         return ids, positions, slots, tensor_args, call_args
 
     def _capture(self, T: int, args: tuple, device: torch.device):

@@ -15,7 +15,7 @@ needed, so it runs on a bare GPU machine). Prints, each the median of several ti
 With --prefill N it prints instead where one request's prefill goes: 20 requests of N random
 prompt tokens and one output token each through an engine of --strategy, one at a time
 (perf_steps.prefill_profile): the median and every wall time of the engine step that
-prefills a request (the target's eager pass, the first token, the draft head's
+prefills a request (the target's pass, the first token, the draft head's
 on_prefill), host waits for the device a prefill, the kernels and GPU busy time of one
 prefill (torch.profiler), and cProfile's host time by function over those prefills.
 Usage: python3 scripts/device/step_profile.py [--shape smollm2|8b] [--steps 200] [--no-profiler]
