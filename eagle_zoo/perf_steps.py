@@ -149,7 +149,7 @@ class _HostWaits:
 SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's text for each sync
 
 
-class _ImplicitSyncs:
+class ImplicitSyncs:
     """Counts, while active on CUDA, the host syncs the code does not ask for (.item(), a
     blocking copy): torch.cuda.set_sync_debug_mode("warn") turns each into a warning, and
     every one is recorded (not one per call site, as the default filter would)."""
@@ -341,7 +341,7 @@ def prefill_profile(target, head, strategy: str, *, prompt_tokens: int, requests
     prompts = [prompt() for _ in range(requests)]
     with _HostWaits() as waits:
         seconds = [prefill(p) for p in prompts]
-    implicit = _ImplicitSyncs(device)
+    implicit = ImplicitSyncs(device)
     if device.type == "cuda":
         with implicit:
             for p in prompts:
@@ -361,7 +361,7 @@ def measure_strategy(target, head, strategy: str, *, k: int = 3, tree: Optional[
                      dtype: torch.dtype, device: torch.device, steps: int = 200) -> dict:
     """One strategy's row: engine-step wall, host and device time, syncs and graphs (module doc)."""
     engine, seq = _warm_engine(target, head, strategy, k, tree, dtype, device, 2 * steps)  # timed, then profiled
-    with _HostWaits() as waits, _ImplicitSyncs(device) as implicit:
+    with _HostWaits() as waits, ImplicitSyncs(device) as implicit:
         n0, start = len(seq.output_token_ids), time.perf_counter()
         for _ in range(steps):
             engine.step()

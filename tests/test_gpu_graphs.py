@@ -13,7 +13,7 @@ import torch
 import checkpoint_factory as cf
 import engine_fixtures as ef
 from eagle_zoo import LLM, SamplingParams
-from eagle_zoo.perf_steps import SYNC_WARNING
+from eagle_zoo.perf_steps import ImplicitSyncs
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -125,8 +125,6 @@ def test_a_prefill_step_waits_for_the_device_once(checkpoints, name):
     waits for the device only to read its first token: the prompt's and the slot's copies
     are pinned and non-blocking (engine/host_tensors.py), so the host queues the head's pass
     behind the target's instead of waiting for it."""
-    import warnings
-
     target, heads = checkpoints
     spec = None if SPECS[name] is None else {"method": SPECS[name][0], "model": str(heads[SPECS[name][0]]),
                                               **SPECS[name][1]}
@@ -137,15 +135,10 @@ def test_a_prefill_step_waits_for_the_device_once(checkpoints, name):
     engine.add_request(prompt, params)
     engine.step()  # warm-up: this prompt length's first pass
     engine.add_request(prompt, params)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            finished = engine.step()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
+    with ImplicitSyncs(torch.device("cuda")) as syncs:
+        finished = engine.step()
     assert len(finished) == 1 and not engine.has_unfinished()
-    assert sum(SYNC_WARNING in str(w.message) for w in caught) == 1
+    assert syncs.count == 1
 
 
 def test_prefill_graphs_give_the_eager_tokens(tmp_path):

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from eagle_zoo import bench
-from eagle_zoo.perf_steps import copy_bandwidth, format_table, host_profile, parse_acceptance_profile, \
-    prefill_profile, project_speedup, random_eagle3_head, random_target, run_step_costs, step_cost_table
+from eagle_zoo.perf_steps import SYNC_WARNING, ImplicitSyncs, copy_bandwidth, format_table, host_profile, \
+    parse_acceptance_profile, prefill_profile, project_speedup, random_eagle3_head, random_target, run_step_costs, \
+    step_cost_table
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=512, max_position_embeddings=4096, rope_theta=10000.0, tie_word_embeddings=True,
@@ -74,6 +75,20 @@ def test_a_prefill_longer_than_the_shape_s_positions_is_refused_by_name():
     target = random_target(TINY, torch.float32, torch.device("cpu"))
     with pytest.raises(ValueError, match="max_position_embeddings=4096; give --prefill between 1 and 4095"):
         prefill_profile(target, None, "chain", prompt_tokens=5000, dtype=torch.float32, device=torch.device("cpu"))
+
+
+def test_implicit_syncs_count_each_sync_warning_and_not_the_mode_s_own_notice():
+    """Every sync torch reports while active is counted, repeats included; other warnings,
+    such as set_sync_debug_mode's prototype notice, are not."""
+    import warnings
+
+    with ImplicitSyncs(torch.device("cpu")) as syncs:
+        for _ in range(2):
+            warnings.warn(f"a device-to-host copy {SYNC_WARNING}")
+        # torch's notice when the mode is set: it names synchronizing operations, yet is no sync
+        warnings.warn("Synchronization debug mode is a prototype feature and does not detect all "
+                      "synchronizing operations")
+    assert syncs.count == 2
 
 
 def test_the_floor_line_names_the_bandwidth_it_divides_by():

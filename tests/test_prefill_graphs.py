@@ -128,8 +128,8 @@ def test_speculation_over_padded_prefills_is_lossless(setup, name):
     llm = padded_llm(bigram, {**spec, "model": str(heads[spec["method"]])}, calls)
     assert generate(llm, prompts) == plain
     assert spec["method"] != "eagle" or llm.engine.metrics.num_accepted_tokens > 0
-    for name in ("target", "head"):
-        assert sorted(T for n, T in calls if n == name) == [32, 64, 64]
+    for runner_name in ("target", "head"):
+        assert sorted(T for n, T in calls if n == runner_name) == [32, 64, 64]
 
 
 def test_buckets_fit_the_cache_row_and_leave_short_and_long_prompts_out():

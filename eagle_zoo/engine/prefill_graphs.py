@@ -5,11 +5,11 @@ prefill costs the host's launch time, not the GPU's (BENCHMARKS.md: about 21 ms 
 tokens of SmolLM2-135M on an H100, against about 2 ms replayed from a graph). Here a
 prompt of L tokens is padded up to a bucket of T tokens (PREFILL_BUCKETS) and the
 model's pass over positions 0 .. T-1 of the sequence's cache row is replayed from a
-graph captured once per bucket (and argument signature). The padding tokens sit after the prompt, so causal attention
-keeps them out of the prompt's outputs; their keys and values land in the row's
-positions L .. T-1, which the decode steps overwrite before anything attends to them
-(every step writes a position before attending to it, and attention is masked by
-position). Outputs are the first L positions.
+graph captured once per bucket and argument signature. The padding tokens sit after the
+prompt, so causal attention keeps them out of the prompt's outputs; their keys and
+values land in the row's positions L .. T-1, which the decode steps overwrite before
+anything attends to them (every step writes a position before attending to it, and
+attention is masked by position). Outputs are the first L positions.
 
 Prompts of at most MAX_GRAPH_TOKENS go through the decode-shaped graphs (graphs.py);
 prompts above the largest bucket run eagerly (their graphs would hold that many tokens'
@@ -64,18 +64,14 @@ class GraphedPrefill:
         replay()
         return tree_unflatten([o[:, :L].clone() if torch.is_tensor(o) else o for o in static_out], spec)
 
-    def _static_inputs(self, T: int, args: tuple, device: torch.device):
-        ids = torch.zeros(1, T, dtype=torch.long, device=device)
-        positions = torch.arange(T, device=device).unsqueeze(0)
-        slots = torch.full((1,), self.scratch_slot, dtype=torch.long, device=device)
-        tensor_args, call_args = static_args(args, lambda a: (1, T, *a.shape[2:]))
-        return ids, positions, slots, tensor_args, call_args
-
     def _capture(self, T: int, args: tuple, device: torch.device):
         """-> (replay, static inputs, flat static outputs, their tree spec). The entry holds
         every static input, positions included: the graph reads them by address, so one
         left to the allocator would be handed to other tensors and the replays would read
         whatever those hold."""
-        ids, positions, slots, tensor_args, call_args = self._static_inputs(T, args, device)
+        ids = torch.zeros(1, T, dtype=torch.long, device=device)
+        positions = torch.arange(T, device=device).unsqueeze(0)
+        slots = torch.full((1,), self.scratch_slot, dtype=torch.long, device=device)
+        tensor_args, call_args = static_args(args, lambda a: (1, T, *a.shape[2:]))
         graph, flat, spec = capture(self.forward, (ids, positions, slots, *call_args), self.pool)
         return graph.replay, (ids, positions, slots, tensor_args), flat, spec
