@@ -746,3 +746,61 @@ def test_pdl_chain_in_a_cuda_graph_gives_the_bits_of_serial_launches(monkeypatch
             want = _layer_chain(x, ws, nw, res)
         torch.cuda.synchronize()
         assert torch.equal(out, want), step
+
+
+# --- log_softmax_top_k (an EAGLE-2 tree level's top k) ------------------------------------
+
+from eagle_zoo.kernels import log_softmax_top_k, log_softmax_top_k_torch, log_softmax_top_k_triton  # noqa: E402
+
+
+def _top_k_rows(V, dtype, device, seed=0):
+    """[2, 3, V] rows with ties among their largest values (bf16 rounding, planted
+    repeats), a -inf entry and a -0.0 beside a 0.0."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(2, 3, V, generator=g) * 3).to(dtype)
+    x[0, 0, V // 2] = x[0, 0, 1] = x[0, 0].max()  # a tie for first place, higher column first
+    x[1, 2, :4] = float("-inf")
+    x[1, 1, 3], x[1, 1, 5] = -0.0, 0.0
+    x[1, 1, 7:] = -1.0
+    return x.to(device)
+
+
+def test_log_softmax_top_k_reference_matches_its_definition():
+    x = _top_k_rows(50, torch.bfloat16, "cpu")
+    offsets = torch.arange(50) % 7
+    scores, ids = log_softmax_top_k_torch(x, 5, offsets)
+    logp = torch.log_softmax(x.float(), dim=-1)
+    for row in range(6):
+        r = x.float().reshape(6, 50)[row].tolist()
+        cols = sorted(range(50), key=lambda c: (-r[c], c))[:5]  # largest first, ties to the lower column
+        assert ids.reshape(6, 5)[row].tolist() == [c + int(offsets[c]) for c in cols]
+        assert torch.equal(scores.reshape(6, 5)[row], logp.reshape(6, 50)[row, cols])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("V,k,dtype", [(50, 5, torch.bfloat16), (20000, 3, torch.bfloat16), (1000, 16, torch.float32),
+                                       (7, 7, torch.float32)])
+def test_log_softmax_top_k_triton_matches_reference(device, V, k, dtype):
+    x = _top_k_rows(V, dtype, _dev(device)) if V > 8 else torch.randn(2, 3, V).to(_dev(device), dtype)
+    for offsets in (None, torch.randint(0, 9, (V,), generator=torch.Generator().manual_seed(1)).to(x.device)):
+        scores, ids = log_softmax_top_k_triton(x, k, offsets)
+        want_scores, want_ids = log_softmax_top_k_torch(x, k, offsets)
+        assert torch.equal(ids, want_ids)
+        torch.testing.assert_close(scores, want_scores, rtol=0, atol=2e-6 * max(1.0, want_scores.abs().max().item()))
+    # a row's result does not depend on the others (one program a row)
+    s1, i1 = log_softmax_top_k_triton(x[1:, 2:], k)
+    assert torch.equal(i1[0, 0], log_softmax_top_k_triton(x, k)[1][1, 2])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_log_softmax_top_k_triton_refuses_k_it_cannot_hold(device):
+    x = torch.randn(2, 20).to(_dev(device))
+    for k in (0, 21, 17):
+        with pytest.raises(ValueError, match=f"k = {k}"):
+            log_softmax_top_k_triton(x, k)
+
+
+def test_log_softmax_top_k_dispatches_to_the_reference_on_cpu():
+    x = _top_k_rows(300, torch.float32, "cpu")
+    got, want = log_softmax_top_k(x, 4), log_softmax_top_k_torch(x, 4)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -23,6 +23,7 @@ from .attention import cache_attention, cache_attention_torch, cache_attention_t
 from .kv_cache import write_kv, write_kv_torch, write_kv_triton  # noqa: E402
 from .norm import rms_norm, rms_norm_torch, rms_norm_triton  # noqa: E402
 from .rope import rope_neox, rope_neox_torch, rope_neox_triton  # noqa: E402
+from .top_k import log_softmax_top_k, log_softmax_top_k_torch, log_softmax_top_k_triton  # noqa: E402
 
 __all__ = [
     "cache_attention", "cache_attention_torch", "cache_attention_triton",
@@ -30,4 +31,5 @@ __all__ = [
     "rms_norm", "rms_norm_torch", "rms_norm_triton",
     "silu_and_mul", "silu_and_mul_torch", "silu_and_mul_triton",
     "rope_neox", "rope_neox_torch", "rope_neox_triton",
+    "log_softmax_top_k", "log_softmax_top_k_torch", "log_softmax_top_k_triton",
 ]
