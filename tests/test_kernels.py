@@ -804,3 +804,58 @@ def test_log_softmax_top_k_dispatches_to_the_reference_on_cpu():
     x = _top_k_rows(300, torch.float32, "cpu")
     got, want = log_softmax_top_k(x, 4), log_softmax_top_k_torch(x, 4)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+# --- tree_expand (an EAGLE-2 drafting round's nodes to expand) ------------------------------
+
+from eagle_zoo.kernels import tree_expand, tree_expand_torch, tree_expand_triton  # noqa: E402
+
+
+def _expand_problem(device, B=3, k=4, H=70, W=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    cum = -(torch.rand(B, k * k, generator=g) * 4).to(torch.bfloat16).float()  # bf16 steps: ties
+    if k * k > 5:
+        cum[0, 5] = cum[0, 2] = cum[0].max()  # a tie for first place, the higher index first
+        cum[1, :3] = float("-inf")
+        cum[2, 1], cum[2, 4] = -0.0, 0.0
+    tokens = torch.randint(0, 1000, (B, k, k), generator=g)
+    wide = torch.randn(B, k, H + 6, generator=g).to(torch.bfloat16)
+    visible = torch.rand(B, k, W, generator=g) < 0.5
+    return [t.to(device) for t in (cum, tokens, wide[..., 3:H + 3], visible)]  # hidden: strided rows
+
+
+def test_tree_expand_reference_matches_its_definition():
+    cum, tokens, hidden, visible = _expand_problem("cpu")
+    B, k = tokens.shape[:2]
+    scores, toks, cand, node_hidden, vis = tree_expand_torch(cum, tokens, hidden, visible, first=7)
+    for b in range(B):
+        row = cum[b].tolist()
+        pick = sorted(range(k * k), key=lambda i: (-row[i], i))[:k]
+        assert scores[b].tolist() == [row[i] for i in pick]
+        assert toks[b].tolist() == [tokens[b].flatten()[i].item() for i in pick]
+        assert cand[b].tolist() == [7 + i for i in pick]
+        assert torch.equal(node_hidden[b], hidden[b, [i // k for i in pick]])
+        assert torch.equal(vis[b], visible[b, [i // k for i in pick]])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k,H,W", [(4, 70, 12), (3, 2000, 18), (5, 64, 25), (1, 8, 1)])
+def test_tree_expand_triton_matches_reference(device, k, H, W):
+    args = _expand_problem(_dev(device), k=k, H=H, W=W)
+    got = tree_expand_triton(*args, first=11)
+    want = tree_expand_torch(*args, first=11)
+    for g_, w_ in zip(got, want):
+        assert g_.dtype == w_.dtype and torch.equal(g_, w_)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tree_expand_triton_refuses_k_it_cannot_hold(device):
+    cum, tokens, hidden, visible = _expand_problem(_dev(device), k=17, H=8, W=4)
+    with pytest.raises(ValueError, match="k = 17"):
+        tree_expand_triton(cum, tokens, hidden, visible, first=0)
+
+
+def test_tree_expand_dispatches_to_the_reference_on_cpu():
+    args = _expand_problem("cpu")
+    for g_, w_ in zip(tree_expand(*args, first=3), tree_expand_torch(*args, first=3)):
+        assert torch.equal(g_, w_)
