@@ -23,9 +23,15 @@ from ._triton import gdc_launch_dependents, gdc_wait, pdl_launch, triton, tl, us
 MAX_K = 16  # the running top k lives in registers
 
 
+def stable_top(x: torch.Tensor, n: int) -> torch.Tensor:
+    """Indices of the n largest entries along the last dim, largest first, ties to the lower
+    index: the order every kernel here keeps (order_keys)."""
+    return torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :n]
+
+
 def log_softmax_top_k_torch(x: torch.Tensor, k: int, offsets: Optional[torch.Tensor] = None):
     xf = x.float()
-    ids = torch.sort(xf, dim=-1, descending=True, stable=True).indices[..., :k]
+    ids = stable_top(xf, k)
     scores = torch.log_softmax(xf, dim=-1).gather(-1, ids)
     return scores, ids if offsets is None else ids + offsets[ids]
 

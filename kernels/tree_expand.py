@@ -17,14 +17,14 @@ from __future__ import annotations
 import torch
 
 from ._triton import gdc_launch_dependents, gdc_wait, pdl_launch, triton, tl, use_triton
-from .top_k import key_column, order_keys
+from .top_k import key_column, order_keys, stable_top
 
 MAX_K = 16  # k * k scores live in one program's registers
 
 
 def tree_expand_torch(cum, child_tokens, hidden, visible, first: int):
     B, k = child_tokens.shape[:2]
-    pick = torch.sort(cum, dim=-1, descending=True, stable=True).indices[:, :k]
+    pick = stable_top(cum, k)
     parent = pick // k
     return (cum.gather(1, pick), child_tokens.flatten(1).gather(1, pick), first + pick,
             hidden.gather(1, parent.unsqueeze(-1).expand(B, k, hidden.shape[-1])),

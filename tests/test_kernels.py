@@ -649,7 +649,8 @@ def patch_kernels_off():
 def _tree_attention_problem(device, dtype=torch.float32):
     """Two sequences, histories of 37 and 70 tokens, a 7-node tree each at columns
     base..base+6 (node 0 the root), as tree_verify lays it out."""
-    from eagle_zoo.engine.tree import build_tree, cache_mask
+    from eagle_zoo.engine.tree import cache_mask
+    from eagle_zoo.kernels.tree_select import build_tree
 
     g = torch.Generator().manual_seed(8)
     parents = torch.tensor([[-1, 0, 0, 1, 1, 3, 2], [-1, 0, 1, 0, 2, 4, 3]])
@@ -858,4 +859,69 @@ def test_tree_expand_triton_refuses_k_it_cannot_hold(device):
 def test_tree_expand_dispatches_to_the_reference_on_cpu():
     args = _expand_problem("cpu")
     for g_, w_ in zip(tree_expand(*args, first=3), tree_expand_torch(*args, first=3)):
+        assert torch.equal(g_, w_)
+
+
+# --- tree_select (an EAGLE-2 tree from its candidates) --------------------------------------
+
+from eagle_zoo.kernels import tree_select, tree_select_torch, tree_select_triton  # noqa: E402
+
+
+def _candidates(B, k, rounds, seed=0):
+    """Candidates as TreeEagleProposer.propose_tree numbers them: the root's k children,
+    then each round's k * k children of k expanded candidates of the level before; scores
+    add log-probs in bf16 steps (ties), some -inf (outside a draft vocabulary)."""
+    g = torch.Generator().manual_seed(seed)
+    scores, parents = [], []
+    for _ in range(B):
+        lp = -(torch.rand(k + rounds * k * k, generator=g) * 3).to(torch.bfloat16).float()
+        lp[torch.rand(lp.shape, generator=g) < 0.05] = float("-inf")
+        sc, par, level = [], [], []
+        for c in range(k):
+            sc.append(lp[c].item()), par.append(-1)
+        level = list(range(k))
+        for _r in range(rounds):
+            expanded = sorted(level, key=lambda c: (-sc[c], c))[:k]
+            level = []
+            for p_ in expanded:
+                for _ in range(k):
+                    c = len(sc)
+                    sc.append(sc[p_] + lp[c].item()), par.append(p_), level.append(c)
+        scores.append(sc), parents.append(par)
+    tokens = torch.randint(0, 5000, (B, len(scores[0])), generator=g)
+    return torch.tensor(scores), tokens, torch.tensor(parents)
+
+
+def test_tree_select_reference_keeps_the_best_candidates_with_their_ancestors():
+    scores, tokens, parents = _candidates(3, 3, 2)
+    node_tokens, node_parents, depth, anc, mask = tree_select_torch(scores, tokens, parents, 9, 3)
+    for b in range(3):
+        row = scores[b].tolist()
+        kept = sorted(sorted(range(len(row)), key=lambda c: (-row[c], c))[:8])
+        assert node_tokens[b, 1:].tolist() == [tokens[b, c].item() for c in kept]
+        for i, c in enumerate(kept, start=1):
+            p_ = parents[b, c].item()
+            assert node_parents[b, i].item() == (0 if p_ < 0 else kept.index(p_) + 1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k,rounds,total,max_depth", [(3, 2, 9, 3), (6, 3, 30, 4), (8, 5, 60, 6), (2, 1, 3, 2)])
+def test_tree_select_triton_matches_reference(device, k, rounds, total, max_depth):
+    args = [t.to(_dev(device)) for t in _candidates(3, k, rounds, seed=k)]
+    got = tree_select_triton(*args, total, max_depth)
+    want = tree_select_torch(*args, total, max_depth)
+    for name, g_, w_ in zip(("tokens", "parents", "depth", "ancestors", "mask"), got, want):
+        assert g_.dtype == w_.dtype and torch.equal(g_, w_), name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tree_select_triton_refuses_more_nodes_than_candidates(device):
+    scores, tokens, parents = [t.to(_dev(device)) for t in _candidates(1, 2, 1)]
+    with pytest.raises(ValueError, match="7 draft nodes of 6 candidates"):
+        tree_select_triton(scores, tokens, parents, 8, 2)
+
+
+def test_tree_select_dispatches_to_the_reference_on_cpu():
+    args = _candidates(2, 3, 2)
+    for g_, w_ in zip(tree_select(*args, 9, 3), tree_select_torch(*args, 9, 3)):
         assert torch.equal(g_, w_)
