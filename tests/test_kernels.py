@@ -925,3 +925,57 @@ def test_tree_select_dispatches_to_the_reference_on_cpu():
     args = _candidates(2, 3, 2)
     for g_, w_ in zip(tree_select(*args, 9, 3), tree_select_torch(*args, 9, 3)):
         assert torch.equal(g_, w_)
+
+
+# --- tree_accept_greedy (an EAGLE-2 tree's greedy acceptance) -------------------------------
+
+from eagle_zoo.kernels import tree_accept_greedy, tree_accept_greedy_torch, tree_accept_greedy_triton  # noqa: E402
+
+
+def _accept_problem(device, seed=0):
+    """Trees from tree_select over random candidates, and target choices that follow each
+    tree's nodes to a random depth (every depth from none to the deepest, over the rows)."""
+    from eagle_zoo.kernels.tree_select import tree_select_torch
+
+    g = torch.Generator().manual_seed(seed)
+    scores, tokens, parents = _candidates(8, 4, 3, seed=seed)
+    distinct = torch.arange(tokens.shape[1]).expand_as(tokens)  # siblings hold distinct tokens, as top-k gives
+    node_tokens, node_parents, depth, anc, _ = tree_select_torch(scores, distinct, parents, 20, 4)
+    argmax = torch.randint(0, tokens.shape[1], node_tokens.shape, generator=g)
+    for b in range(8):  # row b: the target agrees along one leaf's path up to depth b % 5
+        leaf = int(depth[b].argmax())
+        path = [n for n in anc[b, leaf].tolist() if n >= 0]
+        for level in range(1, min(b % 5, len(path) - 1) + 1):
+            argmax[b, path[level - 1]] = node_tokens[b, path[level]]
+    return [t.to(device) for t in (argmax, node_tokens, node_parents, depth, anc)]
+
+
+def test_tree_accept_greedy_reference_accepts_the_agreeing_path():
+    argmax, tokens, parents, depth, anc = _accept_problem("cpu")
+    emitted, accepted, path = tree_accept_greedy_torch(argmax, tokens, parents, depth, anc)
+    for b in range(8):
+        node, walked = 0, [0]
+        while True:  # from the root, the child whose token the target chose after the node
+            kids = [c for c in range(tokens.shape[1]) if parents[b, c] == node and tokens[b, c] == argmax[b, node]]
+            if not kids:
+                break
+            node = kids[0]
+            walked.append(node)
+        assert accepted[b].item() == len(walked) - 1
+        want = [tokens[b, n].item() for n in walked[1:]] + [argmax[b, node].item()]
+        assert emitted[b].tolist() == want + [-1] * (5 - len(want))
+        assert path[b].tolist() == walked + list(range(len(walked), 5))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_tree_accept_greedy_triton_matches_reference(device, seed):
+    args = _accept_problem(_dev(device), seed)
+    for g_, w_ in zip(tree_accept_greedy_triton(*args), tree_accept_greedy_torch(*args)):
+        assert g_.dtype == w_.dtype and torch.equal(g_, w_)
+
+
+def test_tree_accept_greedy_dispatches_to_the_reference_on_cpu():
+    args = _accept_problem("cpu")
+    for g_, w_ in zip(tree_accept_greedy(*args), tree_accept_greedy_torch(*args)):
+        assert torch.equal(g_, w_)

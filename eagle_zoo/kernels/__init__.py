@@ -26,6 +26,7 @@ from .rope import rope_neox, rope_neox_torch, rope_neox_triton  # noqa: E402
 from .top_k import log_softmax_top_k, log_softmax_top_k_torch, log_softmax_top_k_triton  # noqa: E402
 from .tree_expand import tree_expand, tree_expand_torch, tree_expand_triton  # noqa: E402
 from .tree_select import tree_select, tree_select_torch, tree_select_triton  # noqa: E402
+from .tree_accept import tree_accept_greedy, tree_accept_greedy_torch, tree_accept_greedy_triton  # noqa: E402
 
 __all__ = [
     "cache_attention", "cache_attention_torch", "cache_attention_triton",
@@ -36,4 +37,5 @@ __all__ = [
     "log_softmax_top_k", "log_softmax_top_k_torch", "log_softmax_top_k_triton",
     "tree_expand", "tree_expand_torch", "tree_expand_triton",
     "tree_select", "tree_select_torch", "tree_select_triton",
+    "tree_accept_greedy", "tree_accept_greedy_torch", "tree_accept_greedy_triton",
 ]
