@@ -233,7 +233,9 @@ def test_save_and_load(tmp_path):
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**40), 2**40)
     | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    # no nested 'dtype' key: transformers reads one as a dtype name (refused by name, below)
+    lambda inner: st.lists(inner, max_size=3)
+    | st.dictionaries(st.text(max_size=5).filter(lambda k: k != "dtype"), inner, max_size=3),
     max_leaves=6,
 )
 EXTRA_KEYS = st.dictionaries(st.from_regex(r"x_[a-z0-9_]{1,10}", fullmatch=True), JSON, max_size=4)
@@ -369,3 +371,17 @@ def test_repr():
     text = repr(EagleConfig.from_dict(legacy(eagle_fc_bias=True)))
     assert text.startswith("EagleConfig(method='eagle'")
     assert "EagleLlamaForCausalLM" in text and "LlamaConfig" in text and "eagle_fc_bias=True" in text
+
+
+@pytest.mark.parametrize("value", [[], 1.5, [1, 2]])
+def test_a_dtype_key_that_is_no_dtype_name_is_refused_by_its_path(value):
+    # unchecked, transformers' to_dict fails on {'x_0': {'dtype': []}} with an IndexError
+    with pytest.raises(ValueError, match=r"config key 'x_0\.dtype' is .*give one as a string"):
+        EagleConfig.from_dict({"model_type": "llama", "x_0": {"dtype": value}})
+    with pytest.raises(ValueError, match=r"config key 'model\.dtype' is"):
+        EagleConfig.from_dict({"model_type": "eagle", "model": {"dtype": value}}, method="eagle")
+
+
+def test_a_dtype_key_naming_a_dtype_is_kept():
+    d = {"model_type": "llama", "x_0": {"dtype": "bfloat16"}}
+    assert EagleConfig.from_dict(d).to_dict() == d

@@ -69,11 +69,26 @@ def _check_vocab_size(value: Any) -> int:
     return value
 
 
-def _build_hf_config(fields: dict):
-    """The inner config as transformers' own class, or a plain PretrainedConfig."""
+def _check_dtype_keys(fields: dict, path: str = "") -> None:
+    """transformers reads every 'dtype' key of a config, in nested objects too, as a torch
+    dtype name, and fails on a list or a bool's string (configuration_utils'
+    dict_dtype_to_str): refuse such a value by name before it gets there."""
+    for key, value in fields.items():
+        where = f"{path}{key}"
+        if key == "dtype" and value is not None and not isinstance(value, (str, int, dict)):
+            raise ValueError(f"config key '{where}' is {value!r}: transformers reads a 'dtype' key as a torch "
+                             f"dtype name; give one as a string (e.g. \"bfloat16\") or remove the key")
+        if isinstance(value, dict):
+            _check_dtype_keys(value, f"{where}.")
+
+
+def _build_hf_config(fields: dict, where: str = ""):
+    """The inner config as transformers' own class, or a plain PretrainedConfig; ``where``:
+    the fields' place in the file ("model." in the nested form), for error messages."""
     from transformers import AutoConfig, PretrainedConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+    _check_dtype_keys(fields, where)
     model_type = fields.get("model_type")
     try:
         if isinstance(model_type, str) and model_type in CONFIG_MAPPING:
@@ -104,7 +119,7 @@ class EagleConfig:
             hf = model
         elif isinstance(model, dict):
             raw = copy.deepcopy(model)
-            hf = _build_hf_config(raw)
+            hf = _build_hf_config(raw, "model.")
         else:
             raise ValueError(
                 f"EagleConfig needs model=<the inner HF config, a PretrainedConfig or dict>, got "
@@ -161,7 +176,7 @@ class EagleConfig:
             raw = config
         if method is not None:
             top["method"] = method
-        self._setup(_build_hf_config(raw), raw, top, nested)
+        self._setup(_build_hf_config(raw, "model." if nested else ""), raw, top, nested)
         return self
 
     def to_dict(self) -> dict:
