@@ -72,7 +72,7 @@ def _check_vocab_size(value: Any) -> int:
 def _check_dtype_keys(fields: dict, path: str = "") -> None:
     """transformers reads every 'dtype' key of a config, in nested objects too, as a torch
     dtype name (configuration_utils' dict_dtype_to_str: an IndexError on a list, a float
-    cut at its point): refuse any value but a name, a number or null by its path first."""
+    cut at its point): refuse any value but a name, an integer, an object or null, by path."""
     for key, value in fields.items():
         where = f"{path}{key}"
         if key == "dtype" and value is not None and not isinstance(value, (str, int, dict)):
