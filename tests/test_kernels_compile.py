@@ -1,0 +1,127 @@
+"""Every Triton kernel compiles for Hopper (sm_90) on a machine without a GPU.
+
+The interpreter tests (test_kernels.py) run the kernels' Python, not the compiler, and CI
+has no GPU, so a kernel that the compiler rejects would first fail on the GPU machine.
+Here the Triton wrappers are called on CPU tensors with JITFunction.run replaced by a
+compile of the same arguments for sm_90 (with the ptxas that triton's wheel bundles) and
+PDL on, as on a Hopper GPU. Nothing is launched and the outputs are not looked at;
+test_kernels.py checks what the kernels compute.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import test_kernels as tk  # its problems (inputs) for each kernel
+from eagle_zoo.kernels import (cache_attention_triton, rms_norm_triton, rope_neox_triton, silu_and_mul_triton,
+                               write_kv_triton)
+from eagle_zoo.kernels._triton import HAS_TRITON
+from eagle_zoo.kernels.linear import fused_linear_triton
+from eagle_zoo.kernels.norm import rms_norm_pair_triton
+from eagle_zoo.kernels.qkv_rope import qkv_rope_write_kv_triton
+
+
+def _can_compile_for_hopper() -> bool:
+    if not HAS_TRITON or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    from triton.backends import backends
+
+    return "nvidia" in backends
+
+
+pytestmark = [
+    pytest.mark.skipif(not _can_compile_for_hopper(), reason="needs triton with its NVIDIA backend, not interpreting"),
+    pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the GPU tests compile and run the kernels"),
+]
+
+TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int64: "i64",
+         torch.int32: "i32", torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1"}
+
+
+def _signature(kernel, args, kwargs):
+    """(signature, constexprs) of a launch, as triton.compile takes them: a pointer type
+    per tensor, a scalar type per number, constexpr parameters (and None) by value."""
+    names = [p.name for p in kernel.params]
+    bound = dict(zip(names, args)) | {k: v for k, v in kwargs.items() if k in names}
+    signature, constexprs = {}, {}
+    for p in kernel.params:
+        value = bound[p.name]
+        if p.is_constexpr or value is None:
+            signature[p.name], constexprs[p.name] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            signature[p.name] = "*" + TYPES[value.dtype]
+        elif isinstance(value, bool):
+            signature[p.name] = "i1"
+        elif isinstance(value, int):
+            signature[p.name] = "i32" if -2**31 <= value < 2**31 else "i64"
+        elif isinstance(value, float):
+            signature[p.name] = "fp32"
+        else:
+            raise TypeError(f"{kernel.__name__}: no signature type for {p.name} = {value!r}")
+    return signature, constexprs
+
+
+@pytest.fixture
+def hopper(monkeypatch):
+    """Kernel launches compile for sm_90 instead; returns the names of the kernels compiled."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    from eagle_zoo.kernels import activation, attention, kv_cache, linear, norm, qkv_rope, rope
+
+    compiled = []
+
+    def compile_for_hopper(self, *args, grid, warmup, **kwargs):
+        signature, constexprs = _signature(self, args, kwargs)
+        options = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
+        triton.compile(ASTSource(self, signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
+                       options=options)
+        compiled.append(self.__name__)
+
+    monkeypatch.setattr(JITFunction, "run", compile_for_hopper)
+    for module in (activation, attention, kv_cache, linear, norm, qkv_rope, rope):
+        monkeypatch.setattr(module, "pdl_launch", lambda t: {"PDL": True, "launch_pdl": True})
+    return compiled
+
+
+DTYPES = [torch.bfloat16, torch.float32]  # the GPU engine's (fp32: the IEEE products)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_cache_kernels_compile(hopper, dtype):
+    write_kv_triton(*tk._kv_problem("cpu", dtype, dtype))
+    for case in ({}, {"window": 8}, {"tree": True}):  # causal, a sliding window, an explicit mask
+        q, kc, vc, slots, pos, mask = tk._attn_problem("cpu", dtype=dtype, tree=case.get("tree", False))
+        cache_attention_triton(q, kc, vc, slots, pos, 40, 0.3, attn_mask=mask, window=case.get("window"))
+    q, kc, vc, slots, cols, kv_len, mask, tree = tk._tree_attention_problem("cpu", dtype)[:8]
+    cache_attention_triton(q, kc, vc, slots, cols, kv_len, 0.25, attn_mask=mask, tree=tree)
+    assert set(hopper) == {"_write_kv_kernel", "_attn_split_kernel", "_attn_merge_kernel"}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_layer_op_kernels_compile(hopper, dtype):
+    x = torch.randn(3, 2, 96).to(dtype)
+    w = torch.ones(96, dtype=dtype)
+    rms_norm_triton(x, w, 1e-6)
+    rms_norm_pair_triton(x, w, 1e-6, x, w, 1e-5)
+    silu_and_mul_triton(x)
+    rope_neox_triton(*tk._rope_problem("cpu", dtype))
+    assert len(set(hopper)) == 4, hopper
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_linear_kernels_compile_for_every_case_and_row_count(hopper, dtype):
+    for case in tk.LINEAR_CASES:
+        for rows in (1, 4, 100):  # a decode step, a verification, a prefill
+            x, w, kw = tk._linear_problem("cpu", dtype, rows, case)[:3]
+            fused_linear_triton(x, w, **kw)
+    _, _, cos, sin = tk._rope_problem("cpu", dtype)
+    for norm in (None, torch.ones(96, dtype=dtype)):
+        qkv_rope_write_kv_triton(torch.randn(2, 3, 96).to(dtype), torch.randn(15 * 64, 96).to(dtype), cos, sin,
+                                 torch.zeros(4, 400, 3, 64, dtype=dtype), torch.zeros(4, 400, 3, 64, dtype=dtype),
+                                 torch.tensor([2, 0]), torch.tensor([[0, 7, 9], [5, 6, 7]]), 9, 3, norm_weight=norm)
+    assert "_qkv_rope_kernel" in hopper and len(set(hopper)) >= 2, hopper
