@@ -649,7 +649,8 @@ def patch_kernels_off():
 def _tree_attention_problem(device, dtype=torch.float32):
     """Two sequences, histories of 37 and 70 tokens, a 7-node tree each at columns
     base..base+6 (node 0 the root), as tree_verify lays it out."""
-    from eagle_zoo.engine.tree import build_tree, cache_mask
+    from eagle_zoo.engine.tree import cache_mask
+    from eagle_zoo.kernels.tree_select import build_tree
 
     g = torch.Generator().manual_seed(8)
     parents = torch.tensor([[-1, 0, 0, 1, 1, 3, 2], [-1, 0, 1, 0, 2, 4, 3]])
@@ -746,3 +747,235 @@ def test_pdl_chain_in_a_cuda_graph_gives_the_bits_of_serial_launches(monkeypatch
             want = _layer_chain(x, ws, nw, res)
         torch.cuda.synchronize()
         assert torch.equal(out, want), step
+
+
+# --- log_softmax_top_k (an EAGLE-2 tree level's top k) ------------------------------------
+
+from eagle_zoo.kernels import log_softmax_top_k, log_softmax_top_k_torch, log_softmax_top_k_triton  # noqa: E402
+
+
+def _top_k_rows(V, dtype, device, seed=0):
+    """[2, 3, V] rows with ties among their largest values (bf16 rounding, planted
+    repeats), a -inf entry and a -0.0 beside a 0.0."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(2, 3, V, generator=g) * 3).to(dtype)
+    x[0, 0, V // 2] = x[0, 0, 1] = x[0, 0].max()  # a tie for first place, higher column first
+    x[1, 2, :4] = float("-inf")
+    x[1, 1, 3], x[1, 1, 5] = -0.0, 0.0
+    x[1, 1, 7:] = -1.0
+    return x.to(device)
+
+
+def test_log_softmax_top_k_reference_matches_its_definition():
+    x = _top_k_rows(50, torch.bfloat16, "cpu")
+    offsets = torch.arange(50) % 7
+    scores, ids = log_softmax_top_k_torch(x, 5, offsets)
+    logp = torch.log_softmax(x.float(), dim=-1)
+    for row in range(6):
+        r = x.float().reshape(6, 50)[row].tolist()
+        cols = sorted(range(50), key=lambda c: (-r[c], c))[:5]  # largest first, ties to the lower column
+        assert ids.reshape(6, 5)[row].tolist() == [c + int(offsets[c]) for c in cols]
+        assert torch.equal(scores.reshape(6, 5)[row], logp.reshape(6, 50)[row, cols])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("V,k,dtype", [(50, 5, torch.bfloat16), (20000, 3, torch.bfloat16), (1000, 16, torch.float32),
+                                       (7, 7, torch.float32)])
+def test_log_softmax_top_k_triton_matches_reference(device, V, k, dtype):
+    x = _top_k_rows(V, dtype, _dev(device)) if V > 8 else torch.randn(2, 3, V).to(_dev(device), dtype)
+    for offsets in (None, torch.randint(0, 9, (V,), generator=torch.Generator().manual_seed(1)).to(x.device)):
+        scores, ids = log_softmax_top_k_triton(x, k, offsets)
+        want_scores, want_ids = log_softmax_top_k_torch(x, k, offsets)
+        assert torch.equal(ids, want_ids)
+        torch.testing.assert_close(scores, want_scores, rtol=0, atol=2e-6 * max(1.0, want_scores.abs().max().item()))
+    # a row's result does not depend on the others (one program a row)
+    s1, i1 = log_softmax_top_k_triton(x[1:, 2:], k)
+    assert torch.equal(i1[0, 0], log_softmax_top_k_triton(x, k)[1][1, 2])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_log_softmax_top_k_triton_refuses_k_it_cannot_hold(device):
+    x = torch.randn(2, 20).to(_dev(device))
+    for k in (0, 21, 17):
+        with pytest.raises(ValueError, match=f"k = {k}"):
+            log_softmax_top_k_triton(x, k)
+
+
+def test_log_softmax_top_k_dispatches_to_the_reference_on_cpu():
+    x = _top_k_rows(300, torch.float32, "cpu")
+    got, want = log_softmax_top_k(x, 4), log_softmax_top_k_torch(x, 4)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+# --- tree_expand (an EAGLE-2 drafting round's nodes to expand) ------------------------------
+
+from eagle_zoo.kernels import tree_expand, tree_expand_torch, tree_expand_triton  # noqa: E402
+
+
+def _expand_problem(device, B=3, k=4, H=70, W=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    cum = -(torch.rand(B, k * k, generator=g) * 4).to(torch.bfloat16).float()  # bf16 steps: ties
+    if k * k > 5:
+        cum[0, 5] = cum[0, 2] = cum[0].max()  # a tie for first place, the higher index first
+        cum[1, :3] = float("-inf")
+        cum[2, 1], cum[2, 4] = -0.0, 0.0
+    tokens = torch.randint(0, 1000, (B, k, k), generator=g)
+    wide = torch.randn(B, k, H + 6, generator=g).to(torch.bfloat16)
+    visible = torch.rand(B, k, W, generator=g) < 0.5
+    return [t.to(device) for t in (cum, tokens, wide[..., 3:H + 3], visible)]  # hidden: strided rows
+
+
+def test_tree_expand_reference_matches_its_definition():
+    cum, tokens, hidden, visible = _expand_problem("cpu")
+    B, k = tokens.shape[:2]
+    scores, toks, cand, node_hidden, vis = tree_expand_torch(cum, tokens, hidden, visible, first=7)
+    for b in range(B):
+        row = cum[b].tolist()
+        pick = sorted(range(k * k), key=lambda i: (-row[i], i))[:k]
+        assert scores[b].tolist() == [row[i] for i in pick]
+        assert toks[b].tolist() == [tokens[b].flatten()[i].item() for i in pick]
+        assert cand[b].tolist() == [7 + i for i in pick]
+        assert torch.equal(node_hidden[b], hidden[b, [i // k for i in pick]])
+        assert torch.equal(vis[b], visible[b, [i // k for i in pick]])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k,H,W", [(4, 70, 12), (3, 2000, 18), (5, 64, 25), (1, 8, 1)])
+def test_tree_expand_triton_matches_reference(device, k, H, W):
+    args = _expand_problem(_dev(device), k=k, H=H, W=W)
+    got = tree_expand_triton(*args, first=11)
+    want = tree_expand_torch(*args, first=11)
+    for g_, w_ in zip(got, want):
+        assert g_.dtype == w_.dtype and torch.equal(g_, w_)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tree_expand_triton_refuses_k_it_cannot_hold(device):
+    cum, tokens, hidden, visible = _expand_problem(_dev(device), k=17, H=8, W=4)
+    with pytest.raises(ValueError, match="k = 17"):
+        tree_expand_triton(cum, tokens, hidden, visible, first=0)
+
+
+def test_tree_expand_dispatches_to_the_reference_on_cpu():
+    args = _expand_problem("cpu")
+    for g_, w_ in zip(tree_expand(*args, first=3), tree_expand_torch(*args, first=3)):
+        assert torch.equal(g_, w_)
+
+
+# --- tree_select (an EAGLE-2 tree from its candidates) --------------------------------------
+
+from eagle_zoo.kernels import tree_select, tree_select_torch, tree_select_triton  # noqa: E402
+
+
+def _candidates(B, k, rounds, seed=0):
+    """Candidates as TreeEagleProposer.propose_tree numbers them: the root's k children,
+    then each round's k * k children of k expanded candidates of the level before; scores
+    add log-probs in bf16 steps (ties), some -inf (outside a draft vocabulary)."""
+    g = torch.Generator().manual_seed(seed)
+    scores, parents = [], []
+    for _ in range(B):
+        lp = -(torch.rand(k + rounds * k * k, generator=g) * 3).to(torch.bfloat16).float()
+        lp[torch.rand(lp.shape, generator=g) < 0.05] = float("-inf")
+        sc, par, level = [], [], []
+        for c in range(k):
+            sc.append(lp[c].item()), par.append(-1)
+        level = list(range(k))
+        for _r in range(rounds):
+            expanded = sorted(level, key=lambda c: (-sc[c], c))[:k]
+            level = []
+            for p_ in expanded:
+                for _ in range(k):
+                    c = len(sc)
+                    sc.append(sc[p_] + lp[c].item()), par.append(p_), level.append(c)
+        scores.append(sc), parents.append(par)
+    tokens = torch.randint(0, 5000, (B, len(scores[0])), generator=g)
+    return torch.tensor(scores), tokens, torch.tensor(parents)
+
+
+def test_tree_select_reference_keeps_the_best_candidates_with_their_ancestors():
+    scores, tokens, parents = _candidates(3, 3, 2)
+    node_tokens, node_parents, depth, anc, mask = tree_select_torch(scores, tokens, parents, 9, 3)
+    for b in range(3):
+        row = scores[b].tolist()
+        kept = sorted(sorted(range(len(row)), key=lambda c: (-row[c], c))[:8])
+        assert node_tokens[b, 1:].tolist() == [tokens[b, c].item() for c in kept]
+        for i, c in enumerate(kept, start=1):
+            p_ = parents[b, c].item()
+            assert node_parents[b, i].item() == (0 if p_ < 0 else kept.index(p_) + 1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k,rounds,total,max_depth", [(3, 2, 9, 3), (6, 3, 30, 4), (8, 5, 60, 6), (2, 1, 3, 2)])
+def test_tree_select_triton_matches_reference(device, k, rounds, total, max_depth):
+    args = [t.to(_dev(device)) for t in _candidates(3, k, rounds, seed=k)]
+    got = tree_select_triton(*args, total, max_depth)
+    want = tree_select_torch(*args, total, max_depth)
+    for name, g_, w_ in zip(("tokens", "parents", "depth", "ancestors", "mask"), got, want):
+        assert g_.dtype == w_.dtype and torch.equal(g_, w_), name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tree_select_triton_refuses_more_nodes_than_candidates(device):
+    scores, tokens, parents = [t.to(_dev(device)) for t in _candidates(1, 2, 1)]
+    with pytest.raises(ValueError, match="7 draft nodes of 6 candidates"):
+        tree_select_triton(scores, tokens, parents, 8, 2)
+
+
+def test_tree_select_dispatches_to_the_reference_on_cpu():
+    args = _candidates(2, 3, 2)
+    for g_, w_ in zip(tree_select(*args, 9, 3), tree_select_torch(*args, 9, 3)):
+        assert torch.equal(g_, w_)
+
+
+# --- tree_accept_greedy (an EAGLE-2 tree's greedy acceptance) -------------------------------
+
+from eagle_zoo.kernels import tree_accept_greedy, tree_accept_greedy_torch, tree_accept_greedy_triton  # noqa: E402
+
+
+def _accept_problem(device, seed=0):
+    """Trees from tree_select over random candidates, and target choices that follow each
+    tree's nodes to a random depth (every depth from none to the deepest, over the rows)."""
+    from eagle_zoo.kernels.tree_select import tree_select_torch
+
+    g = torch.Generator().manual_seed(seed)
+    scores, tokens, parents = _candidates(8, 4, 3, seed=seed)
+    distinct = torch.arange(tokens.shape[1]).expand_as(tokens)  # siblings hold distinct tokens, as top-k gives
+    node_tokens, node_parents, depth, anc, _ = tree_select_torch(scores, distinct, parents, 20, 4)
+    argmax = torch.randint(0, tokens.shape[1], node_tokens.shape, generator=g)
+    for b in range(8):  # row b: the target agrees along one leaf's path up to depth b % 5
+        leaf = int(depth[b].argmax())
+        path = [n for n in anc[b, leaf].tolist() if n >= 0]
+        for level in range(1, min(b % 5, len(path) - 1) + 1):
+            argmax[b, path[level - 1]] = node_tokens[b, path[level]]
+    return [t.to(device) for t in (argmax, node_tokens, node_parents, depth, anc)]
+
+
+def test_tree_accept_greedy_reference_accepts_the_agreeing_path():
+    argmax, tokens, parents, depth, anc = _accept_problem("cpu")
+    emitted, accepted, path = tree_accept_greedy_torch(argmax, tokens, parents, depth, anc)
+    for b in range(8):
+        node, walked = 0, [0]
+        while True:  # from the root, the child whose token the target chose after the node
+            kids = [c for c in range(tokens.shape[1]) if parents[b, c] == node and tokens[b, c] == argmax[b, node]]
+            if not kids:
+                break
+            node = kids[0]
+            walked.append(node)
+        assert accepted[b].item() == len(walked) - 1
+        want = [tokens[b, n].item() for n in walked[1:]] + [argmax[b, node].item()]
+        assert emitted[b].tolist() == want + [-1] * (5 - len(want))
+        assert path[b].tolist() == walked + list(range(len(walked), 5))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_tree_accept_greedy_triton_matches_reference(device, seed):
+    args = _accept_problem(_dev(device), seed)
+    for g_, w_ in zip(tree_accept_greedy_triton(*args), tree_accept_greedy_torch(*args)):
+        assert g_.dtype == w_.dtype and torch.equal(g_, w_)
+
+
+def test_tree_accept_greedy_dispatches_to_the_reference_on_cpu():
+    args = _accept_problem("cpu")
+    for g_, w_ in zip(tree_accept_greedy(*args), tree_accept_greedy_torch(*args)):
+        assert torch.equal(g_, w_)

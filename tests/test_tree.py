@@ -31,8 +31,9 @@ import engine_fixtures as ef
 from eagle_zoo import LLM, SamplingParams
 from eagle_zoo.config.speculative import SpeculativeConfig, SpeculativeConfigError
 from eagle_zoo.engine import tree_verify
-from eagle_zoo.engine.tree import build_tree, cache_mask, select_tree
+from eagle_zoo.engine.tree import cache_mask, select_tree
 from eagle_zoo.engine.tree_verify import accept_greedy, compact_kv
+from eagle_zoo.kernels.tree_select import build_tree
 
 VOCAB = cf.TINY["vocab_size"]
 MAX_MODEL_LEN = 96

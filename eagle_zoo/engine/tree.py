@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels.tree_select import tree_select
+
 
 @dataclass
 class TreeDraft:
@@ -53,54 +55,16 @@ class TreeDraft:
         return self.ancestors.shape[2] - 1
 
 
-def stable_top(scores: torch.Tensor, n: int) -> torch.Tensor:
-    """Indices of the n largest entries along the last dim; ties go to the lower index."""
-    return torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :n]
-
-
-def build_tree(parents: torch.Tensor, max_depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """From parents [B, N] (-1 for node 0, else a smaller node index) and a bound on the
-    depth: (depth [B, N], ancestors [B, N, max_depth+1], mask [B, N, N])."""
-    B, N = parents.shape
-    up = parents.clamp(min=0)  # the root points at itself
-    # chain[:, :, s] = the node s steps above each node (the root once reached)
-    steps = [torch.arange(N, device=parents.device).expand(B, N)]
-    for _ in range(max_depth):
-        steps.append(up.gather(1, steps[-1]))
-    chain = torch.stack(steps, dim=2)  # [B, N, max_depth+1]
-    depth = (chain != 0).sum(-1)
-    level = torch.arange(max_depth + 1, device=parents.device)
-    above = (depth.unsqueeze(-1) - level).clamp(min=0)  # steps up to reach level d
-    ancestors = chain.gather(2, above)
-    ancestors = torch.where(level <= depth.unsqueeze(-1), ancestors, torch.full_like(ancestors, -1))
-    node = torch.arange(N, device=parents.device)
-    mask = (chain.unsqueeze(-1) == node).any(2)  # [B, N, N]
-    return depth, ancestors, mask
-
-
 def select_tree(scores: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
                 total_tokens: int, max_depth: int) -> TreeDraft:
-    """The tree of the best ``total_tokens - 1`` candidates.
+    """The tree of the best ``total_tokens - 1`` candidates (kernels/tree_select.py).
 
     scores, tokens [B, M]: candidate cumulative scores and tokens; parents [B, M]: the
     parent's candidate number, -1 for the root's children. Requires
     total_tokens - 1 <= M and that no kept candidate is deeper than max_depth."""
-    B, M = scores.shape
-    n = total_tokens - 1
-    if n > M:
-        raise ValueError(f"select_tree: {total_tokens - 1} draft nodes asked for but only {M} candidates")
-    device = scores.device
-    chosen = stable_top(scores, n).sort(dim=1).values  # candidate order: parents first
-    node_of = torch.zeros(B, M, dtype=torch.long, device=device)
-    node_of.scatter_(1, chosen, torch.arange(1, n + 1, device=device).expand(B, n))
-    cand_parent = parents.gather(1, chosen)
-    node_parent = torch.where(cand_parent < 0, torch.zeros_like(cand_parent),
-                              node_of.gather(1, cand_parent.clamp(min=0)))
-    root = torch.full((B, 1), -1, dtype=torch.long, device=device)
-    node_parents = torch.cat([root, node_parent], dim=1)
-    node_tokens = torch.cat([torch.zeros_like(root), tokens.gather(1, chosen)], dim=1)
-    depth, ancestors, mask = build_tree(node_parents, max_depth)
-    return TreeDraft(node_tokens, node_parents, depth, ancestors, mask)
+    if total_tokens - 1 > scores.shape[1]:
+        raise ValueError(f"select_tree: {total_tokens - 1} draft nodes asked for but only {scores.shape[1]} candidates")
+    return TreeDraft(*tree_select(scores, tokens, parents, total_tokens, max_depth))
 
 
 class CacheMask:

@@ -27,7 +27,8 @@ from __future__ import annotations
 import torch
 
 from .proposers import EagleProposer
-from .tree import CacheMask, TreeDraft, select_tree, stable_top
+from ..kernels.tree_expand import tree_expand
+from .tree import CacheMask, TreeDraft, select_tree
 
 
 def tree_shape(depth: int, total_tokens: int) -> tuple[int, int]:
@@ -88,14 +89,8 @@ class TreeEagleProposer(EagleProposer):
             cand_scores.append(cum)
             cand_tokens.append(child_tokens.flatten(1))
             cand_parents.append(node_cand.repeat_interleave(k, dim=1))
-            if r + 1 < R:
-                pick = stable_top(cum, k)
-                parent = pick // k
-                scores = cum.gather(1, pick)
-                tokens = child_tokens.flatten(1).gather(1, pick)
-                node_cand = first + pick
-                node_hidden = h.gather(1, parent.unsqueeze(-1).expand(B, k, H))
-                visible = visible.gather(1, parent.unsqueeze(-1).expand(B, k, R * k))
+            if r + 1 < R:  # the k best children are expanded next, with their parents' state
+                scores, tokens, node_cand, node_hidden, visible = tree_expand(cum, child_tokens, h, visible, first)
         return select_tree(torch.cat(cand_scores, 1), torch.cat(cand_tokens, 1), torch.cat(cand_parents, 1),
                            self.total_tokens, self.max_depth)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels.tree_accept import emit_path, tree_accept_greedy
 from .sampler import apply_sampling_params, draw, sample_from_probs
 from .tree import TreeDraft, cache_mask
 from .verify import SamplingBatch
@@ -25,31 +26,9 @@ def accept_greedy(target_argmax: torch.Tensor, tree: TreeDraft):
     accepted nodes form one path. Returns (tokens [B, L+1]: the accepted tokens, then
     the target's token after the deepest accepted node, then -1; num_accepted [B];
     path [B, L+1]: node at each level of the accepted path, and for levels past it the
-    level number itself, a valid node index that compaction copies onto itself)."""
-    B, N = target_argmax.shape
-    L = tree.max_depth
-    expected = target_argmax.gather(1, tree.parents.clamp(min=0))
-    correct = tree.tokens == expected
-    correct[:, 0] = True  # the root is given
-    anc = tree.ancestors  # [B, N, L+1]
-    along = correct.gather(1, anc.clamp(min=0).flatten(1)).view(B, N, L + 1)
-    ok = (along | (anc < 0)).all(-1)
-    num_accepted, leaf = torch.where(ok, tree.depth, torch.full_like(tree.depth, -1)).max(1)
-    return _emit(tree, leaf, num_accepted, target_argmax.gather(1, leaf.view(B, 1))[:, 0])
-
-
-def _emit(tree: TreeDraft, leaf: torch.Tensor, num_accepted: torch.Tensor, next_token: torch.Tensor):
-    """(tokens, num_accepted, path) as accept_greedy returns them, for the accepted path
-    ending at node ``leaf`` [B] followed by ``next_token`` [B]."""
-    B, L = leaf.shape[0], tree.max_depth
-    level = torch.arange(L + 1, device=leaf.device)
-    path = tree.ancestors.gather(1, leaf.view(B, 1, 1).expand(B, 1, L + 1))[:, 0]
-    path = torch.where(path >= 0, path, level.expand(B, L + 1))
-    path_tokens = torch.nn.functional.pad(tree.tokens.gather(1, path)[:, 1:], (0, 1), value=-1)
-    na = num_accepted.view(B, 1)
-    pad = torch.full_like(path_tokens, -1)
-    tokens = torch.where(level < na, path_tokens, torch.where(level == na, next_token.view(B, 1), pad))
-    return tokens, num_accepted, path
+    level number itself, a valid node index that compaction copies onto itself).
+    kernels/tree_accept.py."""
+    return tree_accept_greedy(target_argmax, tree.tokens, tree.parents, tree.depth, tree.ancestors)
 
 
 def children_table(parents: torch.Tensor, width: int) -> torch.Tensor:
@@ -109,7 +88,7 @@ def accept_sampled(probs: torch.Tensor, tree: TreeDraft, width: int, uniforms: t
         num_accepted += moved.long()
         cur = nxt
         p = torch.where(moved.view(B, 1), probs.gather(1, cur.view(B, 1, 1).expand(B, 1, V))[:, 0], p)
-    return _emit(tree, cur, num_accepted, sample_from_probs(final, exponentials))
+    return emit_path(tree.ancestors, tree.tokens, cur, num_accepted, sample_from_probs(final, exponentials))
 
 
 def compact_kv(kv_caches, slots: torch.Tensor, base: torch.Tensor, path: torch.Tensor) -> None:

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from ..kernels.linear import fused_linear_triton, use_linear_kernel
+from ..kernels.top_k import log_softmax_top_k
 from ..specs import WeightMapping
 from .fused_layer import eagle3_layer_supports_fusion, fused_eagle3_layer
 from .layers import ParallelLMHead, ReplicatedLinear, RMSNorm, VocabParallelEmbedding
@@ -134,8 +135,9 @@ class _HeadBase(nn.Module):
         return self.compute_logits(h).argmax(dim=-1)
 
     def draft_top_k(self, h: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(log-probs in fp32, target vocabulary ids) of the k most likely draft tokens."""
-        return torch.log_softmax(self.compute_logits(h).float(), dim=-1).topk(k, dim=-1)
+        """(log-probs in fp32, target vocabulary ids) of the k most likely draft tokens,
+        most likely first, ties to the lower id."""
+        return log_softmax_top_k(self.compute_logits(h), k)
 
 
 class EagleHead(_HeadBase):
@@ -339,5 +341,4 @@ class Eagle3Head(_HeadBase):
         return ids + self.d2t[ids]
 
     def draft_top_k(self, h: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        scores, ids = torch.log_softmax(self.compute_draft_logits(h).float(), dim=-1).topk(k, dim=-1)
-        return scores, ids + self.d2t[ids]
+        return log_softmax_top_k(self.compute_draft_logits(h), k, self.d2t)
