@@ -7,7 +7,7 @@ node_hidden, visible) for B sequences, k expanded nodes and their k children eac
   scores = cum[pick], tokens = child_tokens[pick], node_cand = first + pick
   node_hidden = hidden[pick // k] ([B, k, H]), visible = visible[pick // k] ([B, k, W])
 Why: torch takes ~9 small kernels a round for this (a sort, the divide, five gathers,
-their copies), and a tree step of 6 rounds is bound by its kernel count.
+their copies), and a tree step is bound by its kernel count.
 
 One program a sequence: the k * k scores as int64 keys (kernels/top_k.py's order_keys), the
 k largest by k max-reductions, then the winners' rows copied.
