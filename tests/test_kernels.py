@@ -649,18 +649,18 @@ def patch_kernels_off():
 def _tree_attention_problem(device, dtype=torch.float32):
     """Two sequences, histories of 37 and 70 tokens, a 7-node tree each at columns
     base..base+6 (node 0 the root), as tree_verify lays it out."""
-    from eagle_zoo.engine.tree import cache_mask
+    from eagle_zoo.kernels.attention import tree_visibility
     from eagle_zoo.kernels.tree_select import build_tree
 
     g = torch.Generator().manual_seed(8)
     parents = torch.tensor([[-1, 0, 0, 1, 1, 3, 2], [-1, 0, 1, 0, 2, 4, 3]])
-    depth, anc, tree_mask = build_tree(parents, 4)
+    depth, anc = build_tree(parents, 4)
     base = torch.tensor([37, 70])
     B, N = parents.shape
     positions = base.view(B, 1) + depth
     columns = base.view(B, 1) + torch.arange(N)
     kv_len = 90
-    mask = cache_mask(base, tree_mask, kv_len)
+    mask = tree_visibility((positions, base, anc), kv_len)
     q = torch.randn(B, N, 6, 16, generator=g)
     kc, vc = torch.randn(4, 96, 2, 16, generator=g), torch.randn(4, 96, 2, 16, generator=g)
     slots = torch.tensor([3, 1])
@@ -675,8 +675,12 @@ def test_attention_tree_mode_matches_reference_and_plain_decoding_bits(device):
     kw = dict(split_size=16, block_n=16) if device == "interp" else {}
     for dtype in _dtypes(device):
         q, kc, vc, slots, cols, kv_len, mask, tree, depth, anc = _tree_attention_problem(dev, dtype)
-        out = cache_attention_triton(q, kc, vc, slots, cols, kv_len, 0.25, attn_mask=mask, tree=tree, **kw)
+        out = cache_attention_triton(q, kc, vc, slots, cols, kv_len, 0.25, tree=tree, **kw)
         ref = cache_attention_torch(q, kc, vc, slots, cols, kv_len, 0.25, attn_mask=mask)
+        assert torch.equal(cache_attention(q.cpu(), kc.cpu(), vc.cpu(), slots.cpu(), cols.cpu(), kv_len, 0.25,
+                                           tree=tuple(t.cpu() for t in tree)), ref.cpu())  # the reference's form
+        with pytest.raises(ValueError, match="not both"):
+            cache_attention_triton(q, kc, vc, slots, cols, kv_len, 0.25, attn_mask=mask, tree=tree, **kw)
         # bf16: the kernel rounds each probability to bf16 before its value product (as
         # every flash kernel does), relative to the running max of one key per tile, so it
         # is not one bf16 step from the reference near zero; the tolerance of the other
@@ -697,6 +701,19 @@ def test_attention_tree_mode_matches_reference_and_plain_decoding_bits(device):
                 plain = cache_attention_triton(q[b:b + 1, i:i + 1], kc2, vc2, slots[b:b + 1], pos, kv_len, 0.25,
                                                **kw)
                 assert torch.equal(plain[0, 0], out[b, i]), (b, i)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_attention_tree_of_wide_head_groups_takes_its_keys_as_a_mask(device):
+    """More than 16 query heads a kv head do not fit the tree walk's tile: the same keys
+    as a mask (tree_visibility), against the reference."""
+    dev = _dev(device)
+    kw = dict(split_size=16, block_n=16) if device == "interp" else {}
+    _, kc, vc, slots, cols, kv_len, mask, tree, _, _ = _tree_attention_problem(dev)
+    q = torch.randn(2, 7, 34, 16, generator=torch.Generator().manual_seed(3)).to(dev)  # 17 heads a kv head
+    out = cache_attention_triton(q, kc, vc, slots, cols, kv_len, 0.25, tree=tree, **kw)
+    ref = cache_attention_torch(q, kc, vc, slots, cols, kv_len, 0.25, attn_mask=mask)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
 
 
 # --- programmatic dependent launch (kernels/_triton.py) ---
@@ -821,44 +838,54 @@ def _expand_problem(device, B=3, k=4, H=70, W=12, seed=0):
         cum[2, 1], cum[2, 4] = -0.0, 0.0
     tokens = torch.randint(0, 1000, (B, k, k), generator=g)
     wide = torch.randn(B, k, H + 6, generator=g).to(torch.bfloat16)
-    visible = torch.rand(B, k, W, generator=g) < 0.5
-    return [t.to(device) for t in (cum, tokens, wide[..., 3:H + 3], visible)]  # hidden: strided rows
+    ancestors = torch.randint(0, 100, (B, k, W), generator=g)
+    return [t.to(device) for t in (cum, tokens, wide[..., 3:H + 3], ancestors)]  # hidden: strided rows
 
 
 def test_tree_expand_reference_matches_its_definition():
-    cum, tokens, hidden, visible = _expand_problem("cpu")
+    cum, tokens, hidden, ancestors = _expand_problem("cpu")
     B, k = tokens.shape[:2]
-    scores, toks, cand, node_hidden, vis = tree_expand_torch(cum, tokens, hidden, visible, first=7)
+    scores, toks, child_parents, node_hidden, anc = tree_expand_torch(cum, tokens, hidden, ancestors, first=7,
+                                                                      level=5)
     for b in range(B):
         row = cum[b].tolist()
         pick = sorted(range(k * k), key=lambda i: (-row[i], i))[:k]
         assert scores[b].tolist() == [row[i] for i in pick]
         assert toks[b].tolist() == [tokens[b].flatten()[i].item() for i in pick]
-        assert cand[b].tolist() == [7 + i for i in pick]
+        assert child_parents[b].tolist() == [7 + i for i in pick for _ in range(k)]
         assert torch.equal(node_hidden[b], hidden[b, [i // k for i in pick]])
-        assert torch.equal(vis[b], visible[b, [i // k for i in pick]])
+        for j, i in enumerate(pick):
+            want = ancestors[b, i // k].tolist()
+            want[5] = 5 * k + j  # its own scratch column at its level
+            assert anc[b, j].tolist() == want
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("k,H,W", [(4, 70, 12), (3, 2000, 18), (5, 64, 25), (1, 8, 1)])
 def test_tree_expand_triton_matches_reference(device, k, H, W):
     args = _expand_problem(_dev(device), k=k, H=H, W=W)
-    got = tree_expand_triton(*args, first=11)
-    want = tree_expand_torch(*args, first=11)
-    for g_, w_ in zip(got, want):
-        assert g_.dtype == w_.dtype and torch.equal(g_, w_)
+    first_round = args[:3] + [args[3][0].expand(args[3].shape)]  # the engine's first rows: one for every b
+    for level in {0, W // 2, W - 1}:
+        for case in (args, first_round):
+            got = tree_expand_triton(*case, first=11, level=level)
+            want = tree_expand_torch(*case, first=11, level=level)
+            for g_, w_ in zip(got, want):
+                assert g_.dtype == w_.dtype and torch.equal(g_, w_)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_tree_expand_triton_refuses_k_it_cannot_hold(device):
-    cum, tokens, hidden, visible = _expand_problem(_dev(device), k=17, H=8, W=4)
+def test_tree_expand_triton_refuses_what_it_cannot_hold(device):
+    cum, tokens, hidden, ancestors = _expand_problem(_dev(device), k=17, H=8, W=4)
     with pytest.raises(ValueError, match="k = 17"):
-        tree_expand_triton(cum, tokens, hidden, visible, first=0)
+        tree_expand_triton(cum, tokens, hidden, ancestors, first=0, level=1)
+    cum, tokens, hidden, ancestors = _expand_problem(_dev(device), k=2, H=8, W=4)
+    with pytest.raises(ValueError, match="level 4 outside"):
+        tree_expand_triton(cum, tokens, hidden, ancestors, first=0, level=4)
 
 
 def test_tree_expand_dispatches_to_the_reference_on_cpu():
     args = _expand_problem("cpu")
-    for g_, w_ in zip(tree_expand(*args, first=3), tree_expand_torch(*args, first=3)):
+    for g_, w_ in zip(tree_expand(*args, first=3, level=2), tree_expand_torch(*args, first=3, level=2)):
         assert torch.equal(g_, w_)
 
 
@@ -894,7 +921,7 @@ def _candidates(B, k, rounds, seed=0):
 
 def test_tree_select_reference_keeps_the_best_candidates_with_their_ancestors():
     scores, tokens, parents = _candidates(3, 3, 2)
-    node_tokens, node_parents, depth, anc, mask = tree_select_torch(scores, tokens, parents, 9, 3)
+    node_tokens, node_parents, depth, anc = tree_select_torch(scores, tokens, parents, 9, 3)
     for b in range(3):
         row = scores[b].tolist()
         kept = sorted(sorted(range(len(row)), key=lambda c: (-row[c], c))[:8])
@@ -910,7 +937,7 @@ def test_tree_select_triton_matches_reference(device, k, rounds, total, max_dept
     args = [t.to(_dev(device)) for t in _candidates(3, k, rounds, seed=k)]
     got = tree_select_triton(*args, total, max_depth)
     want = tree_select_torch(*args, total, max_depth)
-    for name, g_, w_ in zip(("tokens", "parents", "depth", "ancestors", "mask"), got, want):
+    for name, g_, w_ in zip(("tokens", "parents", "depth", "ancestors"), got, want):
         assert g_.dtype == w_.dtype and torch.equal(g_, w_), name
 
 
@@ -940,7 +967,7 @@ def _accept_problem(device, seed=0):
     g = torch.Generator().manual_seed(seed)
     scores, tokens, parents = _candidates(8, 4, 3, seed=seed)
     distinct = torch.arange(tokens.shape[1]).expand_as(tokens)  # siblings hold distinct tokens, as top-k gives
-    node_tokens, node_parents, depth, anc, _ = tree_select_torch(scores, distinct, parents, 20, 4)
+    node_tokens, node_parents, depth, anc = tree_select_torch(scores, distinct, parents, 20, 4)
     argmax = torch.randint(0, tokens.shape[1], node_tokens.shape, generator=g)
     for b in range(8):  # row b: the target agrees along one leaf's path up to depth b % 5
         leaf = int(depth[b].argmax())

@@ -101,8 +101,8 @@ def test_the_cache_kernels_compile(hopper, dtype):
     for case in ({}, {"window": 8}, {"tree": True}):  # causal, a sliding window, an explicit mask
         q, kc, vc, slots, pos, mask = tk._attn_problem("cpu", dtype=dtype, tree=case.get("tree", False))
         cache_attention_triton(q, kc, vc, slots, pos, 40, 0.3, attn_mask=mask, window=case.get("window"))
-    q, kc, vc, slots, cols, kv_len, mask, tree = tk._tree_attention_problem("cpu", dtype)[:8]
-    cache_attention_triton(q, kc, vc, slots, cols, kv_len, 0.25, attn_mask=mask, tree=tree)
+    q, kc, vc, slots, cols, kv_len, _, tree = tk._tree_attention_problem("cpu", dtype)[:8]
+    cache_attention_triton(q, kc, vc, slots, cols, kv_len, 0.25, tree=tree)
     assert set(hopper) == {"_write_kv_kernel", "_attn_split_kernel", "_attn_merge_kernel"}
 
 
@@ -139,7 +139,7 @@ def test_the_tree_kernels_compile(hopper):
     # bf16 logits as the heads' lm_heads give them on the GPU: an EAGLE-3 draft vocabulary, a full one
     log_softmax_top_k_triton(torch.randn(3, 6, 12000).bfloat16(), 6, torch.zeros(12000, dtype=torch.long))
     log_softmax_top_k_triton(torch.randn(1, 6, 49152).bfloat16(), 6)
-    tree_expand_triton(*tk._expand_problem("cpu", k=6, H=576, W=18), first=6)
+    tree_expand_triton(*tk._expand_problem("cpu", k=6, H=576, W=3), first=6, level=1)
     scores, tokens, parents = tk._candidates(2, 6, 3)
     tree_select_triton(scores, tokens, parents, 30, 4)
     tree_accept_greedy_triton(*tk._accept_problem("cpu"))
