@@ -232,8 +232,9 @@ def test_dispatchers_use_the_reference_on_cpu():
 # bound by kernel count). In the interpreter fp32 only: it truncates fp32 -> bf16 where
 # the GPU rounds like torch.
 
-from eagle_zoo.kernels import (rms_norm, rms_norm_torch, rms_norm_triton, rope_neox, rope_neox_torch,  # noqa: E402
-                               rope_neox_triton, silu_and_mul, silu_and_mul_torch, silu_and_mul_triton)
+from eagle_zoo.kernels import (rms_norm, rms_norm_torch, rms_norm_triton, rope_angles, rope_angles_torch,  # noqa: E402
+                               rope_angles_triton, rope_neox, rope_neox_torch, rope_neox_triton, silu_and_mul,
+                               silu_and_mul_torch, silu_and_mul_triton)
 
 
 def _dtypes(device):
@@ -329,6 +330,26 @@ def test_rope_triton_matches_reference(device):
             _close_rope(a, b, dtype)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("scaling", [1.0, 0.7])
+def test_rope_angles_triton_matches_reference(device, scaling):
+    """One kernel for the cast, product, cos and sin. On the GPU the CUDA math library's
+    cosf / sinf, as torch's kernels call, so the same bits; in the interpreter numpy's."""
+    from eagle_zoo.models.layers import _rope_default
+
+    inv_freq = _rope_default({"rope_theta": 100000.0}, 64, 8192)[0].to(_dev(device))
+    wide = torch.tensor([[0, 1, 7, 300, 8191, 5000], [2, 3, 4, 5, 6, 65535]], device=_dev(device))
+    for positions in (wide, wide[:, ::2], wide[:1, 2:3].expand(3, 4)):  # strided, one position everywhere
+        got = rope_angles_triton(positions, inv_freq, scaling)
+        want = rope_angles_torch(positions, inv_freq, scaling)
+        for g_, w_ in zip(got, want):
+            assert g_.shape == w_.shape == (*positions.shape, 1, 32) and g_.dtype == torch.float32
+            if device == "cuda":
+                assert torch.equal(g_, w_)
+            else:
+                torch.testing.assert_close(g_, w_, rtol=0, atol=1e-6)
+
+
 def _close_rope(a, b, dtype):
     # bf16 on the H200: one step of a product apart (not bit for bit); where the two
     # products cancel, that step is large next to the result (0.0039 seen at a 0).
@@ -345,6 +366,9 @@ def test_layer_op_dispatchers_use_the_reference_on_cpu():
     assert torch.equal(silu_and_mul(x), silu_and_mul_torch(x))
     q, k, cos, sin = _rope_problem("cpu", torch.float32)
     assert all(torch.equal(a, b) for a, b in zip(rope_neox(q, k, cos, sin), rope_neox_torch(q, k, cos, sin)))
+    positions, inv_freq = torch.tensor([[3, 90]]), torch.rand(8)
+    assert all(torch.equal(a, b) for a, b in zip(rope_angles(positions, inv_freq, 0.5),
+                                                 rope_angles_torch(positions, inv_freq, 0.5)))
 
 
 # --- few-row linear with fused norm / activation / residual; rope + KV write; the fused layer ---

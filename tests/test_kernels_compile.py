@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import test_kernels as tk  # its problems (inputs) for each kernel
-from eagle_zoo.kernels import (cache_attention_triton, rms_norm_triton, rope_neox_triton, silu_and_mul_triton,
-                               write_kv_triton)
+from eagle_zoo.kernels import (cache_attention_triton, rms_norm_triton, rope_angles_triton, rope_neox_triton,
+                               silu_and_mul_triton, write_kv_triton)
 from eagle_zoo.kernels._triton import HAS_TRITON
 from eagle_zoo.kernels.linear import fused_linear_triton
 from eagle_zoo.kernels.norm import rms_norm_pair_triton
@@ -114,7 +114,9 @@ def test_the_layer_op_kernels_compile(hopper, dtype):
     rms_norm_pair_triton(x, w, 1e-6, x, w, 1e-5)
     silu_and_mul_triton(x)
     rope_neox_triton(*tk._rope_problem("cpu", dtype))
-    assert set(hopper) == {"_rms_norm_kernel", "_rms_norm_pair_kernel", "_silu_and_mul_kernel", "_rope_neox_kernel"}
+    rope_angles_triton(torch.tensor([[5, 9]]), torch.rand(32), 0.5)
+    assert set(hopper) == {"_rms_norm_kernel", "_rms_norm_pair_kernel", "_silu_and_mul_kernel", "_rope_neox_kernel",
+                           "_rope_angles_kernel"}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
