@@ -1030,3 +1030,46 @@ def test_tree_accept_greedy_dispatches_to_the_reference_on_cpu():
     args = _accept_problem("cpu")
     for g_, w_ in zip(tree_accept_greedy(*args), tree_accept_greedy_torch(*args)):
         assert torch.equal(g_, w_)
+
+
+# --- chain_accept_greedy (a chain of drafts' greedy acceptance) -------------------------------
+
+from eagle_zoo.kernels import chain_accept_greedy, chain_accept_greedy_torch, chain_accept_greedy_triton  # noqa: E402
+
+
+def _chain_problem(device, B=16, K=4, seed=0):
+    """Target choices and drafts that agree for runs of every length."""
+    g = torch.Generator().manual_seed(seed)
+    argmax = torch.randint(0, 50, (B, K + 1), generator=g)
+    agree = torch.rand(B, K, generator=g) < 0.7
+    drafts = torch.where(agree, argmax[:, :K], (argmax[:, :K] + 1) % 50)
+    num_draft = torch.randint(0, K + 1, (B,), generator=g)
+    return argmax.to(device), drafts.to(device), num_draft.to(device)
+
+
+def test_chain_accept_greedy_reference_stops_at_the_first_disagreement():
+    argmax, drafts, num_draft = _chain_problem("cpu")
+    for n in (None, num_draft):
+        tokens, accepted = chain_accept_greedy_torch(argmax, drafts, n)
+        for b in range(16):
+            limit = 4 if n is None else int(n[b])
+            a = 0
+            while a < limit and drafts[b, a] == argmax[b, a]:
+                a += 1
+            assert accepted[b].item() == a
+            assert tokens[b].tolist() == argmax[b, : a + 1].tolist() + [-1] * (4 - a)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("K", [0, 1, 3, 7])
+def test_chain_accept_greedy_triton_matches_reference(device, K):
+    argmax, drafts, num_draft = _chain_problem(_dev(device), K=K, seed=K)
+    for n in (None, num_draft):
+        for g_, w_ in zip(chain_accept_greedy_triton(argmax, drafts, n), chain_accept_greedy_torch(argmax, drafts, n)):
+            assert g_.dtype == w_.dtype and torch.equal(g_, w_)
+
+
+def test_chain_accept_greedy_dispatches_to_the_reference_on_cpu():
+    args = _chain_problem("cpu")
+    for g_, w_ in zip(chain_accept_greedy(*args), chain_accept_greedy_torch(*args)):
+        assert torch.equal(g_, w_)

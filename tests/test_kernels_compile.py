@@ -134,9 +134,9 @@ def test_the_linear_kernels_compile_for_every_case_and_row_count(hopper, dtype):
     assert len(hopper) == 3 * len(tk.LINEAR_CASES) + 2  # one kernel a call
 
 
-def test_the_tree_kernels_compile(hopper):
-    from eagle_zoo.kernels import (log_softmax_top_k_triton, tree_accept_greedy_triton, tree_expand_triton,
-                                   tree_select_triton)
+def test_the_drafting_and_acceptance_kernels_compile(hopper):
+    from eagle_zoo.kernels import (chain_accept_greedy_triton, log_softmax_top_k_triton, tree_accept_greedy_triton,
+                                   tree_expand_triton, tree_select_triton)
 
     # bf16 logits as the heads' lm_heads give them on the GPU: an EAGLE-3 draft vocabulary, a full one
     log_softmax_top_k_triton(torch.randn(3, 6, 12000).bfloat16(), 6, torch.zeros(12000, dtype=torch.long))
@@ -145,4 +145,8 @@ def test_the_tree_kernels_compile(hopper):
     scores, tokens, parents = tk._candidates(2, 6, 3)
     tree_select_triton(scores, tokens, parents, 30, 4)
     tree_accept_greedy_triton(*tk._accept_problem("cpu"))
-    assert set(hopper) == {"_top_k_kernel", "_tree_expand_kernel", "_tree_select_kernel", "_tree_accept_kernel"}
+    argmax, drafts, num_draft = tk._chain_problem("cpu")
+    chain_accept_greedy_triton(argmax, drafts, num_draft)
+    chain_accept_greedy_triton(argmax[:, :1], drafts[:, :0])  # a plain step
+    assert set(hopper) == {"_top_k_kernel", "_tree_expand_kernel", "_tree_select_kernel", "_tree_accept_kernel",
+                           "_chain_accept_kernel"}

@@ -20,6 +20,7 @@ if not (_HERE / "linear.py").is_file():  # source tree or editable install
 
 from .activation import silu_and_mul, silu_and_mul_torch, silu_and_mul_triton  # noqa: E402
 from .attention import cache_attention, cache_attention_torch, cache_attention_triton  # noqa: E402
+from .chain_accept import chain_accept_greedy, chain_accept_greedy_torch, chain_accept_greedy_triton  # noqa: E402
 from .kv_cache import write_kv, write_kv_torch, write_kv_triton  # noqa: E402
 from .norm import rms_norm, rms_norm_torch, rms_norm_triton  # noqa: E402
 from .rope import (rope_angles, rope_angles_torch, rope_angles_triton, rope_neox, rope_neox_torch,  # noqa: E402
@@ -31,6 +32,7 @@ from .tree_accept import tree_accept_greedy, tree_accept_greedy_torch, tree_acce
 
 __all__ = [
     "cache_attention", "cache_attention_torch", "cache_attention_triton",
+    "chain_accept_greedy", "chain_accept_greedy_torch", "chain_accept_greedy_triton",
     "write_kv", "write_kv_torch", "write_kv_triton",
     "rms_norm", "rms_norm_torch", "rms_norm_triton",
     "silu_and_mul", "silu_and_mul_torch", "silu_and_mul_triton",
