@@ -835,6 +835,17 @@ def test_log_softmax_top_k_triton_matches_reference(device, V, k, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_log_softmax_top_1_is_argmax_with_its_id_mapped(device):
+    """An EAGLE-3 head's greedy draft on CUDA (Eagle3Head.draft_argmax): the top 1 through
+    the id map is argmax's first maximum, mapped, ties and -inf included."""
+    for V in (50, 12000):
+        x = _top_k_rows(V, torch.bfloat16, _dev(device))
+        offsets = torch.arange(V, device=x.device) % 7
+        ids = x.argmax(-1)
+        assert torch.equal(log_softmax_top_k_triton(x, 1, offsets)[1][..., 0], ids + offsets[ids])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_log_softmax_top_k_triton_refuses_k_it_cannot_hold(device):
     x = torch.randn(2, 20).to(_dev(device))
     for k in (0, 21, 17):
