@@ -109,9 +109,9 @@ class TreeEagleProposer(EagleProposer):
         max_base None: the whole-row form (propose_tree)."""
         B, T = path.shape
         idx = path.unsqueeze(-1)
-        if self.method == "eagle3":
-            feats = self.head.combine_hidden_states(
-                torch.cat([a.gather(1, idx.expand(B, T, a.shape[-1])) for a in aux], dim=-1))
+        if self.method == "eagle3":  # the streams side by side, then the path's rows: two launches, not four
+            streams = torch.cat(aux, dim=-1)
+            feats = self.head.combine_hidden_states(streams.gather(1, idx.expand(B, T, streams.shape[-1])))
         else:
             feats = hidden.gather(1, idx.expand(B, T, hidden.shape[-1]))
         positions = base.view(B, 1) + torch.arange(T, device=base.device)
