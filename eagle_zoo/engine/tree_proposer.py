@@ -123,8 +123,8 @@ class TreeEagleProposer(EagleProposer):
 
 def _short_windows(model, max_len: int) -> list[str]:
     """Attention layers whose sliding window or attention chunk is shorter than the cache:
-    an explicit tree mask replaces the window rule (models/attention.py), so they would
-    see keys they must not."""
+    a tree's keys (the history and the node's ancestors, models/attention.py tree_keys)
+    replace the window rule, so they would see keys they must not."""
     from .cache import attention_layers
 
     out = []
