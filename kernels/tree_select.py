@@ -88,18 +88,18 @@ def _tree_select_kernel(SC, TOK, PAR, KEYS, NODE_OF, T_OUT, P_OUT, D_OUT, A_OUT,
     tl.debug_barrier()  # the node parents are walked below
     v = tl.arange(0, NP)
     live = v < N
-    u = tl.arange(0, NP)
-    # depth and mask: the chain v, parent(v), ... (the root stays at itself)
+    # depth and mask (row: node v, column: node w): the chain v, parent(v), ... (the root
+    # stays at itself)
     cur = v
     depth = tl.zeros([NP], tl.int64)
-    mask = cur[:, None] == u[None, :]
+    mask = cur[:, None] == v[None, :]
     for _ in tl.static_range(L):
         cur = tl.maximum(tl.load(P_OUT + b * N + cur, mask=live, other=0), 0)
         depth += (cur != 0).to(tl.int64)
-        mask = mask | (cur[:, None] == u[None, :])
+        mask = mask | (cur[:, None] == v[None, :])
     depth += (v != 0).to(tl.int64)
     tl.store(D_OUT + b * N + v, depth, mask=live)
-    tl.store(M_OUT + (b * N + v[:, None]) * N + u[None, :], mask.to(tl.int8), mask=live[:, None] & (u[None, :] < N))
+    tl.store(M_OUT + (b * N + v[:, None]) * N + v[None, :], mask.to(tl.int8), mask=live[:, None] & live[None, :])
     # ancestors[v, d]: the node s = depth - d steps above v, -1 for d > depth
     for d in tl.static_range(L + 1):
         anc = tl.full([NP], -1, tl.int64)
@@ -127,9 +127,10 @@ def tree_select_triton(scores, tokens, parents, total_tokens: int, max_depth: in
     out_a = torch.empty(B, N, max_depth + 1, dtype=torch.long, device=device)
     out_m = torch.empty(B, N, N, dtype=torch.bool, device=device)
     if B:
-        _tree_select_kernel[(B,)](scores, tokens, parents, keys, node_of, out_t, out_p, out_d, out_a, out_m.view(torch.int8),
-                                  scores.stride(0), tokens.stride(0), parents.stride(0), M, N,
-                                  MP=MP, NP=NP, L=max_depth, JB=min(MP, RANK_BLOCK), num_warps=8 if MP >= 128 else 4, **pdl_launch(scores))
+        _tree_select_kernel[(B,)](scores, tokens, parents, keys, node_of, out_t, out_p, out_d, out_a,
+                                  out_m.view(torch.int8), scores.stride(0), tokens.stride(0), parents.stride(0), M, N,
+                                  MP=MP, NP=NP, L=max_depth, JB=min(MP, RANK_BLOCK), num_warps=8 if MP >= 128 else 4,
+                                  **pdl_launch(scores))
     return out_t, out_p, out_d, out_a, out_m
 
 

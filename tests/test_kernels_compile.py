@@ -17,7 +17,8 @@ import pytest
 import torch
 
 import test_kernels as tk  # its problems (inputs) for each kernel
-from eagle_zoo.kernels import (cache_attention_triton, rms_norm_triton, rope_neox_triton, silu_and_mul_triton,
+from eagle_zoo.kernels import (cache_attention_triton, log_softmax_top_k_triton, rms_norm_triton, rope_neox_triton,
+                               silu_and_mul_triton, tree_accept_greedy_triton, tree_expand_triton, tree_select_triton,
                                write_kv_triton)
 from eagle_zoo.kernels._triton import HAS_TRITON
 from eagle_zoo.kernels.linear import fused_linear_triton
@@ -133,9 +134,6 @@ def test_the_linear_kernels_compile_for_every_case_and_row_count(hopper, dtype):
 
 
 def test_the_tree_kernels_compile(hopper):
-    from eagle_zoo.kernels import (log_softmax_top_k_triton, tree_accept_greedy_triton, tree_expand_triton,
-                                   tree_select_triton)
-
     # bf16 logits as the heads' lm_heads give them on the GPU: an EAGLE-3 draft vocabulary, a full one
     log_softmax_top_k_triton(torch.randn(3, 6, 12000).bfloat16(), 6, torch.zeros(12000, dtype=torch.long))
     log_softmax_top_k_triton(torch.randn(1, 6, 49152).bfloat16(), 6)
