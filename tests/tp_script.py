@@ -4,8 +4,11 @@
 
 Every rank runs this whole file: for each job it builds the LLM with
 tensor_parallel_size=2 (the process group comes from torchrun's environment),
-generates, and writes what it got to OUT_DIR/rank<RANK>.json.
+generates, and writes what it got to OUT_DIR/rank<RANK>.json. At exit, after the
+engine's own teardown, it writes the gloo threads still running to
+OUT_DIR/threads-rank<RANK>.json (there should be none).
 """
+import atexit
 import json
 import os
 import sys
@@ -14,6 +17,15 @@ import torch
 
 from eagle_zoo import LLM, SamplingParams
 
+
+def _record_gloo_threads():
+    """Registered before the first LLM, so it runs after the engine's exit handler."""
+    names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+    with open(os.path.join(sys.argv[2], f"threads-rank{os.environ['RANK']}.json"), "w") as f:
+        json.dump([n for n in names if "gloo" in n], f)
+
+
+atexit.register(_record_gloo_threads)
 torch.set_num_threads(1)
 jobs = json.loads(open(sys.argv[1]).read())
 results = {}

@@ -282,6 +282,20 @@ def _backend(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
+def init_process_group(backend: str, **kwargs) -> None:
+    """torch.distributed.init_process_group, once the torch modules whose functions take
+    ``group=group.WORLD`` as a default are imported: imported later (transformers' model
+    modules import them), those defaults would hold the world group for the life of the
+    process, so destroy_process_group() would leave its gloo threads running and the
+    interpreter's exit would free it, where a rank can abort ("terminate called without an
+    active exception")."""
+    import torch.distributed as dist
+    import torch.distributed.nn.functional  # noqa: F401
+    import torch.distributed.optim.zero_redundancy_optimizer  # noqa: F401
+
+    dist.init_process_group(backend, **kwargs)
+
+
 def _launch_workers(tp: int, device: torch.device, llm_kwargs: dict) -> WorkerPool:
     """Rank 0: start ranks 1..tp-1, then join them in one process group."""
     import torch.distributed as dist
@@ -307,8 +321,8 @@ def _launch_workers(tp: int, device: torch.device, llm_kwargs: dict) -> WorkerPo
         proc.stdin.flush()
     try:
         pool.wait_for("alive", "starting")
-        dist.init_process_group(_backend(device), store=dist.PrefixStore(STORE_PREFIX + "pg", store),
-                                rank=0, world_size=tp)
+        init_process_group(_backend(device), store=dist.PrefixStore(STORE_PREFIX + "pg", store), rank=0,
+                           world_size=tp)
         pool.channel = Channel(dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT))
     except BaseException:
         pool.stop()
@@ -413,7 +427,7 @@ def start(llm_kwargs: dict, speculative, device: torch.device, owner: Any = None
     elif int(os.environ.get("WORLD_SIZE", "1")) > 1:
         launcher = "torchrun"
         _check_world(int(os.environ["WORLD_SIZE"]), tp, "torchrun started")
-        dist.init_process_group(_backend(device))
+        init_process_group(_backend(device))
         if not _we_initialised:
             _we_initialised = True
             atexit.register(_destroy_at_exit)

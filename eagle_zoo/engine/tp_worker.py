@@ -81,8 +81,8 @@ def main() -> int:
         torch.cuda.set_device(rank)
     store = dist.TCPStore("127.0.0.1", start["port"], world_size=world, is_master=False)
     store.set(f"{parallel.STORE_PREFIX}alive/{rank}", "1")
-    dist.init_process_group(start["backend"], store=dist.PrefixStore(parallel.STORE_PREFIX + "pg", store),
-                            rank=rank, world_size=world)
+    parallel.init_process_group(start["backend"], store=dist.PrefixStore(parallel.STORE_PREFIX + "pg", store),
+                                rank=rank, world_size=world)
     channel = parallel.Channel(dist.new_group(backend="gloo", timeout=parallel.CONTROL_TIMEOUT))
     try:
         from .llm import LLM
