@@ -105,17 +105,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 @contextlib.contextmanager
 def _sigterm_as_interrupt():
-    """`kill` cleans up like Ctrl-C does (the temporary directory is removed)."""
+    """`kill` cleans up like Ctrl-C does (the temporary directory is removed) and exits as
+    interrupted. The KeyboardInterrupt is raised wherever the main thread is; raised inside
+    an extension's call back into Python (safetensors building a tensor, say), it can come
+    out as that extension's own error, so any error after the signal counts as the signal."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    received = False
 
     def interrupt(signum, frame):
+        nonlocal received
+        received = True
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         yield
+    except Exception as exc:
+        if received:
+            raise KeyboardInterrupt from exc
+        raise
     finally:
         signal.signal(signal.SIGTERM, previous)
 

@@ -108,6 +108,29 @@ def wait_for_partial(proc: subprocess.Popen, parent: Path, name: str) -> Path:
         time.sleep(0.02)
 
 
+def test_sigterm_counts_as_an_interrupt_whatever_error_it_comes_out_as():
+    # SIGTERM's KeyboardInterrupt raised inside an extension's call back into Python can
+    # come out as the extension's own error (safetensors: "could not determine the shape
+    # of object type 'torch.storage.UntypedStorage'"); the CLI still exits as interrupted.
+    from converters.cli import _sigterm_as_interrupt
+
+    def extension_call():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises here
+        except KeyboardInterrupt:
+            raise ValueError("the extension's own error") from None
+
+    previous = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+        with _sigterm_as_interrupt():
+            extension_call()
+    assert signal.getsignal(signal.SIGTERM) is previous
+    with pytest.raises(ValueError):  # without the signal an error stays what it is
+        with _sigterm_as_interrupt():
+            raise ValueError("a bug")
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_a_signal_mid_conversion_leaves_out_untouched(tmp_path, sig):
     src = cf.write_yuhuili_eagle3(tmp_path / "e3", kind="safetensors")
