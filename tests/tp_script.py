@@ -20,7 +20,12 @@ from eagle_zoo import LLM, SamplingParams
 
 def _record_gloo_threads():
     """Registered before the first LLM, so it runs after the engine's exit handler."""
-    names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            names.append(open(f"/proc/self/task/{task}/comm").read().strip())
+        except FileNotFoundError:  # a thread that ended meanwhile
+            pass
     with open(os.path.join(sys.argv[2], f"threads-rank{os.environ['RANK']}.json"), "w") as f:
         json.dump([n for n in names if "gloo" in n], f)
 
