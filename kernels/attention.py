@@ -20,7 +20,9 @@ import torch
 from ._triton import gdc_launch_dependents, gdc_wait, pdl_launch, tl, triton, use_triton
 
 
-def _check(q, k_cache, v_cache, attn_mask, kv_len):
+def _check(q, k_cache, v_cache, attn_mask, kv_len, tree=None):
+    if tree is not None and attn_mask is not None:
+        raise ValueError("cache_attention: give a tree pass's keys as tree or as attn_mask, not both")
     B, T, H, d = q.shape
     n_kv = k_cache.shape[2]
     if H % n_kv or k_cache.shape[-1] != d or v_cache.shape[:3] != k_cache.shape[:3]:
@@ -39,6 +41,22 @@ def visible_keys(cache_positions, kv_len: int, attn_mask=None, window: Optional[
     diff = cache_positions.unsqueeze(-1) - torch.arange(kv_len, device=cache_positions.device)
     vis = diff >= 0
     return vis & (diff < window) if window is not None else vis
+
+
+def tree_visibility(tree, kv_len: int) -> torch.Tensor:
+    """[B,T,kv_len] bool: the keys each node of an EAGLE-2 tree pass sees, from the tree's
+    key walk (cache_attention_triton's ``tree``: positions [B,T], base [B], ancestors
+    [B,T,L]): the history, columns [0, base), and the column base + ancestors[b,t,l] of
+    each level l up to the node's own (positions - base)."""
+    positions, base, ancestors = tree
+    B, T, L = ancestors.shape
+    levels = torch.arange(L, device=base.device)
+    on_path = levels <= (positions - base.view(B, 1)).unsqueeze(-1)  # [B,T,L]
+    columns = torch.where(on_path, base.view(B, 1, 1) + ancestors.clamp(min=0), kv_len).clamp(max=kv_len)
+    seen = torch.zeros(B, T, kv_len + 1, dtype=torch.bool, device=base.device)  # column kv_len: off the path
+    seen.scatter_(2, columns, True)
+    history = torch.arange(kv_len, device=base.device) < base.view(B, 1, 1)
+    return seen[..., :kv_len] | history
 
 
 def cache_attention_torch(q, k_cache, v_cache, slot_ids, cache_positions, kv_len, scale,
@@ -202,15 +220,15 @@ def cache_attention_triton(q, k_cache, v_cache, slot_ids, cache_positions, kv_le
                            block_n: int = _BLOCK_N):
     """Triton version; split_size / block_n are for tests (each value is its own fixed order).
 
-    tree = (positions [B,T], base [B], ancestors [B,T,L+1]) for an EAGLE-2 tree pass whose
+    tree = (positions [B,T], base [B], ancestors [B,T,L]) for an EAGLE-2 tree pass whose
     node t sits at cache column cache_positions[b,t] with rope position positions[b,t] =
-    base + its depth, ancestors[b,t,d] its ancestor node at level d (node 0 = the root at
-    column base; -1 past its depth): node t attends to the history [0, base) and its
+    base + its depth, ancestors[b,t,d] the column (less base) of its ancestor at level d,
+    itself at its depth (a verified tree: node numbers, node 0 the root at column base;
+    entries past its depth are not read): node t attends to the history [0, base) and its
     ancestors, walked in position order (see the kernel), one token per tile, so a node
-    gets the bits a decode step at its position would; attn_mask is then not read (it
-    says the same for the reference). Groups of more than 16 heads per kv head keep the
-    mask."""
-    _check(q, k_cache, v_cache, attn_mask, kv_len)
+    gets the bits a decode step at its position would. attn_mask is then not given; groups
+    of more than 16 heads per kv head take the same keys as a mask (tree_visibility)."""
+    _check(q, k_cache, v_cache, attn_mask, kv_len, tree)
     if split_size % block_n:
         raise ValueError(f"cache_attention_triton: split_size {split_size} must be a multiple of block_n {block_n}")
     B, T, H, DK = q.shape
@@ -228,8 +246,9 @@ def cache_attention_triton(q, k_cache, v_cache, slot_ids, cache_positions, kv_le
     n_mtiles = T if use_tree else triton.cdiv(T * G, _BLOCK_M)
     if use_tree:
         cache_positions, base, anc = tree  # visibility by position, keys through the ancestors
-        attn_mask = None
     else:
+        if tree is not None:
+            attn_mask = tree_visibility(tree, kv_len)
         base, anc = slot_ids, cache_positions.unsqueeze(-1)  # dummies when unused
     mask = attn_mask.view(torch.uint8) if attn_mask is not None else cache_positions  # dummy when unused
     msk_strides = mask.stride() if attn_mask is not None else (0, 0, 0)
@@ -255,9 +274,13 @@ def cache_attention_triton(q, k_cache, v_cache, slot_ids, cache_positions, kv_le
 def cache_attention(q, k_cache, v_cache, slot_ids, cache_positions, kv_len: int, scale: float,
                     attn_mask: Optional[torch.Tensor] = None, window: Optional[int] = None,
                     tree=None) -> torch.Tensor:
-    """Attention of new queries over the KV cache (module doc). Triton on CUDA (tree: see
-    cache_attention_triton; the reference reads attn_mask, which must say the same)."""
+    """Attention of new queries over the KV cache (module doc); an EAGLE-2 tree pass gives
+    ``tree`` instead of attn_mask (cache_attention_triton). Triton on CUDA, else the
+    reference (a tree as its mask, tree_visibility)."""
     if use_triton(q, k_cache):
         return cache_attention_triton(q, k_cache, v_cache, slot_ids, cache_positions, kv_len, scale,
                                       attn_mask, window, tree=tree)
+    if tree is not None:
+        _check(q, k_cache, v_cache, attn_mask, kv_len, tree)
+        attn_mask = tree_visibility(tree, min(int(kv_len), k_cache.shape[1]))
     return cache_attention_torch(q, k_cache, v_cache, slot_ids, cache_positions, kv_len, scale, attn_mask, window)

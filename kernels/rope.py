@@ -1,4 +1,12 @@
-"""Rotary embedding, "neox" pairs (i, i + d/2) over the whole head, of q and k in
+"""Rotary embedding: the angles of a forward's positions, and the rotation of q and k.
+
+rope_angles(positions [B,T], inv_freq [R], scaling) -> cos, sin [B,T,1,R] float32:
+cos(position * inv_freq) * scaling and the same with sin, in one kernel where torch
+takes four (the cast, the product, cos, sin), once per forward (models/layers.py
+RotaryEmbedding); the CUDA math library's cosf / sinf (which torch's kernels call too) of
+the same float32 products.
+
+Rotation, "neox" pairs (i, i + d/2) over the whole head, of q and k in
 one kernel: q [B,T,Hq,d], k [B,T,Hk,d] (views of the fused qkv projection: any
 strides, unit stride in d), cos / sin [B,T,1,d/2] float32 -> rotated q, k (new,
 contiguous). eagle_zoo/models/layers.py's RotaryEmbedding calls it for that case.
@@ -15,6 +23,55 @@ from __future__ import annotations
 import torch
 
 from ._triton import gdc_launch_dependents, gdc_wait, pdl_launch, triton, tl, use_triton
+
+
+def rope_angles_torch(positions, inv_freq, scaling: float = 1.0):
+    angles = positions.unsqueeze(-1).float() * inv_freq  # [B,T,R]
+    cos, sin = angles.cos().unsqueeze(-2), angles.sin().unsqueeze(-2)
+    if scaling != 1.0:
+        cos, sin = cos * scaling, sin * scaling
+    return cos, sin
+
+
+@triton.jit(do_not_specialize=["T"])
+def _rope_angles_kernel(POS, INV, COS, SIN, T, spb, spt, scaling, R: tl.constexpr, BLOCK_R: tl.constexpr,
+                        SCALED: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # kernels/_triton.py: the positions may be the kernel before's output
+        gdc_wait()
+        gdc_launch_dependents()
+    pid = tl.program_id(0)  # (b, t)
+    b = (pid // T).to(tl.int64)
+    t = (pid % T).to(tl.int64)
+    r = tl.arange(0, BLOCK_R)
+    m = r < R
+    angle = tl.load(POS + b * spb + t * spt).to(tl.float32) * tl.load(INV + r, mask=m, other=0.0)
+    cos = tl.cos(angle)  # on CUDA the math library's cosf / sinf (__nv_cosf in the PTX), as torch calls
+    sin = tl.sin(angle)
+    if SCALED:
+        cos = cos * scaling
+        sin = sin * scaling
+    tl.store(COS + pid * R + r, cos, mask=m)
+    tl.store(SIN + pid * R + r, sin, mask=m)
+
+
+def rope_angles_triton(positions, inv_freq, scaling: float = 1.0):
+    B, T = positions.shape
+    R = inv_freq.numel()
+    cos = torch.empty(B, T, 1, R, dtype=torch.float32, device=positions.device)
+    sin = torch.empty_like(cos)
+    if B * T:
+        _rope_angles_kernel[(B * T,)](positions, inv_freq, cos, sin, T, positions.stride(0), positions.stride(1),
+                                      float(scaling), R=R, BLOCK_R=triton.next_power_of_2(R),
+                                      SCALED=scaling != 1.0, **pdl_launch(positions))
+    return cos, sin
+
+
+def rope_angles(positions, inv_freq, scaling: float = 1.0):
+    """Triton on CUDA for float32 frequencies of unit stride, the reference otherwise
+    (and under autograd, as every dispatcher here)."""
+    if use_triton(positions, inv_freq) and inv_freq.dtype == torch.float32 and inv_freq.is_contiguous():
+        return rope_angles_triton(positions, inv_freq, scaling)
+    return rope_angles_torch(positions, inv_freq, scaling)
 
 
 def signed_angles(cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype):

@@ -1,13 +1,19 @@
 """One EAGLE-2 drafting round's choice of the nodes to expand next, in one launch.
 
-tree_expand(cum, child_tokens, hidden, visible, first) -> (scores, tokens, node_cand,
-node_hidden, visible) for B sequences, k expanded nodes and their k children each
-(eagle_zoo/engine/tree_proposer.py), cum [B, k * k] the children's cumulative scores:
+tree_expand(cum, child_tokens, hidden, ancestors, first, level) -> (scores, tokens,
+child_parents, node_hidden, ancestors) for B sequences, k expanded nodes and their k
+children each (eagle_zoo/engine/tree_proposer.py), cum [B, k * k] the children's
+cumulative scores:
   pick = the k largest of cum, largest first, ties to the lower index
-  scores = cum[pick], tokens = child_tokens[pick], node_cand = first + pick
-  node_hidden = hidden[pick // k] ([B, k, H]), visible = visible[pick // k] ([B, k, W])
-Why: torch takes ~9 small kernels a round for this (a sort, the divide, five gathers,
-their copies), and a tree step is bound by its kernel count.
+  scores = cum[pick], tokens = child_tokens[pick]
+  child_parents [B, k * k] = first + pick, each k times (the candidate number of the
+      parent of each of the next round's children)
+  node_hidden = hidden[pick // k] ([B, k, H])
+  ancestors = ancestors[pick // k] ([B, k, W]) with column level * k + j at ``level``
+      for the j-th picked (its own scratch column in the round that runs it)
+Why: torch takes ~12 small kernels a round for this (a sort, the divide, five gathers,
+their copies, the repeat and the column write), and a tree step is bound by its kernel
+count.
 
 One program a sequence: the k * k scores as int64 keys (kernels/top_k.py's order_keys), the
 k largest by k max-reductions, then the winners' rows copied.
@@ -22,20 +28,21 @@ from .top_k import key_column, order_keys, stable_top
 MAX_K = 16  # k * k scores live in one program's registers
 
 
-def tree_expand_torch(cum, child_tokens, hidden, visible, first: int):
+def tree_expand_torch(cum, child_tokens, hidden, ancestors, first: int, level: int):
     B, k = child_tokens.shape[:2]
     pick = stable_top(cum, k)
     parent = pick // k
-    return (cum.gather(1, pick), child_tokens.flatten(1).gather(1, pick), first + pick,
-            hidden.gather(1, parent.unsqueeze(-1).expand(B, k, hidden.shape[-1])),
-            visible.gather(1, parent.unsqueeze(-1).expand(B, k, visible.shape[-1])))
+    rows = ancestors.gather(1, parent.unsqueeze(-1).expand(B, k, ancestors.shape[-1]))
+    rows[:, :, level] = level * k + torch.arange(k, device=rows.device)
+    return (cum.gather(1, pick), child_tokens.flatten(1).gather(1, pick), (first + pick).repeat_interleave(k, 1),
+            hidden.gather(1, parent.unsqueeze(-1).expand(B, k, hidden.shape[-1])), rows)
 
 
 @triton.jit
-def _tree_expand_kernel(CUM, CT, HID, VIS, S_OUT, T_OUT, C_OUT, H_OUT, V_OUT, first,
-                        s_cum, s_ct, s_hb, s_hk, s_vb, s_vk, H, W,
-                        K: tl.constexpr, KK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
-                        PDL: tl.constexpr):
+def _tree_expand_kernel(CUM, CT, HID, ANC, S_OUT, T_OUT, C_OUT, H_OUT, A_OUT, first, level,
+                        s_cum, s_ct, s_hb, s_hk, s_ab, s_ak, H, W,
+                        K: tl.constexpr, KK: tl.constexpr, KP: tl.constexpr, BLOCK_H: tl.constexpr,
+                        BLOCK_W: tl.constexpr, PDL: tl.constexpr):
     if PDL:  # kernels/_triton.py: the scores are the kernel before's output
         gdc_wait()
         gdc_launch_dependents()
@@ -54,41 +61,45 @@ def _tree_expand_kernel(CUM, CT, HID, VIS, S_OUT, T_OUT, C_OUT, H_OUT, V_OUT, fi
         parent = pick // K
         tl.store(S_OUT + b * K + j, tl.load(CUM + b * s_cum + pick))
         tl.store(T_OUT + b * K + j, tl.load(CT + b * s_ct + pick))
-        tl.store(C_OUT + b * K + j, first + pick)
+        kcols = tl.arange(0, KP)
+        tl.store(C_OUT + (b * K + j) * K + kcols, first + pick + kcols * 0, mask=kcols < K)
         for h0 in range(0, H, BLOCK_H):
             m = h0 + hcols < H
             row = tl.load(HID + b * s_hb + parent * s_hk + h0 + hcols, mask=m)
             tl.store(H_OUT + (b * K + j) * H + h0 + hcols, row, mask=m)
         wm = wcols < W
-        tl.store(V_OUT + (b * K + j) * W + wcols, tl.load(VIS + b * s_vb + parent * s_vk + wcols, mask=wm), mask=wm)
+        path = tl.load(ANC + b * s_ab + parent * s_ak + wcols, mask=wm)
+        path = tl.where(wcols == level, level * K + j, path)  # one store: its own column at its level
+        tl.store(A_OUT + (b * K + j) * W + wcols, path, mask=wm)
 
 
-def tree_expand_triton(cum, child_tokens, hidden, visible, first: int):
+def tree_expand_triton(cum, child_tokens, hidden, ancestors, first: int, level: int):
     B, k = child_tokens.shape[:2]
     if not 1 <= k <= MAX_K:
         raise ValueError(f"tree_expand_triton: k = {k}, not in 1 .. {MAX_K}")
-    H, W = hidden.shape[-1], visible.shape[-1]
+    if not 0 <= level < ancestors.shape[-1]:
+        raise ValueError(f"tree_expand_triton: level {level} outside the ancestor rows' {ancestors.shape[-1]} levels")
+    H, W = hidden.shape[-1], ancestors.shape[-1]
     ct = child_tokens.reshape(B, k * k)
-    vis = visible.view(torch.uint8)  # bools as bytes, the same bits
     device = cum.device
     out_s = torch.empty(B, k, dtype=cum.dtype, device=device)
     out_t = torch.empty(B, k, dtype=child_tokens.dtype, device=device)
-    out_c = torch.empty(B, k, dtype=torch.long, device=device)
+    out_c = torch.empty(B, k * k, dtype=torch.long, device=device)
     out_h = torch.empty(B, k, H, dtype=hidden.dtype, device=device)
-    out_v = torch.empty(B, k, W, dtype=visible.dtype, device=device)
+    out_a = torch.empty(B, k, W, dtype=ancestors.dtype, device=device)
     if B:
         _tree_expand_kernel[(B,)](
-            cum, ct, hidden, vis, out_s, out_t, out_c, out_h, out_v.view(torch.uint8), first,
-            cum.stride(0), ct.stride(0), hidden.stride(0), hidden.stride(1), vis.stride(0), vis.stride(1),
-            H, W, K=k, KK=triton.next_power_of_2(k * k), BLOCK_H=min(triton.next_power_of_2(H), 1024),
+            cum, ct, hidden, ancestors, out_s, out_t, out_c, out_h, out_a, first, level,
+            cum.stride(0), ct.stride(0), hidden.stride(0), hidden.stride(1), ancestors.stride(0), ancestors.stride(1),
+            H, W, K=k, KK=triton.next_power_of_2(k * k), KP=triton.next_power_of_2(k), BLOCK_H=min(triton.next_power_of_2(H), 1024),
             BLOCK_W=triton.next_power_of_2(W), **pdl_launch(cum))
-    return out_s, out_t, out_c, out_h, out_v
+    return out_s, out_t, out_c, out_h, out_a
 
 
-def tree_expand(cum, child_tokens, hidden, visible, first: int):
+def tree_expand(cum, child_tokens, hidden, ancestors, first: int, level: int):
     """Triton on CUDA for float32 scores (log-probs), k <= MAX_K and rows of unit stride;
     the reference otherwise."""
-    ok = (use_triton(cum, child_tokens, hidden, visible) and cum.dtype == torch.float32 and cum.stride(1) == 1
-          and child_tokens.is_contiguous() and hidden.stride(-1) == 1 and visible.stride(-1) == 1
+    ok = (use_triton(cum, child_tokens, hidden, ancestors) and cum.dtype == torch.float32 and cum.stride(1) == 1
+          and child_tokens.is_contiguous() and hidden.stride(-1) == 1 and ancestors.stride(-1) == 1
           and 1 <= child_tokens.shape[1] <= MAX_K)
-    return (tree_expand_triton if ok else tree_expand_torch)(cum, child_tokens, hidden, visible, first)
+    return (tree_expand_triton if ok else tree_expand_torch)(cum, child_tokens, hidden, ancestors, first, level)

@@ -1,7 +1,7 @@
 """An EAGLE-2 tree from its drafted candidates, in one launch.
 
 tree_select(scores, tokens, parents, total_tokens, max_depth) -> (tokens, parents, depth,
-ancestors, mask), the tensors of eagle_zoo/engine/tree.py's TreeDraft: the best
+ancestors), the tensors of eagle_zoo/engine/tree.py's TreeDraft: the best
 total_tokens - 1 of M candidates (largest cumulative score first, ties to the lower
 candidate number) become nodes 1.. in candidate order under the root, node 0. scores,
 tokens, parents [B, M]; parents holds candidate numbers, -1 for the root's children.
@@ -25,7 +25,7 @@ RANK_BLOCK = 32  # candidates compared with all the others at a time
 
 def build_tree(parents: torch.Tensor, max_depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """From parents [B, N] (-1 for node 0, else a smaller node index) and a bound on the
-    depth: (depth [B, N], ancestors [B, N, max_depth+1], mask [B, N, N])."""
+    depth: (depth [B, N], ancestors [B, N, max_depth+1])."""
     B, N = parents.shape
     up = parents.clamp(min=0)  # the root points at itself
     # chain[:, :, s] = the node s steps above each node (the root once reached)
@@ -37,10 +37,7 @@ def build_tree(parents: torch.Tensor, max_depth: int) -> tuple[torch.Tensor, tor
     level = torch.arange(max_depth + 1, device=parents.device)
     above = (depth.unsqueeze(-1) - level).clamp(min=0)  # steps up to reach level d
     ancestors = chain.gather(2, above)
-    ancestors = torch.where(level <= depth.unsqueeze(-1), ancestors, torch.full_like(ancestors, -1))
-    node = torch.arange(N, device=parents.device)
-    mask = (chain.unsqueeze(-1) == node).any(2)  # [B, N, N]
-    return depth, ancestors, mask
+    return depth, torch.where(level <= depth.unsqueeze(-1), ancestors, torch.full_like(ancestors, -1))
 
 
 def tree_select_torch(scores, tokens, parents, total_tokens: int, max_depth: int):
@@ -60,7 +57,7 @@ def tree_select_torch(scores, tokens, parents, total_tokens: int, max_depth: int
 
 
 @triton.jit
-def _tree_select_kernel(SC, TOK, PAR, KEYS, NODE_OF, T_OUT, P_OUT, D_OUT, A_OUT, M_OUT, s_sc, s_tok, s_par, M, N,
+def _tree_select_kernel(SC, TOK, PAR, KEYS, NODE_OF, T_OUT, P_OUT, D_OUT, A_OUT, s_sc, s_tok, s_par, M, N,
                         MP: tl.constexpr, NP: tl.constexpr, L: tl.constexpr, JB: tl.constexpr, PDL: tl.constexpr):
     if PDL:  # kernels/_triton.py: the candidates are the kernels before's output
         gdc_wait()
@@ -88,18 +85,14 @@ def _tree_select_kernel(SC, TOK, PAR, KEYS, NODE_OF, T_OUT, P_OUT, D_OUT, A_OUT,
     tl.debug_barrier()  # the node parents are walked below
     v = tl.arange(0, NP)
     live = v < N
-    # depth and mask (row: node v, column: node w): the chain v, parent(v), ... (the root
-    # stays at itself)
+    # depth: the chain v, parent(v), ... (the root stays at itself)
     cur = v
     depth = tl.zeros([NP], tl.int64)
-    mask = cur[:, None] == v[None, :]
     for _ in tl.static_range(L):
         cur = tl.maximum(tl.load(P_OUT + b * N + cur, mask=live, other=0), 0)
         depth += (cur != 0).to(tl.int64)
-        mask = mask | (cur[:, None] == v[None, :])
     depth += (v != 0).to(tl.int64)
     tl.store(D_OUT + b * N + v, depth, mask=live)
-    tl.store(M_OUT + (b * N + v[:, None]) * N + v[None, :], mask.to(tl.int8), mask=live[:, None] & live[None, :])
     # ancestors[v, d]: the node s = depth - d steps above v, -1 for d > depth
     for d in tl.static_range(L + 1):
         anc = tl.full([NP], -1, tl.int64)
@@ -125,13 +118,12 @@ def tree_select_triton(scores, tokens, parents, total_tokens: int, max_depth: in
     out_p = torch.empty(B, N, dtype=torch.long, device=device)
     out_d = torch.empty(B, N, dtype=torch.long, device=device)
     out_a = torch.empty(B, N, max_depth + 1, dtype=torch.long, device=device)
-    out_m = torch.empty(B, N, N, dtype=torch.bool, device=device)
     if B:
         _tree_select_kernel[(B,)](scores, tokens, parents, keys, node_of, out_t, out_p, out_d, out_a,
-                                  out_m.view(torch.int8), scores.stride(0), tokens.stride(0), parents.stride(0), M, N,
+                                  scores.stride(0), tokens.stride(0), parents.stride(0), M, N,
                                   MP=MP, NP=NP, L=max_depth, JB=min(MP, RANK_BLOCK), num_warps=8 if MP >= 128 else 4,
                                   **pdl_launch(scores))
-    return out_t, out_p, out_d, out_a, out_m
+    return out_t, out_p, out_d, out_a
 
 
 def tree_select(scores, tokens, parents, total_tokens: int, max_depth: int):

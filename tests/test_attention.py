@@ -114,9 +114,9 @@ def test_a_prompts_prefill_takes_sdpa_causal_mask_and_other_steps_build_theirs(m
     plain, windowed = Attention(heads, kv_heads, d, layer_idx=0), Attention(heads, kv_heads, d, layer_idx=1,
                                                                            sliding_window=3)
 
-    def run(attn, slots, positions, kv_len, attn_mask=None):
+    def run(attn, slots, positions, kv_len, **keys):
         built.clear()
-        ctx = AttentionContext(caches, torch.tensor(slots), positions, kv_len=kv_len, attn_mask=attn_mask)
+        ctx = AttentionContext(caches, torch.tensor(slots), positions, kv_len=kv_len, **keys)
         T = positions.shape[1]
         with use_context(ctx):
             out = attn(q[: len(slots), :T], k[: len(slots), :T], v[: len(slots), :T])
@@ -128,7 +128,9 @@ def test_a_prompts_prefill_takes_sdpa_causal_mask_and_other_steps_build_theirs(m
     assert run(plain, [0], torch.arange(2, n)[None], n)[1]  # behind 2 cached positions
     assert run(plain, [0, 1], torch.arange(n).expand(2, n), n)[1]  # two sequences
     assert run(windowed, [0], torch.arange(n)[None], n)[1]
+    chain = (torch.arange(n)[None], torch.zeros(1, dtype=torch.long), torch.arange(n).expand(1, n, n))
     assert run(plain, [0], torch.arange(n)[None], n, attn_mask=causal(n)[None])[1]
+    assert run(plain, [0], torch.arange(n)[None], n, tree_keys=chain)[1]  # a tree that is one chain
 
 
 @pytest.mark.skipif(not cpu_decode.available(), reason="kernels/cpu_decode.py could not be built here")
@@ -169,17 +171,18 @@ def test_tree_mask():
     slot = torch.tensor([0])
     with use_context(AttentionContext(caches, slot, torch.arange(4)[None], kv_len=4)):
         attn(pq, pk, pv)
-    mask = torch.zeros(1, 4, 8, dtype=torch.bool)
-    mask[0, :, :4] = True
     paths = []
+    ancestors = torch.zeros(1, 4, 3, dtype=torch.long)
     for i in range(4):
         path, node = [], i
         while node != -1:
             path.insert(0, node)
             node = parents[node]
         paths.append(path)
-        mask[0, i, [4 + j for j in path]] = True
-    with use_context(AttentionContext(caches, slot, torch.arange(4, 8)[None], kv_len=8, attn_mask=mask)):
+        ancestors[0, i, : len(path)] = torch.tensor(path)
+    depth = torch.tensor([[len(p) - 1 for p in paths]])
+    tree_keys = (4 + depth, torch.tensor([4]), ancestors)
+    with use_context(AttentionContext(caches, slot, torch.arange(4, 8)[None], kv_len=8, tree_keys=tree_keys)):
         out = attn(tq, tk, tv)
     for i, path in enumerate(paths):
         seq_q = torch.cat([pq[0], tq[0, path]])

@@ -232,8 +232,9 @@ def test_dispatchers_use_the_reference_on_cpu():
 # bound by kernel count). In the interpreter fp32 only: it truncates fp32 -> bf16 where
 # the GPU rounds like torch.
 
-from eagle_zoo.kernels import (rms_norm, rms_norm_torch, rms_norm_triton, rope_neox, rope_neox_torch,  # noqa: E402
-                               rope_neox_triton, silu_and_mul, silu_and_mul_torch, silu_and_mul_triton)
+from eagle_zoo.kernels import (rms_norm, rms_norm_torch, rms_norm_triton, rope_angles, rope_angles_torch,  # noqa: E402
+                               rope_angles_triton, rope_neox, rope_neox_torch, rope_neox_triton, silu_and_mul,
+                               silu_and_mul_torch, silu_and_mul_triton)
 
 
 def _dtypes(device):
@@ -329,6 +330,26 @@ def test_rope_triton_matches_reference(device):
             _close_rope(a, b, dtype)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("scaling", [1.0, 0.7])
+def test_rope_angles_triton_matches_reference(device, scaling):
+    """One kernel for the cast, product, cos and sin. On the GPU the CUDA math library's
+    cosf / sinf, as torch's kernels call, so the same bits; in the interpreter numpy's."""
+    from eagle_zoo.models.layers import _rope_default
+
+    inv_freq = _rope_default({"rope_theta": 100000.0}, 64, 8192)[0].to(_dev(device))
+    wide = torch.tensor([[0, 1, 7, 300, 8191, 5000], [2, 3, 4, 5, 6, 65535]], device=_dev(device))
+    for positions in (wide, wide[:, ::2], wide[:1, 2:3].expand(3, 4)):  # strided, one position everywhere
+        got = rope_angles_triton(positions, inv_freq, scaling)
+        want = rope_angles_torch(positions, inv_freq, scaling)
+        for g_, w_ in zip(got, want):
+            assert g_.shape == w_.shape == (*positions.shape, 1, 32) and g_.dtype == torch.float32
+            if device == "cuda":
+                assert torch.equal(g_, w_)
+            else:
+                torch.testing.assert_close(g_, w_, rtol=0, atol=1e-6)
+
+
 def _close_rope(a, b, dtype):
     # bf16 on the H200: one step of a product apart (not bit for bit); where the two
     # products cancel, that step is large next to the result (0.0039 seen at a 0).
@@ -345,6 +366,9 @@ def test_layer_op_dispatchers_use_the_reference_on_cpu():
     assert torch.equal(silu_and_mul(x), silu_and_mul_torch(x))
     q, k, cos, sin = _rope_problem("cpu", torch.float32)
     assert all(torch.equal(a, b) for a, b in zip(rope_neox(q, k, cos, sin), rope_neox_torch(q, k, cos, sin)))
+    positions, inv_freq = torch.tensor([[3, 90]]), torch.rand(8)
+    assert all(torch.equal(a, b) for a, b in zip(rope_angles(positions, inv_freq, 0.5),
+                                                 rope_angles_torch(positions, inv_freq, 0.5)))
 
 
 # --- few-row linear with fused norm / activation / residual; rope + KV write; the fused layer ---
@@ -649,18 +673,18 @@ def patch_kernels_off():
 def _tree_attention_problem(device, dtype=torch.float32):
     """Two sequences, histories of 37 and 70 tokens, a 7-node tree each at columns
     base..base+6 (node 0 the root), as tree_verify lays it out."""
-    from eagle_zoo.engine.tree import cache_mask
+    from eagle_zoo.kernels.attention import tree_visibility
     from eagle_zoo.kernels.tree_select import build_tree
 
     g = torch.Generator().manual_seed(8)
     parents = torch.tensor([[-1, 0, 0, 1, 1, 3, 2], [-1, 0, 1, 0, 2, 4, 3]])
-    depth, anc, tree_mask = build_tree(parents, 4)
+    depth, anc = build_tree(parents, 4)
     base = torch.tensor([37, 70])
     B, N = parents.shape
     positions = base.view(B, 1) + depth
     columns = base.view(B, 1) + torch.arange(N)
     kv_len = 90
-    mask = cache_mask(base, tree_mask, kv_len)
+    mask = tree_visibility((positions, base, anc), kv_len)
     q = torch.randn(B, N, 6, 16, generator=g)
     kc, vc = torch.randn(4, 96, 2, 16, generator=g), torch.randn(4, 96, 2, 16, generator=g)
     slots = torch.tensor([3, 1])
@@ -675,8 +699,15 @@ def test_attention_tree_mode_matches_reference_and_plain_decoding_bits(device):
     kw = dict(split_size=16, block_n=16) if device == "interp" else {}
     for dtype in _dtypes(device):
         q, kc, vc, slots, cols, kv_len, mask, tree, depth, anc = _tree_attention_problem(dev, dtype)
-        out = cache_attention_triton(q, kc, vc, slots, cols, kv_len, 0.25, attn_mask=mask, tree=tree, **kw)
+        out = cache_attention_triton(q, kc, vc, slots, cols, kv_len, 0.25, tree=tree, **kw)
         ref = cache_attention_torch(q, kc, vc, slots, cols, kv_len, 0.25, attn_mask=mask)
+        # The CPU dispatcher takes the tree's keys through the reference with their mask: the
+        # same bits as the reference on the CPU (the CUDA reference's bits differ from the CPU's).
+        cpu = [t.cpu() for t in (q, kc, vc, slots, cols)]
+        assert torch.equal(cache_attention(*cpu, kv_len, 0.25, tree=tuple(t.cpu() for t in tree)),
+                           cache_attention_torch(*cpu, kv_len, 0.25, attn_mask=mask.cpu()))
+        with pytest.raises(ValueError, match="not both"):
+            cache_attention_triton(q, kc, vc, slots, cols, kv_len, 0.25, attn_mask=mask, tree=tree, **kw)
         # bf16: the kernel rounds each probability to bf16 before its value product (as
         # every flash kernel does), relative to the running max of one key per tile, so it
         # is not one bf16 step from the reference near zero; the tolerance of the other
@@ -697,6 +728,19 @@ def test_attention_tree_mode_matches_reference_and_plain_decoding_bits(device):
                 plain = cache_attention_triton(q[b:b + 1, i:i + 1], kc2, vc2, slots[b:b + 1], pos, kv_len, 0.25,
                                                **kw)
                 assert torch.equal(plain[0, 0], out[b, i]), (b, i)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_attention_tree_of_wide_head_groups_takes_its_keys_as_a_mask(device):
+    """More than 16 query heads a kv head do not fit the tree walk's tile: the same keys
+    as a mask (tree_visibility), against the reference."""
+    dev = _dev(device)
+    kw = dict(split_size=16, block_n=16) if device == "interp" else {}
+    _, kc, vc, slots, cols, kv_len, mask, tree, _, _ = _tree_attention_problem(dev)
+    q = torch.randn(2, 7, 34, 16, generator=torch.Generator().manual_seed(3)).to(dev)  # 17 heads a kv head
+    out = cache_attention_triton(q, kc, vc, slots, cols, kv_len, 0.25, tree=tree, **kw)
+    ref = cache_attention_torch(q, kc, vc, slots, cols, kv_len, 0.25, attn_mask=mask)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
 
 
 # --- programmatic dependent launch (kernels/_triton.py) ---
@@ -794,6 +838,17 @@ def test_log_softmax_top_k_triton_matches_reference(device, V, k, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_log_softmax_top_1_is_argmax_with_its_id_mapped(device):
+    """An EAGLE-3 head's greedy draft on CUDA (Eagle3Head.draft_argmax): the top 1 through
+    the id map is argmax's first maximum, mapped, ties and -inf included."""
+    for V in (50, 12000):
+        x = _top_k_rows(V, torch.bfloat16, _dev(device))
+        offsets = torch.arange(V, device=x.device) % 7
+        ids = x.argmax(-1)
+        assert torch.equal(log_softmax_top_k_triton(x, 1, offsets)[1][..., 0], ids + offsets[ids])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_log_softmax_top_k_triton_refuses_k_it_cannot_hold(device):
     x = torch.randn(2, 20).to(_dev(device))
     for k in (0, 21, 17):
@@ -821,44 +876,54 @@ def _expand_problem(device, B=3, k=4, H=70, W=12, seed=0):
         cum[2, 1], cum[2, 4] = -0.0, 0.0
     tokens = torch.randint(0, 1000, (B, k, k), generator=g)
     wide = torch.randn(B, k, H + 6, generator=g).to(torch.bfloat16)
-    visible = torch.rand(B, k, W, generator=g) < 0.5
-    return [t.to(device) for t in (cum, tokens, wide[..., 3:H + 3], visible)]  # hidden: strided rows
+    ancestors = torch.randint(0, 100, (B, k, W), generator=g)
+    return [t.to(device) for t in (cum, tokens, wide[..., 3:H + 3], ancestors)]  # hidden: strided rows
 
 
 def test_tree_expand_reference_matches_its_definition():
-    cum, tokens, hidden, visible = _expand_problem("cpu")
+    cum, tokens, hidden, ancestors = _expand_problem("cpu")
     B, k = tokens.shape[:2]
-    scores, toks, cand, node_hidden, vis = tree_expand_torch(cum, tokens, hidden, visible, first=7)
+    scores, toks, child_parents, node_hidden, anc = tree_expand_torch(cum, tokens, hidden, ancestors, first=7,
+                                                                      level=5)
     for b in range(B):
         row = cum[b].tolist()
         pick = sorted(range(k * k), key=lambda i: (-row[i], i))[:k]
         assert scores[b].tolist() == [row[i] for i in pick]
         assert toks[b].tolist() == [tokens[b].flatten()[i].item() for i in pick]
-        assert cand[b].tolist() == [7 + i for i in pick]
+        assert child_parents[b].tolist() == [7 + i for i in pick for _ in range(k)]
         assert torch.equal(node_hidden[b], hidden[b, [i // k for i in pick]])
-        assert torch.equal(vis[b], visible[b, [i // k for i in pick]])
+        for j, i in enumerate(pick):
+            want = ancestors[b, i // k].tolist()
+            want[5] = 5 * k + j  # its own scratch column at its level
+            assert anc[b, j].tolist() == want
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("k,H,W", [(4, 70, 12), (3, 2000, 18), (5, 64, 25), (1, 8, 1)])
 def test_tree_expand_triton_matches_reference(device, k, H, W):
     args = _expand_problem(_dev(device), k=k, H=H, W=W)
-    got = tree_expand_triton(*args, first=11)
-    want = tree_expand_torch(*args, first=11)
-    for g_, w_ in zip(got, want):
-        assert g_.dtype == w_.dtype and torch.equal(g_, w_)
+    first_round = args[:3] + [args[3][0].expand(args[3].shape)]  # the engine's first rows: one for every b
+    for level in {0, W // 2, W - 1}:
+        for case in (args, first_round):
+            got = tree_expand_triton(*case, first=11, level=level)
+            want = tree_expand_torch(*case, first=11, level=level)
+            for g_, w_ in zip(got, want):
+                assert g_.dtype == w_.dtype and torch.equal(g_, w_)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_tree_expand_triton_refuses_k_it_cannot_hold(device):
-    cum, tokens, hidden, visible = _expand_problem(_dev(device), k=17, H=8, W=4)
+def test_tree_expand_triton_refuses_what_it_cannot_hold(device):
+    cum, tokens, hidden, ancestors = _expand_problem(_dev(device), k=17, H=8, W=4)
     with pytest.raises(ValueError, match="k = 17"):
-        tree_expand_triton(cum, tokens, hidden, visible, first=0)
+        tree_expand_triton(cum, tokens, hidden, ancestors, first=0, level=1)
+    cum, tokens, hidden, ancestors = _expand_problem(_dev(device), k=2, H=8, W=4)
+    with pytest.raises(ValueError, match="level 4 outside"):
+        tree_expand_triton(cum, tokens, hidden, ancestors, first=0, level=4)
 
 
 def test_tree_expand_dispatches_to_the_reference_on_cpu():
     args = _expand_problem("cpu")
-    for g_, w_ in zip(tree_expand(*args, first=3), tree_expand_torch(*args, first=3)):
+    for g_, w_ in zip(tree_expand(*args, first=3, level=2), tree_expand_torch(*args, first=3, level=2)):
         assert torch.equal(g_, w_)
 
 
@@ -894,7 +959,7 @@ def _candidates(B, k, rounds, seed=0):
 
 def test_tree_select_reference_keeps_the_best_candidates_with_their_ancestors():
     scores, tokens, parents = _candidates(3, 3, 2)
-    node_tokens, node_parents, depth, anc, mask = tree_select_torch(scores, tokens, parents, 9, 3)
+    node_tokens, node_parents, depth, anc = tree_select_torch(scores, tokens, parents, 9, 3)
     for b in range(3):
         row = scores[b].tolist()
         kept = sorted(sorted(range(len(row)), key=lambda c: (-row[c], c))[:8])
@@ -910,7 +975,7 @@ def test_tree_select_triton_matches_reference(device, k, rounds, total, max_dept
     args = [t.to(_dev(device)) for t in _candidates(3, k, rounds, seed=k)]
     got = tree_select_triton(*args, total, max_depth)
     want = tree_select_torch(*args, total, max_depth)
-    for name, g_, w_ in zip(("tokens", "parents", "depth", "ancestors", "mask"), got, want):
+    for name, g_, w_ in zip(("tokens", "parents", "depth", "ancestors"), got, want):
         assert g_.dtype == w_.dtype and torch.equal(g_, w_), name
 
 
@@ -940,7 +1005,7 @@ def _accept_problem(device, seed=0):
     g = torch.Generator().manual_seed(seed)
     scores, tokens, parents = _candidates(8, 4, 3, seed=seed)
     distinct = torch.arange(tokens.shape[1]).expand_as(tokens)  # siblings hold distinct tokens, as top-k gives
-    node_tokens, node_parents, depth, anc, _ = tree_select_torch(scores, distinct, parents, 20, 4)
+    node_tokens, node_parents, depth, anc = tree_select_torch(scores, distinct, parents, 20, 4)
     argmax = torch.randint(0, tokens.shape[1], node_tokens.shape, generator=g)
     for b in range(8):  # row b: the target agrees along one leaf's path up to depth b % 5
         leaf = int(depth[b].argmax())
@@ -978,4 +1043,47 @@ def test_tree_accept_greedy_triton_matches_reference(device, seed):
 def test_tree_accept_greedy_dispatches_to_the_reference_on_cpu():
     args = _accept_problem("cpu")
     for g_, w_ in zip(tree_accept_greedy(*args), tree_accept_greedy_torch(*args)):
+        assert torch.equal(g_, w_)
+
+
+# --- chain_accept_greedy (a chain of drafts' greedy acceptance) -------------------------------
+
+from eagle_zoo.kernels import chain_accept_greedy, chain_accept_greedy_torch, chain_accept_greedy_triton  # noqa: E402
+
+
+def _chain_problem(device, B=16, K=4, seed=0):
+    """Target choices and drafts that agree for runs of every length."""
+    g = torch.Generator().manual_seed(seed)
+    argmax = torch.randint(0, 50, (B, K + 1), generator=g)
+    agree = torch.rand(B, K, generator=g) < 0.7
+    drafts = torch.where(agree, argmax[:, :K], (argmax[:, :K] + 1) % 50)
+    num_draft = torch.randint(0, K + 1, (B,), generator=g)
+    return argmax.to(device), drafts.to(device), num_draft.to(device)
+
+
+def test_chain_accept_greedy_reference_stops_at_the_first_disagreement():
+    argmax, drafts, num_draft = _chain_problem("cpu")
+    for n in (None, num_draft):
+        tokens, accepted = chain_accept_greedy_torch(argmax, drafts, n)
+        for b in range(16):
+            limit = 4 if n is None else int(n[b])
+            a = 0
+            while a < limit and drafts[b, a] == argmax[b, a]:
+                a += 1
+            assert accepted[b].item() == a
+            assert tokens[b].tolist() == argmax[b, : a + 1].tolist() + [-1] * (4 - a)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("K", [0, 1, 3, 7])
+def test_chain_accept_greedy_triton_matches_reference(device, K):
+    argmax, drafts, num_draft = _chain_problem(_dev(device), K=K, seed=K)
+    for n in (None, num_draft):
+        for g_, w_ in zip(chain_accept_greedy_triton(argmax, drafts, n), chain_accept_greedy_torch(argmax, drafts, n)):
+            assert g_.dtype == w_.dtype and torch.equal(g_, w_)
+
+
+def test_chain_accept_greedy_dispatches_to_the_reference_on_cpu():
+    args = _chain_problem("cpu")
+    for g_, w_ in zip(chain_accept_greedy(*args), chain_accept_greedy_torch(*args)):
         assert torch.equal(g_, w_)

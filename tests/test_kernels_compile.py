@@ -17,9 +17,9 @@ import pytest
 import torch
 
 import test_kernels as tk  # its problems (inputs) for each kernel
-from eagle_zoo.kernels import (cache_attention_triton, log_softmax_top_k_triton, rms_norm_triton, rope_neox_triton,
-                               silu_and_mul_triton, tree_accept_greedy_triton, tree_expand_triton, tree_select_triton,
-                               write_kv_triton)
+from eagle_zoo.kernels import (cache_attention_triton, chain_accept_greedy_triton, log_softmax_top_k_triton,
+                               rms_norm_triton, rope_angles_triton, rope_neox_triton, silu_and_mul_triton,
+                               tree_accept_greedy_triton, tree_expand_triton, tree_select_triton, write_kv_triton)
 from eagle_zoo.kernels._triton import HAS_TRITON
 from eagle_zoo.kernels.linear import fused_linear_triton
 from eagle_zoo.kernels.norm import rms_norm_pair_triton
@@ -102,8 +102,8 @@ def test_the_cache_kernels_compile(hopper, dtype):
     for case in ({}, {"window": 8}, {"tree": True}):  # causal, a sliding window, an explicit mask
         q, kc, vc, slots, pos, mask = tk._attn_problem("cpu", dtype=dtype, tree=case.get("tree", False))
         cache_attention_triton(q, kc, vc, slots, pos, 40, 0.3, attn_mask=mask, window=case.get("window"))
-    q, kc, vc, slots, cols, kv_len, mask, tree = tk._tree_attention_problem("cpu", dtype)[:8]
-    cache_attention_triton(q, kc, vc, slots, cols, kv_len, 0.25, attn_mask=mask, tree=tree)
+    q, kc, vc, slots, cols, kv_len, _, tree = tk._tree_attention_problem("cpu", dtype)[:8]
+    cache_attention_triton(q, kc, vc, slots, cols, kv_len, 0.25, tree=tree)
     assert set(hopper) == {"_write_kv_kernel", "_attn_split_kernel", "_attn_merge_kernel"}
 
 
@@ -115,7 +115,9 @@ def test_the_layer_op_kernels_compile(hopper, dtype):
     rms_norm_pair_triton(x, w, 1e-6, x, w, 1e-5)
     silu_and_mul_triton(x)
     rope_neox_triton(*tk._rope_problem("cpu", dtype))
-    assert set(hopper) == {"_rms_norm_kernel", "_rms_norm_pair_kernel", "_silu_and_mul_kernel", "_rope_neox_kernel"}
+    rope_angles_triton(torch.tensor([[5, 9]]), torch.rand(32), 0.5)
+    assert set(hopper) == {"_rms_norm_kernel", "_rms_norm_pair_kernel", "_silu_and_mul_kernel", "_rope_neox_kernel",
+                           "_rope_angles_kernel"}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -133,12 +135,16 @@ def test_the_linear_kernels_compile_for_every_case_and_row_count(hopper, dtype):
     assert len(hopper) == 3 * len(tk.LINEAR_CASES) + 2  # one kernel a call
 
 
-def test_the_tree_kernels_compile(hopper):
+def test_the_drafting_and_acceptance_kernels_compile(hopper):
     # bf16 logits as the heads' lm_heads give them on the GPU: an EAGLE-3 draft vocabulary, a full one
     log_softmax_top_k_triton(torch.randn(3, 6, 12000).bfloat16(), 6, torch.zeros(12000, dtype=torch.long))
     log_softmax_top_k_triton(torch.randn(1, 6, 49152).bfloat16(), 6)
-    tree_expand_triton(*tk._expand_problem("cpu", k=6, H=576, W=18), first=6)
+    tree_expand_triton(*tk._expand_problem("cpu", k=6, H=576, W=3), first=6, level=1)
     scores, tokens, parents = tk._candidates(2, 6, 3)
     tree_select_triton(scores, tokens, parents, 30, 4)
     tree_accept_greedy_triton(*tk._accept_problem("cpu"))
-    assert set(hopper) == {"_top_k_kernel", "_tree_expand_kernel", "_tree_select_kernel", "_tree_accept_kernel"}
+    argmax, drafts, num_draft = tk._chain_problem("cpu")
+    chain_accept_greedy_triton(argmax, drafts, num_draft)
+    chain_accept_greedy_triton(argmax[:, :1], drafts[:, :0])  # a plain step
+    assert set(hopper) == {"_top_k_kernel", "_tree_expand_kernel", "_tree_select_kernel", "_tree_accept_kernel",
+                           "_chain_accept_kernel"}

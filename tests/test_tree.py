@@ -31,8 +31,9 @@ import engine_fixtures as ef
 from eagle_zoo import LLM, SamplingParams
 from eagle_zoo.config.speculative import SpeculativeConfig, SpeculativeConfigError
 from eagle_zoo.engine import tree_verify
-from eagle_zoo.engine.tree import cache_mask, select_tree
+from eagle_zoo.engine.tree import select_tree
 from eagle_zoo.engine.tree_verify import accept_greedy, compact_kv
+from eagle_zoo.kernels.attention import tree_visibility
 from eagle_zoo.kernels.tree_select import build_tree
 
 VOCAB = cf.TINY["vocab_size"]
@@ -67,20 +68,18 @@ def test_build_tree_matches_brute_force(name):
     parents = TREES[name]
     paths = brute_paths(parents)
     L = max(len(p) for p in paths) - 1
-    depth, anc, mask = build_tree(torch.tensor([parents, parents]), L + 1)  # a loose bound works too
+    depth, anc = build_tree(torch.tensor([parents, parents]), L + 1)  # a loose bound works too
     for b in range(2):
         assert depth[b].tolist() == [len(p) - 1 for p in paths]
         for i, path in enumerate(paths):
             assert anc[b, i].tolist() == path + [-1] * (L + 2 - len(path))
-            assert mask[b, i].nonzero().flatten().tolist() == sorted(path)
 
 
 def test_build_tree_mixed_by_hand():
-    depth, anc, mask = build_tree(torch.tensor([TREES["mixed"]]), 4)
+    depth, anc = build_tree(torch.tensor([TREES["mixed"]]), 4)
     assert depth[0].tolist() == [0, 1, 1, 2, 2, 2, 3, 4]
     assert anc[0, 7].tolist() == [0, 1, 3, 6, 7]
     assert anc[0, 5].tolist() == [0, 2, 5, -1, -1]
-    assert mask[0, 4].tolist() == [True, True, False, False, True, False, False, False]
 
 
 def brute_select(scores, parents, n):
@@ -119,27 +118,36 @@ def test_select_tree(case):
         assert kept == [0, 3] and want_parents == [-1, 0, 1]
 
 
-def test_cache_mask():
+def test_tree_visibility_is_the_history_and_each_nodes_path():
+    """kernels/attention.py tree_visibility, the mask of a tree pass's keys where no kernel
+    walks them: the history below base, then the columns of the node's ancestors up to
+    its own level (entries past it, here 7, are not read)."""
     base = torch.tensor([3, 5])
-    local = torch.tensor([[[1, 0], [1, 1]], [[1, 0], [0, 1]]], dtype=torch.bool)
-    mask = cache_mask(base, local, kv_len=8)
+    ancestors = torch.tensor([[[0, 7, 7], [0, 2, 7]], [[0, 1, 3], [0, 7, 7]]])  # [B, T, L]
+    positions = base.view(2, 1) + torch.tensor([[0, 1], [2, 0]])
+    mask = tree_visibility((positions, base, ancestors), 10)
     for b in range(2):
         for t in range(2):
-            want = [c < base[b] or (0 <= c - base[b] < 2 and bool(local[b, t, c - base[b]])) for c in range(8)]
-            assert mask[b, t].tolist() == want
-    shifted = cache_mask(base, local, kv_len=10, offset=2)
-    assert shifted[0, 1].tolist() == [True] * 3 + [False, False, True, True, False, False, False]
+            path = {int(base[b]) + int(ancestors[b, t, d]) for d in range(int(positions[b, t] - base[b]) + 1)}
+            assert mask[b, t].tolist() == [c < base[b] or c in path for c in range(10)]
+    # A verified tree's (node numbers as columns): the history and each node's path.
+    parents = TREES["mixed"]
+    depth, anc = build_tree(torch.tensor([parents] * 2), 4)
+    mask = tree_visibility((base.view(2, 1) + depth, base, anc), 16)
+    for b in range(2):
+        for i, path in enumerate(brute_paths(parents)):
+            assert mask[b, i].nonzero().flatten().tolist() == list(range(base[b])) + [base[b] + j for j in path]
 
 
 def test_accept_greedy_by_hand():
     # Tree "mixed": node tokens; the target's argmax after each node picks the path
     # 0 -> 1 -> 4 in sequence 0 (node 3 wrong), nothing in sequence 1.
     parents = torch.tensor([TREES["mixed"]] * 2)
-    depth, anc, mask = build_tree(parents, 4)
+    depth, anc = build_tree(parents, 4)
     node_tokens = torch.tensor([[9, 10, 11, 12, 13, 14, 15, 16]] * 2)
     from eagle_zoo.engine.tree import TreeDraft
 
-    tree = TreeDraft(node_tokens, parents, depth, anc, mask)
+    tree = TreeDraft(node_tokens, parents, depth, anc)
     argmax = torch.tensor([[10, 13, 14, 15, 40, 41, 16, 42],
                            [50, 51, 52, 53, 54, 55, 56, 57]])
     tokens, accepted, path = accept_greedy(argmax, tree)
@@ -458,9 +466,9 @@ def test_accept_sampled_distribution():
         [0.2, 0.2, 0.2, 0.2, 0.1, 0.1],
         [0.3, 0.1, 0.1, 0.1, 0.2, 0.2],
     ], dtype=torch.float64).float()
-    depth, anc, mask = build_tree(torch.tensor([parents]), 2)
+    depth, anc = build_tree(torch.tensor([parents]), 2)
     tree = TreeDraft(*(x.expand(B, *x.shape[1:]) for x in
-                       (torch.tensor([node_tokens]), torch.tensor([parents]), depth, anc, mask)))
+                       (torch.tensor([node_tokens]), torch.tensor([parents]), depth, anc)))
     uniforms = torch.rand(B, 3, 2, generator=gen)
     exponentials = torch.empty(B, V).exponential_(generator=gen)
     tokens, accepted, path = accept_sampled(probs.expand(B, 6, V), tree, 2, uniforms, exponentials)
@@ -510,8 +518,8 @@ def test_accept_sampled_never_takes_a_zero_probability_child_at_u_zero():
         [0.25] * 4,
         [0.0, 0.0, 0.0, 1.0],
     ]).unsqueeze(0)
-    depth, anc, mask = build_tree(torch.tensor([parents]), 2)
-    tree = TreeDraft(torch.tensor([node_tokens]), torch.tensor([parents]), depth, anc, mask)
+    depth, anc = build_tree(torch.tensor([parents]), 2)
+    tree = TreeDraft(torch.tensor([node_tokens]), torch.tensor([parents]), depth, anc)
     tokens, accepted, _ = accept_sampled(probs, tree, 2, torch.zeros(1, 3, 2), torch.ones(1, 4))
     assert tokens.tolist() == [[2, 3, 3]] and accepted.tolist() == [2]
 

@@ -382,14 +382,19 @@ class EngineCore:
         return self._launch(seqs, k, slots, base, last, kv_len)
 
     def launched_step(self, seqs: list[Sequence], k: int, tokens: torch.Tensor, accepted: torch.Tensor,
-                      drafted: torch.Tensor, slots: torch.Tensor, base: torch.Tensor,
+                      drafted: Optional[torch.Tensor], slots: torch.Tensor, base: torch.Tensor,
                       num_positions: Optional[int] = None, logprobs: Optional[torch.Tensor] = None,
                       num_top: int = 0) -> LaunchedStep:
         """The LaunchedStep of a step whose emitted tokens [B, k+1] (-1 padded), accepted
-        drafts [B] and drafted tokens [B] are queued on the device (and the logprobs block
-        of logprobs.pack, when a request of the step asked for logprobs)."""
+        drafts [B] and drafted tokens [B] (None: k each) are queued on the device (and the
+        logprobs block of logprobs.pack, when a request of the step asked for logprobs)."""
+        if k == 0:  # a plain step (one token each, none drafted): views and one add, no gather
+            drafted, next_base, next_last = accepted, base + 1, tokens[:, :1]
+        else:
+            drafted = torch.full_like(accepted, k) if drafted is None else drafted
+            next_base, next_last = base + accepted + 1, tokens.gather(1, accepted.view(-1, 1))
         out = torch.cat([tokens, accepted[:, None], drafted[:, None]], dim=1)
-        step = LaunchedStep(seqs, k, out, slots, base + accepted + 1, tokens.gather(1, accepted.view(-1, 1)),
+        step = LaunchedStep(seqs, k, out, slots, next_base, next_last,
                             num_positions=num_positions, logprobs=logprobs, num_top=num_top)
         if out.is_cuda:
             step.host_out = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
@@ -413,7 +418,7 @@ class EngineCore:
         whole = self.chain_step_graph
         if k and whole is not None and sampling.plain_greedy and not wants_logprobs and whole.eligible(last):
             tokens, accepted = whole(last, base.unsqueeze(1), slots, k)
-            return self.launched_step(seqs, k, tokens, accepted, torch.full_like(accepted, k), slots, base)
+            return self.launched_step(seqs, k, tokens, accepted, None, slots, base)
         # Copying every sequence's token list is O(length) per step: only for proposers
         # that read it (n-gram lookup, the draft model's last two tokens).
         reads = self.proposer is not None and (self.proposer.needs_token_history if k else
@@ -432,7 +437,7 @@ class EngineCore:
                 drafts = num_draft = None
         else:
             input_ids = last
-        positions = base.unsqueeze(1) + torch.arange(k + 1, device=dev)
+        positions = base.unsqueeze(1) + torch.arange(k + 1, device=dev) if k else base.unsqueeze(1)
         graph = self.greedy_target_graph
         block = None
         if sampling.plain_greedy and not wants_logprobs and num_draft is None and graph is not None \
@@ -449,7 +454,7 @@ class EngineCore:
             self.proposer.on_verify(batch, TargetOutput(input_ids, tokens, positions, hidden, aux), accepted)
         elif self.proposer is not None:  # a plain step (schedule K = 0, or no n-gram match)
             self.proposer.on_plain_step(batch, TargetOutput(input_ids, tokens, positions, hidden, aux))
-        drafted = torch.full_like(accepted, k) if num_draft is None else num_draft.to(accepted.dtype)
+        drafted = None if num_draft is None else num_draft.to(accepted.dtype)
         return self.launched_step(seqs, k, tokens, accepted, drafted, slots, base, logprobs=block,
                                   num_top=max(wants_logprobs, default=0))
 

@@ -104,6 +104,7 @@ class EagleProposer(Proposer):
         # computed from it in propose(), so plain steps skip the lm_head. One row more for
         # the scratch slot that padding rows of a graphed batch use.
         self.next_hidden = torch.zeros(num_slots + 1, hidden_size, dtype=dtype, device=device)
+        self._offsets: dict[int, torch.Tensor] = {}  # step_positions
         # With CUDA graphs (the runner has them) the whole drafting loop and the whole
         # catch-up each replay as one graph: a step's head passes, lm_heads, argmaxes and
         # index arithmetic, which eagerly cost more launches and Python than the head itself.
@@ -156,11 +157,21 @@ class EagleProposer(Proposer):
         hidden = self.next_hidden[slots]
         token = self._draft_token(hidden)
         drafts = [token]
+        positions = self.step_positions(base, k)  # draft j + 1 is fed at base + j
         for step in range(k - 1):
-            hidden = self.runner.run(token.unsqueeze(1), base + step, slots, kv_len, hidden.unsqueeze(1))[:, 0]
+            hidden = self.runner.run(token.unsqueeze(1), positions[:, step:step + 1], slots, kv_len,
+                                     hidden.unsqueeze(1))[:, 0]
             token = self._draft_token(hidden)
             drafts.append(token)
         return torch.stack(drafts, dim=1)
+
+    def step_positions(self, base: torch.Tensor, k: int) -> torch.Tensor:
+        """base [B, 1] + (0 .. k) in one launch, from an arange made once per k (the first
+        call is a graph's warm-up, outside its capture)."""
+        offsets = self._offsets.get(k)
+        if offsets is None:
+            offsets = self._offsets[k] = torch.arange(k + 1, device=base.device)
+        return base + offsets
 
     @property
     def whole_step_graphable(self) -> bool:
@@ -177,7 +188,7 @@ class EagleProposer(Proposer):
         [B, K+1], -1 past the accepted run; accepted [B])."""
         drafts = self._draft_chain(None, base, slots, k)
         input_ids = torch.cat([last, drafts], dim=1)
-        positions = base + torch.arange(k + 1, device=base.device)
+        positions = self.step_positions(base, k)
         tokens, accepted, hidden, aux = verify(input_ids, positions, slots, drafts)
         verified = TargetOutput(input_ids, tokens, positions, hidden, aux)
         self._catch_up(tokens, positions, slots, accepted.view(-1, 1), *self._feature_inputs(verified))

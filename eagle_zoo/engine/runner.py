@@ -51,7 +51,7 @@ class ModelRunner:
 
     def forward_full_length(self, input_ids, positions, slot_ids, *args, **keys):
         """The model over the whole cache row (kv_len = max_len, masked by position, or by
-        attn_mask [B, T, max_len]): the form CUDA graphs capture."""
+        a tree's keys): the form CUDA graphs capture."""
         return self._forward(input_ids, positions, slot_ids, self.max_len, args, **keys)
 
     def forward_prefix(self, input_ids, positions, slot_ids, *args):
@@ -70,10 +70,9 @@ class ModelRunner:
         positions = torch.arange(L, device=input_ids.device).unsqueeze(0)
         return self.run(input_ids, positions, slot_ids, L, *args)
 
-    def _forward(self, input_ids, positions, slot_ids, kv_len: int, args, attn_mask=None, cache_positions=None,
-                 tree_keys=None):
+    def _forward(self, input_ids, positions, slot_ids, kv_len: int, args, cache_positions=None, tree_keys=None):
         ctx = AttentionContext(self.kv_caches, slot_ids, positions if cache_positions is None else cache_positions,
-                               kv_len, attn_mask=attn_mask, tree_keys=tree_keys)
+                               kv_len, tree_keys=tree_keys)
         with use_context(ctx):
             return self.model(input_ids, positions, *args)
 
@@ -85,7 +84,6 @@ class ModelRunner:
         slot_ids: torch.Tensor,
         kv_len: Optional[int],
         *args,
-        attn_mask: Optional[torch.Tensor] = None,
         cache_positions: Optional[torch.Tensor] = None,
         tree_keys: Optional[tuple] = None,
     ):
@@ -96,10 +94,10 @@ class ModelRunner:
         cache row and no graph replay, the form a larger captured function (the EAGLE
         drafting loop and catch-up, a tree step) calls from inside its capture.
         """
-        keys = dict(attn_mask=attn_mask, cache_positions=cache_positions, tree_keys=tree_keys)
+        keys = dict(cache_positions=cache_positions, tree_keys=tree_keys)
         if kv_len is None:
             return self.forward_full_length(input_ids, positions, slot_ids, *args, **keys)
-        plain = attn_mask is None and cache_positions is None
+        plain = tree_keys is None and cache_positions is None
         if self.graphed is not None and plain and self.graphed.eligible(input_ids):
             return self.graphed(input_ids, positions, slot_ids, *args)
         return self._forward(input_ids, positions, slot_ids, min(kv_len, self.max_len), args, **keys)

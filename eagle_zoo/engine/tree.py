@@ -36,15 +36,14 @@ class TreeDraft:
     depth     [B, N]      level of each node (root 0)
     ancestors [B, N, L+1] ancestors[b, i, d] = the node at level d on the root->i path
                           (itself at d = depth[b, i]); -1 for d > depth[b, i]. A leaf's
-                          row is the official code's "retrieve indices" path.
-    mask      [B, N, N]   mask[b, i, j]: node j is node i or one of its ancestors
+                          row is the official code's "retrieve indices" path; the
+                          keys of node i's attention (kernels/attention.py tree mode).
     """
 
     tokens: torch.Tensor
     parents: torch.Tensor
     depth: torch.Tensor
     ancestors: torch.Tensor
-    mask: torch.Tensor
 
     @property
     def num_nodes(self) -> int:
@@ -65,30 +64,3 @@ def select_tree(scores: torch.Tensor, tokens: torch.Tensor, parents: torch.Tenso
     if total_tokens - 1 > scores.shape[1]:
         raise ValueError(f"select_tree: {total_tokens - 1} draft nodes asked for but only {scores.shape[1]} candidates")
     return TreeDraft(*tree_select(scores, tokens, parents, total_tokens, max_depth))
-
-
-class CacheMask:
-    """Attention masks [B, T, kv_len] for T queries of sequences whose history fills cache
-    columns [0, base[b]): all of the history, plus the columns base[b] + offset + j for
-    which local[b, t, j] is True (tree nodes written after the history); nothing else
-    (stale columns of longer sequences in the batch, or of an earlier step).
-
-    Built once per step (the columns' positions relative to each base), applied per
-    drafting round to that round's ``local`` [B, T, width]: 3 kernels a round instead of ~11."""
-
-    def __init__(self, base: torch.Tensor, width: int, kv_len: int, offset: int = 0):
-        B = base.shape[0]
-        rel = torch.arange(kv_len, device=base.device) - base.view(B, 1) - offset  # [B, kv_len]
-        self.inside = ((rel >= 0) & (rel < width)).unsqueeze(1)
-        self.index = rel.clamp(0, width - 1).unsqueeze(1)
-        self.history = (rel + offset < 0).unsqueeze(1)
-
-    def __call__(self, local: torch.Tensor) -> torch.Tensor:
-        B, T, _ = local.shape
-        picked = local.gather(2, self.index.expand(B, T, self.index.shape[-1]))
-        return self.history | (picked & self.inside)
-
-
-def cache_mask(base: torch.Tensor, local: torch.Tensor, kv_len: int, offset: int = 0) -> torch.Tensor:
-    """CacheMask for one ``local`` [B, T, S] (S columns after the history)."""
-    return CacheMask(base, local.shape[2], kv_len, offset)(local)

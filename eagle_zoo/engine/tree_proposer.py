@@ -14,7 +14,8 @@ Drafting one tree per sequence (B sequences, k = top_k, R = expansion rounds):
   selection (tree.select_tree): the best total_tokens - 1 candidates of all levels.
 The expanded nodes' keys/values go to scratch columns base + (r-1) * k + j of the head
 cache, past the history; they are overwritten by the catch-up before anything else
-reads them.
+reads them. A node attends to the history and its ancestors' scratch columns, one a
+round (its ancestors row, the tree_keys of models/attention.py).
 
 Catch-up (after verification): the head runs over the accepted path like the chain's
 catch-up, consuming the target's features at the root and the accepted nodes, so
@@ -28,7 +29,7 @@ import torch
 
 from .proposers import EagleProposer
 from ..kernels.tree_expand import tree_expand
-from .tree import CacheMask, TreeDraft, select_tree
+from .tree import TreeDraft, select_tree
 
 
 def tree_shape(depth: int, total_tokens: int) -> tuple[int, int]:
@@ -55,6 +56,14 @@ class TreeEagleProposer(EagleProposer):
         max_len = max_model_len + self.max_verify_tokens + 1
         super().__init__(head, method, self.max_depth, num_slots, max_len, dtype, device,
                          target_num_layers, graph_pool)
+        # What every tree step starts from, made once (not a kernel a step each):
+        k, R = self.top_k, self.rounds
+        on = dict(dtype=torch.long, device=device)
+        self._scratch_columns = torch.arange(k, **on) + k * torch.arange(R, **on).view(R, 1)  # [R, k], less base
+        self._rounds = torch.arange(R, **on)
+        self._first_ancestors = torch.arange(k, **on).view(k, 1).expand(k, R).contiguous()  # round 0: itself
+        self._first_parents = torch.cat([torch.full((k,), -1, **on)]  # the root's children, then theirs
+                                        + [torch.arange(k, **on).repeat_interleave(k)] * (R > 0))
 
     @torch.inference_mode()
     def propose_tree(self, slots: torch.Tensor, base: torch.Tensor, max_base: int | None) -> TreeDraft:
@@ -67,30 +76,27 @@ class TreeEagleProposer(EagleProposer):
         H = hidden.shape[-1]
         scores, tokens = self.head.draft_top_k(hidden, k)  # level 1
         cand_scores, cand_tokens = [scores], [tokens]
-        cand_parents = [torch.full((B, k), -1, dtype=torch.long, device=slots.device)]
-        node_cand = torch.arange(k, device=slots.device).expand(B, k)  # candidate numbers of the expanded
+        cand_parents = [self._first_parents.expand(B, -1)]  # levels 1 and 2
         node_hidden = hidden.unsqueeze(1).expand(B, k, H)
-        # visible[b, j, c]: expanded node j sees scratch column base + c (its ancestors, itself)
-        visible = torch.zeros(B, k, R * k, dtype=torch.bool, device=slots.device)
+        # ancestors[b, j, r]: scratch column (less base) of expanded node j's ancestor of
+        # round r, its own at its round; the rows move with the nodes (tree_expand).
+        ancestors = self._first_ancestors.expand(B, k, R)
+        columns = base.view(B, 1, 1) + self._scratch_columns  # [B, R, k]
+        positions = base.view(B, 1) + self._rounds  # [B, R]
         kv_len = None if max_base is None else max_base + R * k
-        own = torch.arange(k, device=slots.device)
-        true = torch.ones((), dtype=torch.bool, device=slots.device)  # a device value: capturable index_put
-        masks = CacheMask(base, R * k, self.runner.max_len if kv_len is None else kv_len)
-        first_cols = base.view(B, 1) + own  # round 0's scratch columns
         for r in range(R):
-            visible[:, own, r * k + own] = true
-            cols = first_cols + r * k
-            pos = (base + r).view(B, 1).expand(B, k)
-            mask = masks(visible)
-            h = self.runner.run(tokens, pos, slots, kv_len, node_hidden, attn_mask=mask, cache_positions=cols)
+            pos = positions[:, r:r + 1].expand(B, k)
+            h = self.runner.run(tokens, pos, slots, kv_len, node_hidden, cache_positions=columns[:, r],
+                                tree_keys=(pos, base, ancestors))
             child_scores, child_tokens = self.head.draft_top_k(h, k)  # [B, k, k]
             cum = (scores.unsqueeze(-1) + child_scores).flatten(1)  # [B, k*k]
-            first = k + r * k * k  # candidate number of this round's first child
             cand_scores.append(cum)
             cand_tokens.append(child_tokens.flatten(1))
-            cand_parents.append(node_cand.repeat_interleave(k, dim=1))
             if r + 1 < R:  # the k best children are expanded next, with their parents' state
-                scores, tokens, node_cand, node_hidden, visible = tree_expand(cum, child_tokens, h, visible, first)
+                first = k + r * k * k  # candidate number of this round's first child
+                scores, tokens, child_parents, node_hidden, ancestors = tree_expand(
+                    cum, child_tokens, h, ancestors, first, level=r + 1)
+                cand_parents.append(child_parents)
         return select_tree(torch.cat(cand_scores, 1), torch.cat(cand_tokens, 1), torch.cat(cand_parents, 1),
                            self.total_tokens, self.max_depth)
 
@@ -103,9 +109,9 @@ class TreeEagleProposer(EagleProposer):
         max_base None: the whole-row form (propose_tree)."""
         B, T = path.shape
         idx = path.unsqueeze(-1)
-        if self.method == "eagle3":
-            feats = self.head.combine_hidden_states(
-                torch.cat([a.gather(1, idx.expand(B, T, a.shape[-1])) for a in aux], dim=-1))
+        if self.method == "eagle3":  # the streams side by side, then the path's rows: two launches, not four
+            streams = torch.cat(aux, dim=-1)
+            feats = self.head.combine_hidden_states(streams.gather(1, idx.expand(B, T, streams.shape[-1])))
         else:
             feats = hidden.gather(1, idx.expand(B, T, hidden.shape[-1]))
         positions = base.view(B, 1) + torch.arange(T, device=base.device)
@@ -117,8 +123,8 @@ class TreeEagleProposer(EagleProposer):
 
 def _short_windows(model, max_len: int) -> list[str]:
     """Attention layers whose sliding window or attention chunk is shorter than the cache:
-    an explicit tree mask replaces the window rule (models/attention.py), so they would
-    see keys they must not."""
+    a tree's keys (the history and the node's ancestors, models/attention.py tree_keys)
+    replace the window rule, so they would see keys they must not."""
     from .cache import attention_layers
 
     out = []

@@ -14,7 +14,7 @@ import torch
 
 from ..kernels.tree_accept import emit_path, tree_accept_greedy
 from .sampler import apply_sampling_params, draw, sample_from_probs
-from .tree import TreeDraft, cache_mask
+from .tree import TreeDraft
 from .verify import SamplingBatch
 
 
@@ -146,11 +146,9 @@ def target_tree_pass(engine, tree, base, slots, max_base):
     N = tree.num_nodes
     positions = base.view(B, 1) + tree.depth
     columns = base.view(B, 1) + torch.arange(N, device=slots.device)
-    kv_len = runner.max_len if max_base is None else max_base + N
-    mask = cache_mask(base, tree.mask, kv_len)
-    # The same keys for the Triton kernel, walked in position order: bf16 bits of plain decoding.
-    hidden, aux = runner.run(tree.tokens, positions, slots, None if max_base is None else kv_len,
-                             engine.aux_layer_ids, attn_mask=mask, cache_positions=columns,
+    # Each node's keys walked in position order (kernels/attention.py): plain decoding's bf16 bits.
+    hidden, aux = runner.run(tree.tokens, positions, slots, None if max_base is None else max_base + N,
+                             engine.aux_layer_ids, cache_positions=columns,
                              tree_keys=(positions, base, tree.ancestors))
     return hidden, aux, engine.target.compute_logits(hidden)
 

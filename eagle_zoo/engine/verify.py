@@ -10,6 +10,7 @@ from typing import Optional
 
 import torch
 
+from ..kernels.chain_accept import chain_accept_greedy
 from .logits_processing import LogitsProcessing, process_logits
 from .rejection_sampler import rejection_sample
 from .sampler import SamplingTensors, apply_sampling_params
@@ -46,15 +47,7 @@ def verify_greedy(logits: torch.Tensor, drafts: torch.Tensor, num_draft: Optiona
     """The greedy rule on raw logits (the same result as rejection_sample's greedy rows,
     without building probabilities or drawing noise): emit the target's argmax at
     each position; accept drafts up to the first mismatch."""
-    argmax = logits.argmax(-1)  # [B, K+1]
-    B, K = drafts.shape
-    pos = torch.arange(K + 1, device=logits.device)
-    match = drafts == argmax[:, :K]
-    if num_draft is not None:
-        match &= pos[:K] < num_draft.view(B, 1)
-    accepted = match.long().cumprod(1).sum(1)
-    tokens = torch.where(pos <= accepted.unsqueeze(1), argmax, torch.full_like(argmax, -1))
-    return tokens, accepted
+    return chain_accept_greedy(logits.argmax(-1), drafts, num_draft)  # one kernel on CUDA
 
 
 def verify_drafts(

@@ -20,9 +20,11 @@ if not (_HERE / "linear.py").is_file():  # source tree or editable install
 
 from .activation import silu_and_mul, silu_and_mul_torch, silu_and_mul_triton  # noqa: E402
 from .attention import cache_attention, cache_attention_torch, cache_attention_triton  # noqa: E402
+from .chain_accept import chain_accept_greedy, chain_accept_greedy_torch, chain_accept_greedy_triton  # noqa: E402
 from .kv_cache import write_kv, write_kv_torch, write_kv_triton  # noqa: E402
 from .norm import rms_norm, rms_norm_torch, rms_norm_triton  # noqa: E402
-from .rope import rope_neox, rope_neox_torch, rope_neox_triton  # noqa: E402
+from .rope import (rope_angles, rope_angles_torch, rope_angles_triton, rope_neox, rope_neox_torch,  # noqa: E402
+                   rope_neox_triton)
 from .top_k import log_softmax_top_k, log_softmax_top_k_torch, log_softmax_top_k_triton  # noqa: E402
 from .tree_expand import tree_expand, tree_expand_torch, tree_expand_triton  # noqa: E402
 from .tree_select import tree_select, tree_select_torch, tree_select_triton  # noqa: E402
@@ -30,10 +32,11 @@ from .tree_accept import tree_accept_greedy, tree_accept_greedy_torch, tree_acce
 
 __all__ = [
     "cache_attention", "cache_attention_torch", "cache_attention_triton",
+    "chain_accept_greedy", "chain_accept_greedy_torch", "chain_accept_greedy_triton",
     "write_kv", "write_kv_torch", "write_kv_triton",
     "rms_norm", "rms_norm_torch", "rms_norm_triton",
     "silu_and_mul", "silu_and_mul_torch", "silu_and_mul_triton",
-    "rope_neox", "rope_neox_torch", "rope_neox_triton",
+    "rope_angles", "rope_angles_torch", "rope_angles_triton", "rope_neox", "rope_neox_torch", "rope_neox_triton",
     "log_softmax_top_k", "log_softmax_top_k_torch", "log_softmax_top_k_triton",
     "tree_expand", "tree_expand_torch", "tree_expand_triton",
     "tree_select", "tree_select_torch", "tree_select_triton",

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eagle_zoo.kernels import cpu_decode
+from eagle_zoo.kernels.attention import tree_visibility
 from eagle_zoo.kernels._triton import needs_autograd
 from eagle_zoo.kernels.linear import STEP_MAX_T
 
@@ -30,11 +31,16 @@ class AttentionContext:
         from the rope position for tree drafts). Padding tokens should write to a
         scratch slot or position that no real query attends to.
     kv_len: attend over cache columns [:kv_len] (a host int: fixed per CUDA graph).
-    attn_mask [B,T,kv_len] bool (True = may attend) or None: key index <= the
-        query's cache position, and within the layer's sliding window or attention chunk.
-    tree_keys (positions [B,T], base [B], ancestors [B,T,L+1]) or None: for an EAGLE-2
-        tree pass, the same visibility as attn_mask in the form the Triton kernel walks in
-        position order (kernels/attention.py), so nodes get plain decoding's bits.
+    attn_mask [B,T,kv_len] bool (True = may attend) or None: the keys each query sees,
+        for callers outside the engine's decode steps (training's TTT chains, padded
+        batch generation in eagle_zoo/train).
+    tree_keys (positions [B,T], base [B], ancestors [B,T,L]) or None: for an EAGLE-2
+        tree pass (a verified tree or a drafting round), the keys each token sees: the
+        history below base and its ancestors' columns, walked in position order by the
+        Triton kernel (kernels/attention.py cache_attention_triton), so nodes get plain
+        decoding's bits; a mask built from them elsewhere (tree_visibility). Neither
+        given: key index <= the query's cache position, within the layer's sliding window
+        or chunk.
     memo: tensors that every layer of one forward would otherwise rebuild from the same
         inputs (the attention mask per (window, chunk, dtype), rope angles per positions
         tensor), built by the first layer that needs them. A context serves one forward
@@ -224,7 +230,9 @@ class Attention(nn.Module):
         key = ("mask", self.sliding_window, self.attention_chunk_size, dtype)
         mask = ctx.memo.get(key)
         if mask is None:
-            if ctx.attn_mask is not None:
+            if ctx.tree_keys is not None:  # (trees refuse windows and chunks: engine/tree_proposer.py)
+                mask = tree_visibility(ctx.tree_keys, ctx.kv_len)
+            elif ctx.attn_mask is not None:
                 mask = ctx.attn_mask
             else:
                 key_pos = torch.arange(ctx.kv_len, device=device)

@@ -337,7 +337,10 @@ class Eagle3Head(_HeadBase):
     # normalizer, and skipping them saves a full-vocabulary fill and scatter per round.
     # d2t is increasing in published and our heads' vocabularies, so ties resolve alike.
     def draft_argmax(self, h: torch.Tensor) -> torch.Tensor:
-        ids = self.compute_draft_logits(h).argmax(dim=-1)
+        logits = self.compute_draft_logits(h)
+        if logits.is_cuda:  # one launch (the top 1 with its id mapped, kernels/top_k.py) for argmax, gather, add
+            return log_softmax_top_k(logits, 1, self.d2t)[1][..., 0]
+        ids = logits.argmax(dim=-1)
         return ids + self.d2t[ids]
 
     def draft_top_k(self, h: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

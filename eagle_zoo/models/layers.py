@@ -21,7 +21,7 @@ from eagle_zoo.kernels._triton import needs_autograd
 from eagle_zoo.kernels.activation import silu_and_mul, silu_and_mul_torch
 from eagle_zoo.kernels.linear import fused_linear_triton, use_linear_kernel
 from eagle_zoo.kernels.norm import rms_norm, rms_norm_torch
-from eagle_zoo.kernels.rope import rope_neox_triton, rotate_qk_torch, signed_angles, use_rope_kernel
+from eagle_zoo.kernels.rope import rope_angles, rope_neox_triton, rotate_qk_torch, signed_angles, use_rope_kernel
 
 from . import parallel_state as ps
 from .attention import get_context
@@ -589,7 +589,8 @@ class RotaryEmbedding(nn.Module):
 
     interleaved=False: pairs are (i, i + rotary_dim/2) ("neox", Llama checkpoints);
     interleaved=True: pairs are (2i, 2i+1) (GPT-J style).
-    Angles are computed from the positions on the device each call: no table, no sync.
+    Angles are computed from the positions on the device once a forward (kernels/rope.py
+    rope_angles): no table, no sync.
     """
 
     def __init__(self, inv_freq: torch.Tensor, scaling: float = 1.0, interleaved: bool = False):
@@ -627,10 +628,7 @@ class RotaryEmbedding(nn.Module):
         hit = ctx.memo.get(key) if ctx is not None else None
         if hit is not None and hit[0] is positions:
             return hit[1], hit[2]
-        angles = positions.unsqueeze(-1).float() * self.inv_freq  # [B,T,rot/2]
-        cos, sin = angles.cos().unsqueeze(-2), angles.sin().unsqueeze(-2)
-        if self.scaling != 1.0:
-            cos, sin = cos * self.scaling, sin * self.scaling
+        cos, sin = rope_angles(positions, self.inv_freq, self.scaling)  # one kernel on CUDA (kernels/rope.py)
         if ctx is not None:
             ctx.memo[key] = (positions, cos, sin)
         return cos, sin
