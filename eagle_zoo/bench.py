@@ -125,6 +125,8 @@ def add_arguments(p):
                       help="target shapes of the step-cost tables (random weights; eagle_zoo/perf_steps.py): "
                            "comma-separated from smollm2, 8b; default smollm2 on CUDA, none on the CPU; '' for none")
     perf.add_argument("--step-cost-steps", type=int, default=200, help="engine steps timed per step-cost row")
+    perf.add_argument("--step-cost-batch", type=int, default=1,
+                      help="requests decoding together in the step-cost tables (default 1)")
     perf.add_argument("--acceptance-profile", default=None,
                       help="per-position acceptance rates (e.g. 0.75,0.57,0.45) for the step-cost tables' projected "
                            "chain speed-up (labelled a projection)")

@@ -6,8 +6,9 @@ Tables (all greedy, MT-bench first turns, chat template):
            with mean acceptance length and speed-up over plain;
   throughput at several batch sizes with and without speculation (and, with
            --depth-schedule, with K chosen per step from the batch size);
-  step costs (--step-costs SHAPES, eagle_zoo/perf_steps.py): where a batch-1 engine step's
-           time goes for plain, chain and tree steps on random-weight targets;
+  step costs (--step-costs SHAPES, eagle_zoo/perf_steps.py): where an engine step's time
+           goes for plain, chain and tree steps on random-weight targets, at batch 1 or
+           --step-cost-batch;
   greedy losslessness: speculative outputs equal to plain outputs, per prompt;
 Timing: warm-up first (graph buckets, every prompt's prefill), torch.cuda.synchronize around timed regions, one run each.
 """

@@ -1,11 +1,12 @@
-"""The step-cost table of `eagle-zoo bench --perf --step-costs SHAPES`: where one batch-1
-decode step's time goes, for each step strategy, on a target of a given shape.
+"""The step-cost table of `eagle-zoo bench --perf --step-costs SHAPES`: where one decode
+step's time goes, for each step strategy, on a target of a given shape, at batch 1 or at
+the batch of --step-cost-batch.
 
 Timing needs no trained weights: the target has random weights in the shape asked for
 (SmolLM2-135M's or Llama-3.1-8B's) and the draft is a random one-layer EAGLE-3 head of
 the same shape. Each strategy (plain, an EAGLE-3 chain of k drafts, an EAGLE-2 tree) runs
-one request through EngineCore as a user's request runs (CUDA graphs and async
-scheduling where the engine picks them), and the table gives per engine step:
+``batch`` requests together through EngineCore as a user's requests run (CUDA graphs and
+async scheduling where the engine picks them), and the table gives per engine step:
 
   step      wall time (mean over the timed steps)
   gpu busy  the union of the device's kernel and copy intervals (torch.profiler), and
@@ -17,7 +18,7 @@ scheduling where the engine picks them), and the table gives per engine step:
             the catch-up, the whole chain or tree step): what the device needs without the host
 
 then each strategy's step against the plain one, plain decoding's tokens/s (one token a
-step), the plain step against the weight-read floor (weight bytes over this GPU's
+request a step), the plain step against the weight-read floor (weight bytes over this GPU's
 device-to-device copy bandwidth, copy_bandwidth), and, when
 an acceptance profile is given, the speed-up those step costs imply for a chain: a
 projection from the profile, not a measurement.
@@ -83,7 +84,8 @@ def random_eagle3_head(target, draft_vocab_size: int, dtype: torch.dtype, seed: 
     return head.to(dtype).eval()
 
 
-def _engine(target, head, strategy: str, k: int, tree: Optional[dict], dtype, device, max_model_len: int):
+def _engine(target, head, strategy: str, k: int, tree: Optional[dict], dtype, device, max_model_len: int,
+            batch: int = 1):
     from .engine.core import EngineCore
     from .engine.graphs import GraphPool
     from .engine.proposers import EagleProposer
@@ -92,15 +94,15 @@ def _engine(target, head, strategy: str, k: int, tree: Optional[dict], dtype, de
     n_layers = target.config.num_hidden_layers
     proposer = None
     if strategy == "chain":
-        proposer = EagleProposer(head, "eagle3", k, 1, max_model_len + k + 1, dtype, device,
+        proposer = EagleProposer(head, "eagle3", k, batch, max_model_len + k + 1, dtype, device,
                                  target_num_layers=n_layers, graph_pool=pool)
     elif strategy == "tree":
         from .config.speculative import TreeConfig
         from .engine.tree_proposer import TreeEagleProposer
 
-        proposer = TreeEagleProposer(head, "eagle3", TreeConfig(**tree), 1, max_model_len, dtype, device,
+        proposer = TreeEagleProposer(head, "eagle3", TreeConfig(**tree), batch, max_model_len, dtype, device,
                                      target_num_layers=n_layers, graph_pool=pool)
-    return EngineCore(target, None, max_model_len=max_model_len, max_num_seqs=1, dtype=dtype, device=device,
+    return EngineCore(target, None, max_model_len=max_model_len, max_num_seqs=batch, dtype=dtype, device=device,
                       proposer=proposer, graph_pool=pool, async_scheduling=device.type == "cuda")
 
 
@@ -218,7 +220,7 @@ def _device_profile(step, steps: int) -> dict:
 
 
 def _graph_replays(engine) -> dict:
-    """Median microseconds of one replay of each graph the engine captured for batch 1."""
+    """Median microseconds of one replay of each graph the engine captured."""
     if engine.device.type != "cuda":
         return {}
     owners = {"target": engine.runner.graphed, "target+verify": engine.greedy_target_graph,
@@ -245,9 +247,11 @@ def _graph_replays(engine) -> dict:
     return out
 
 
-def _warm_engine(target, head, strategy: str, k: int, tree: Optional[dict], dtype, device, steps: int):
-    """An engine of ``strategy`` serving one greedy request that outlives ``steps`` more
-    engine steps, after its prefill, graph captures and 30 steps of warm-up; -> (engine, seq)."""
+def _warm_engine(target, head, strategy: str, k: int, tree: Optional[dict], dtype, device, steps: int,
+                 batch: int = 1):
+    """An engine of ``strategy`` serving ``batch`` greedy requests (random prompts of
+    PROMPT_TOKENS tokens) that outlive ``steps`` more engine steps, after their prefills,
+    graph captures and 30 steps of warm-up; -> (engine, seqs)."""
     from .engine.sampling_params import SamplingParams
 
     per_step = (tree or {}).get("depth", k) + 1 if strategy != "plain" else 1
@@ -260,35 +264,38 @@ def _warm_engine(target, head, strategy: str, k: int, tree: Optional[dict], dtyp
         raise ValueError(f"step costs: {steps} steps of up to {per_step} tokens need max_model_len={max_model_len}, "
                          f"over the shape's max_position_embeddings={target.config.max_position_embeddings}; "
                          "give fewer --step-cost-steps")
-    engine = _engine(target, head, strategy, k, tree, dtype, device, max_model_len)
-    vocab = target.config.vocab_size
-    prompt = torch.randint(0, vocab, (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(1)).tolist()
-    seq = engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=need * per_step, ignore_eos=True))
-    for _ in range(30):  # prefill, graph captures, warm-up
+    engine = _engine(target, head, strategy, k, tree, dtype, device, max_model_len, batch)
+    vocab, rng = target.config.vocab_size, torch.Generator().manual_seed(1)
+    params = SamplingParams(temperature=0, max_tokens=need * per_step, ignore_eos=True)
+    seqs = [engine.add_request(torch.randint(0, vocab, (PROMPT_TOKENS,), generator=rng).tolist(), params)
+            for _ in range(batch)]
+    for _ in range(30):  # prefills, graph captures, warm-up
         engine.step()
     _sync(device)
-    return engine, seq
+    return engine, seqs
 
 
-def _finish(engine, seq) -> None:
-    """Abort the request and run the engine dry (its step launched ahead included)."""
-    engine.abort(seq.request_id)
+def _finish(engine, seqs) -> None:
+    """Abort the requests and run the engine dry (its step launched ahead included)."""
+    for seq in seqs:
+        engine.abort(seq.request_id)
     while engine.has_unfinished():
         engine.step()
 
 
 def host_profile(target, head, strategy: str, *, k: int = 3, tree: Optional[dict] = None,
-                 dtype: torch.dtype, device: torch.device, steps: int = 100, top: int = 25) -> str:
-    """Where the host's time of ``steps`` engine steps of one strategy goes: cProfile's
-    table of the ``top`` functions by own time (scripts/device/step_profile.py --host)."""
-    engine, seq = _warm_engine(target, head, strategy, k, tree, dtype, device, steps)
+                 dtype: torch.dtype, device: torch.device, steps: int = 100, top: int = 25, batch: int = 1) -> str:
+    """Where the host's time of ``steps`` engine steps of one strategy, serving ``batch``
+    requests, goes: cProfile's table of the ``top`` functions by own time
+    (scripts/device/step_profile.py --host)."""
+    engine, seqs = _warm_engine(target, head, strategy, k, tree, dtype, device, steps, batch)
 
     def run():
         for _ in range(steps):
             engine.step()
         _sync(device)
     table = _cprofile_table(run, top)
-    _finish(engine, seq)
+    _finish(engine, seqs)
     return table
 
 
@@ -358,11 +365,15 @@ def prefill_profile(target, head, strategy: str, *, prompt_tokens: int, requests
 
 
 def measure_strategy(target, head, strategy: str, *, k: int = 3, tree: Optional[dict] = None,
-                     dtype: torch.dtype, device: torch.device, steps: int = 200) -> dict:
-    """One strategy's row: engine-step wall, host and device time, syncs and graphs (module doc)."""
-    engine, seq = _warm_engine(target, head, strategy, k, tree, dtype, device, 2 * steps)  # timed, then profiled
+                     dtype: torch.dtype, device: torch.device, steps: int = 200, batch: int = 1) -> dict:
+    """One strategy's row: engine-step wall, host and device time, syncs and graphs (module
+    doc); tokens_per_step is a request's mean."""
+    engine, seqs = _warm_engine(target, head, strategy, k, tree, dtype, device, 2 * steps, batch)  # timed, profiled
+
+    def tokens() -> int:
+        return sum(len(seq.output_token_ids) for seq in seqs)
     with _HostWaits() as waits, ImplicitSyncs(device) as implicit:
-        n0, start = len(seq.output_token_ids), time.perf_counter()
+        n0, start = tokens(), time.perf_counter()
         for _ in range(steps):
             engine.step()
         _sync(device)
@@ -370,7 +381,7 @@ def measure_strategy(target, head, strategy: str, *, k: int = 3, tree: Optional[
     row = {"strategy": strategy, "step_us": seconds / steps * 1e6,
            "host_us": (seconds - waits.seconds) / steps * 1e6,
            "syncs_per_step": (waits.count + implicit.count) / steps,
-           "tokens_per_step": (len(seq.output_token_ids) - n0) / steps}
+           "tokens_per_step": (tokens() - n0) / steps / batch}
     if strategy == "chain":
         row["k"] = k
     if strategy == "tree":
@@ -378,7 +389,7 @@ def measure_strategy(target, head, strategy: str, *, k: int = 3, tree: Optional[
     if device.type == "cuda":
         row.update(_device_profile(engine.step, steps))
     row["graphs_us"] = _graph_replays(engine)
-    _finish(engine, seq)
+    _finish(engine, seqs)
     del engine
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -387,21 +398,24 @@ def measure_strategy(target, head, strategy: str, *, k: int = 3, tree: Optional[
 
 def step_cost_table(shape_name: str, *, shape: Optional[dict] = None, k: int = 3, tree: Optional[dict] = None,
                     dtype: torch.dtype = torch.bfloat16, device: Optional[torch.device] = None, steps: int = 200,
-                    acceptance_profile: Optional[list[float]] = None) -> dict:
-    """The table for one target shape (SHAPES[shape_name], or ``shape`` given): rows for
-    plain, chain k and (with ``tree``) a tree; ratios to plain; the 8B floor; the projection."""
+                    acceptance_profile: Optional[list[float]] = None, batch: int = 1) -> dict:
+    """The table for one target shape (SHAPES[shape_name], or ``shape`` given) at ``batch``
+    requests a step: rows for plain, chain k and (with ``tree``) a tree; ratios to plain;
+    the plain step against the weight-read floor; the projection."""
+    if batch < 1:
+        raise ValueError(f"step costs: batch={batch}; give --step-cost-batch of at least 1")
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shape = shape or SHAPES[shape_name]
     target = random_target(shape, dtype, device)
     head = random_eagle3_head(target, DRAFT_VOCAB.get(shape_name, shape["vocab_size"]), dtype)
     strategies = [("plain", {}), ("chain", {"k": k})] + ([("tree", {"tree": tree})] if tree else [])
-    rows = [measure_strategy(target, head, name, dtype=dtype, device=device, steps=steps, **kw)
+    rows = [measure_strategy(target, head, name, dtype=dtype, device=device, steps=steps, batch=batch, **kw)
             for name, kw in strategies]
     plain_us = rows[0]["step_us"]
     for row in rows:
         row["vs_plain"] = row["step_us"] / plain_us
     table = {"shape": shape_name, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
-             "rows": rows, "plain_tokens_per_s": 1e6 / plain_us}
+             "batch": batch, "rows": rows, "plain_tokens_per_s": batch * 1e6 / plain_us}
     if device.type == "cuda":
         weight_bytes = sum(p.numel() * p.element_size() for n, p in target.named_parameters()
                            if "embed_tokens" not in n)
@@ -446,7 +460,7 @@ def parse_acceptance_profile(text: Optional[str]) -> Optional[list[float]]:
 
 def format_table(table: dict) -> str:
     """The table as Markdown rows (BENCHMARKS.md's step-cost tables)."""
-    lines = [f"shape {table['shape']}, {table['device']}, {table['dtype']}, batch 1; plain "
+    lines = [f"shape {table['shape']}, {table['device']}, {table['dtype']}, batch {table['batch']}; plain "
              f"{table['plain_tokens_per_s']:.1f} tokens/s" +
              (f"; plain step {table['plain_vs_floor']:.2f}x the weight-read floor "
               f"({table['weight_read_floor_us']:.1f} us at a measured copy bandwidth of "
@@ -479,12 +493,16 @@ def run_step_costs(args, record) -> None:
     if dtype is None:
         raise SystemExit(f"--dtype {args.dtype!r}: the step-cost tables take auto, bfloat16, float16 or float32")
     device = torch.device(args.device) if args.device else None
+    if args.step_cost_batch < 1:
+        raise SystemExit(f"--step-cost-batch {args.step_cost_batch}: give the number of requests a step serves, "
+                         "1 or more")
     for name in [s for s in args.step_costs.split(",") if s]:
         if name not in SHAPES:
             raise SystemExit(f"--step-costs: unknown shape {name!r}; choose from {', '.join(SHAPES)}")
         try:
             table = step_cost_table(name, k=args.tput_k, tree=tree, dtype=dtype, device=device,
-                                    steps=args.step_cost_steps, acceptance_profile=profile)
+                                    steps=args.step_cost_steps, acceptance_profile=profile,
+                                    batch=args.step_cost_batch)
         except Exception as exc:  # one shape's failure must not cost the tables after it
             traceback.print_exc()
             record("step_costs", {"shape": name, "error": f"{type(exc).__name__}: {exc}"})

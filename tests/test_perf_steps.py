@@ -38,6 +38,20 @@ def test_table_has_a_row_per_strategy_with_ratios_to_plain():
     assert "projection" in format_table(table) and "| chain k=3 |" in format_table(table)
 
 
+def test_a_batch_table_steps_every_request_together():
+    """--step-cost-batch 3: three requests a step in every strategy; plain decoding's rate
+    counts a token a request a step, and each row's tokens_per_step is a request's mean."""
+    table = step_cost_table("tiny", shape=TINY, k=2, tree={"top_k": 4, "depth": 2, "total_tokens": 8},
+                            dtype=torch.float32, device=torch.device("cpu"), steps=8, batch=3)
+    plain, chain, tree = table["rows"]
+    assert table["batch"] == 3 and plain["tokens_per_step"] == 1.0
+    assert 1.0 <= chain["tokens_per_step"] <= 3.0 and 1.0 <= tree["tokens_per_step"] <= 3.0
+    assert table["plain_tokens_per_s"] == pytest.approx(3e6 / plain["step_us"])
+    assert format_table(table).startswith("shape tiny, cpu, float32, batch 3;")
+    with pytest.raises(ValueError, match="--step-cost-batch of at least 1"):
+        step_cost_table("tiny", shape=TINY, device=torch.device("cpu"), batch=0)
+
+
 @pytest.mark.parametrize("strategy", ["plain", "chain", "tree"])
 def test_host_profile_times_the_steps_of_the_strategy_asked_for(strategy):
     target = random_target(TINY, torch.float32, torch.device("cpu"))
@@ -92,7 +106,7 @@ def test_implicit_syncs_count_each_sync_warning_and_not_the_mode_s_own_notice():
 
 
 def test_the_floor_line_names_the_bandwidth_it_divides_by():
-    table = {"shape": "8b", "device": "cuda", "dtype": "bfloat16", "rows": [], "plain_tokens_per_s": 155.8,
+    table = {"shape": "8b", "device": "cuda", "dtype": "bfloat16", "batch": 1, "rows": [], "plain_tokens_per_s": 155.8,
              "copy_bandwidth": 3.36e12, "weight_read_floor_us": 4467.3, "plain_vs_floor": 1.44}
     assert "1.44x the weight-read floor (4467.3 us at a measured copy bandwidth of 3.36 TB/s)" in format_table(table)
 
@@ -136,6 +150,9 @@ def test_bad_options_are_refused_by_name():
         run_step_costs(args, lambda *a: None)
     args = p.parse_args(["--perf", "--step-costs", "smollm2", "--dtype", "int8", "--device", "cpu"])
     with pytest.raises(SystemExit, match="--dtype 'int8'"):
+        run_step_costs(args, lambda *a: None)
+    args = p.parse_args(["--perf", "--step-costs", "smollm2", "--step-cost-batch", "0", "--device", "cpu"])
+    with pytest.raises(SystemExit, match="--step-cost-batch 0"):
         run_step_costs(args, lambda *a: None)
 
 

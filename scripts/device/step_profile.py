@@ -11,7 +11,8 @@ needed, so it runs on a bare GPU machine). Prints, each the median of several ti
              async_scheduling (the next step launched before this one is read back)
   kernels    the kernels of one eager forward (torch.profiler): count and GPU time by name
   host       with --host: cProfile of 100 engine steps of --strategy (plain, an EAGLE-3
-             chain of k = 3 with a random head, or an EAGLE-2 tree 6,3,30): host time by function
+             chain of k = 3 with a random head, or an EAGLE-2 tree 6,3,30) serving --batch
+             requests (default 1): host time by function
 With --prefill N it prints instead where one request's prefill goes: 20 requests of N random
 prompt tokens and one output token each through an engine of --strategy, one at a time
 (perf_steps.prefill_profile): the median and every wall time of the engine step that
@@ -19,7 +20,7 @@ prefills a request (the target's pass, the first token, the draft head's
 on_prefill), host waits for the device a prefill, the kernels and GPU busy time of one
 prefill (torch.profiler), and cProfile's host time by function over those prefills.
 Usage: python3 scripts/device/step_profile.py [--shape smollm2|8b] [--steps 200] [--no-profiler]
-       [--host [--strategy plain|chain|tree]]
+       [--host [--strategy plain|chain|tree] [--batch B]]
        python3 scripts/device/step_profile.py --prefill N [--shape smollm2|8b] [--strategy plain|chain|tree]
 """
 from __future__ import annotations
@@ -63,6 +64,7 @@ def main() -> None:
     ap.add_argument("--strategy", choices=("plain", "chain", "tree"), default="plain",
                     help="the engine step --host or --prefill profiles (chain k = 3, tree 6,3,30; a random "
                          "EAGLE-3 head)")
+    ap.add_argument("--batch", type=int, default=1, help="requests the --host profile's steps serve")
     ap.add_argument("--prefill", type=int, metavar="N",
                     help="only profile the prefill of 20 requests of N prompt tokens each (host time by "
                          "function, kernels, per-request times)")
@@ -122,7 +124,7 @@ def main() -> None:
     if args.host:  # where the host time of a step goes (Python functions, by own time)
         head = random_eagle3_head(model, DRAFT_VOCAB[args.shape], dtype)
         print(host_profile(model, head, args.strategy, k=3, tree=TREE,
-                           dtype=dtype, device=dev, steps=100, top=30))
+                           dtype=dtype, device=dev, steps=100, top=30, batch=args.batch))
     if args.no_profiler:
         return
     from torch.profiler import ProfilerActivity, profile
