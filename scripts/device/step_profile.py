@@ -69,6 +69,9 @@ def main() -> None:
                     help="only profile the prefill of 20 requests of N prompt tokens each (host time by "
                          "function, kernels, per-request times)")
     args = ap.parse_args()
+    if args.batch < 1 or (args.batch != 1 and not args.host):
+        ap.error(f"--batch {args.batch}: the number of requests the --host profile's steps serve, 1 or more, "
+                 "with --host")
     dev, dtype = torch.device("cuda"), torch.bfloat16
     shape = SHAPES[args.shape]
     model = random_target(shape, dtype, dev)
