@@ -127,10 +127,13 @@ def _linear_kernel(X, W, B, NW, R, Y, M, N, K, sxm, swn, srm, sym, eps,
                    HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, GATED: tl.constexpr, HAS_RES: tl.constexpr,
                    IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    PDL: tl.constexpr):
-    # Program (n, m): output columns [n*BLOCK_N, +BLOCK_N) of rows [m*BLOCK_M, +BLOCK_M).
+    # Program (m, n): output columns [n*BLOCK_N, +BLOCK_N) of rows [m*BLOCK_M, +BLOCK_M).
+    # Row blocks are the grid's first axis: the programs sharing a weight tile are scheduled
+    # side by side, so a weight too large for L2 (a vocabulary projection) is read from HBM
+    # once, not once per row block (H100, 49,152 x 576 at 64 rows: 92.8 -> 54.6 us).
     # GATED: W holds gate rows [0, N) then up rows [N, 2N); the output is silu(gate) * up.
-    rows = (tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    cols = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    cols = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     rmask = rows < M
     cmask = cols < N
     dt = Y.dtype.element_ty
@@ -175,7 +178,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[to
     res = residual.reshape(-1, N) if residual is not None else out
     if M:
         cfg = tile_config(weight.shape[0], K)
-        grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, BLOCK_M))
+        grid = (triton.cdiv(M, BLOCK_M), triton.cdiv(N, cfg["BLOCK_N"]))
         _linear_kernel[grid](
             rows, weight, bias if bias is not None else weight, norm_weight if norm_weight is not None else weight,
             res, out, M, N, K, rows.stride(0), weight.stride(0), res.stride(0), out.stride(0), eps,

@@ -35,14 +35,14 @@ def _qkv_rope_kernel(X, W, NW, QO, KC, VC, COS, SIN, SLOT, POS, M, T, K, hq, hk,
                      sxm, swn, sqm, sks, skl, skh, svs, svl, svh, scb, sct, ssb, sst, sslot, spb, spt,
                      HALF: tl.constexpr, HAS_NORM: tl.constexpr, IEEE: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-    # Program (n, m): rows [m*BLOCK_M, +BLOCK_M); n < n_rope: rope pairs [n*PAIRS, +PAIRS)
-    # of the q heads then the k heads (pair p: head p // HALF, element p % HALF), else v
-    # outputs [(n - n_rope)*BLOCK_N, +BLOCK_N).
+    # Program (m, n), row blocks first as in linear.py: rows [m*BLOCK_M, +BLOCK_M); n < n_rope:
+    # rope pairs [n*PAIRS, +PAIRS) of the q heads then the k heads (pair p: head p // HALF,
+    # element p % HALF), else v outputs [(n - n_rope)*BLOCK_N, +BLOCK_N).
     D: tl.constexpr = 2 * HALF
     PAIRS: tl.constexpr = BLOCK_N // 2
-    pid_n = tl.program_id(0)
+    pid_n = tl.program_id(1)
     rope = pid_n < n_rope
-    rows = (tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     rmask = rows < M
     j = tl.arange(0, BLOCK_N)
     pair = pid_n * PAIRS + j % PAIRS  # tile columns: the pairs' first halves, then their second
@@ -104,7 +104,7 @@ def qkv_rope_write_kv_triton(x: torch.Tensor, weight: torch.Tensor, cos: torch.T
     if M:
         cfg = tile_config(weight.shape[0], K)
         n_rope = triton.cdiv((hq + hk) * (d // 2), cfg["BLOCK_N"] // 2)
-        grid = (n_rope + triton.cdiv(hk * d, cfg["BLOCK_N"]), triton.cdiv(M, BLOCK_M))
+        grid = (triton.cdiv(M, BLOCK_M), n_rope + triton.cdiv(hk * d, cfg["BLOCK_N"]))
         cos = cos.expand(B, T, 1, d // 2)
         sin = sin.expand(B, T, 1, d // 2)
         _qkv_rope_kernel[grid](
