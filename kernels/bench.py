@@ -1,5 +1,6 @@
-"""`python -m eagle_zoo.kernels.bench` (CUDA): GPU time of each kernel against its torch path,
-replayed from CUDA graphs as the engine runs them, plus a batch-invariance sweep."""
+"""`python -m eagle_zoo.kernels.bench` (CUDA): GPU time of the attention, KV-write and linear
+kernels against their torch paths, replayed from CUDA graphs as the engine runs them, plus
+batch-invariance sweeps."""
 from __future__ import annotations
 
 import torch
@@ -7,6 +8,7 @@ import torch.nn.functional as F
 
 from . import cache_attention, write_kv, write_kv_torch
 from .attention import visible_keys
+from .linear import BLOCK_M, fused_linear_torch, fused_linear_triton, row_block
 
 
 def graphed_us(fn) -> float:
@@ -72,6 +74,43 @@ def main() -> None:
         t1 = graphed_us(lambda: write_kv(kc, vc, k, k, slots, pos))
         t2 = graphed_us(lambda: write_kv_torch(kc, vc, k, k, slots, pos))
         print(f"write_kv bf16 B={B} T={T}: triton {t1:.1f}  torch {t2:.1f}")
+
+    _linear_rows(dev, bf16)
+
+
+# SmolLM2-135M's products (name, weight rows, columns, fused_linear options) and the
+# EAGLE-3 head's 12,000-token draft vocabulary.
+LINEAR_SHAPES = [("qkv+norm", 960, 576, {"norm": True}), ("o_proj+residual", 576, 576, {"residual": True}),
+                 ("gate_up+norm", 3072, 576, {"norm": True, "gated": True}),
+                 ("down_proj+residual", 576, 1536, {"residual": True}), ("lm_head", 49152, 576, {}),
+                 ("draft lm_head", 12000, 576, {})]
+
+
+def _linear_rows(dev, dtype) -> None:
+    """fused_linear's kernel at the rows of plain steps (1, 16), verifications at batch 16
+    (64, 80) and a tree at batch 16 (480), at row_block's BLOCK_M and at BLOCK_M; cuBLAS; and
+    how many rows differ alone from the same rows in the step."""
+    for name, n, k, opts in LINEAR_SHAPES:
+        w = torch.randn(n, k, device=dev, dtype=dtype) * k ** -0.5
+        for M in (1, 16, 64, 80, 480):
+            x = torch.randn(M, k, device=dev, dtype=dtype)
+            kw = {"gated": bool(opts.get("gated"))}
+            if opts.get("norm"):
+                kw["norm_weight"] = torch.rand(k, device=dev, dtype=dtype) + 0.5
+            if opts.get("residual"):
+                kw["residual"] = torch.randn(M, n, device=dev, dtype=dtype)
+            block_m = row_block(M, n)
+            t1 = graphed_us(lambda: fused_linear_triton(x, w, **kw))
+            line = f"linear bf16 {name:18s} {n:5d}x{k} M={M:3d}: triton {t1:6.1f} (BLOCK_M {block_m})"
+            if block_m != BLOCK_M:
+                t16 = graphed_us(lambda: fused_linear_triton(x, w, **kw, block_m=BLOCK_M))
+                line += f", at BLOCK_M {BLOCK_M} {t16:6.1f}"
+            t2 = graphed_us(lambda: fused_linear_torch(x, w, **kw))
+            full = fused_linear_triton(x, w, **kw)
+            differ = sum(not torch.equal(full[r], fused_linear_triton(
+                x[r:r + 1], w, **{a: (v[r:r + 1] if a == "residual" else v) for a, v in kw.items()})[0])
+                for r in range(M))
+            print(f"{line}  cuBLAS {t2:6.1f}  rows differing alone: {differ}")
 
 
 if __name__ == "__main__":

@@ -7,12 +7,14 @@ Why a kernel of our own instead of cuBLAS for these few rows:
   us each, the norms, adds and activation 1.1-1.4 us each; scripts/device/step_profile.py).
   Folding the norm into the projection that reads it, the activation into gate_up and the
   residual add into o_proj / down_proj leaves 4 GEMM kernels and no elementwise ones.
-- Batch invariance. The tile shape depends only on the weight's shape, never on the
-  number of rows, and every row is reduced over K in the same order (fixed BLOCK_K steps,
-  one tl.dot per step): a row gives the same bits alone (plain decoding) as inside a
-  verification or tree step of any size. cuBLAS picks its kernel by M, so a row's bits
-  could depend on the step's size (not the cause of the trees' bf16 mismatches, it turned
-  out: that was attention's key order, kernels/attention.py's tree mode).
+- Batch invariance. The reduction depends only on the weight's shape, never on the
+  number of rows: every row is reduced over K in the same order (tile_config's fixed
+  BLOCK_K steps, one tl.dot per step). The rows a program takes (row_block) grow with the
+  step, which changes which program computes a row, not its arithmetic: a row gives the
+  same bits alone (plain decoding) as inside a verification or tree step of any size.
+  cuBLAS picks its kernel by M, so a row's bits could depend on the step's size (not the
+  cause of the trees' bf16 mismatches, it turned out: that was attention's key order,
+  kernels/attention.py's tree mode).
 
 Rounding: the norm is folded into the product (x * norm_weight, rounded to the
 activation dtype, then the fp32 sums scaled by the row's rstd: one pass over x instead of
@@ -38,7 +40,8 @@ from .norm import rms_norm_torch
 # (a prompt's prefill) of at most MAX_ROWS rows; more rows: cuBLAS.
 STEP_MAX_T = 64
 MAX_ROWS = 256
-BLOCK_M = 16    # the smallest tl.dot tile; fixed so that a row's bits never depend on M
+BLOCK_M = 16    # the smallest tl.dot tile: the rows a program takes in steps of few rows
+WIDE_ROWS = 64  # from this many rows on, a program takes more (row_block)
 # Wider inputs keep cuBLAS: on the H200 this kernel lost to it on Llama-3-8B's qkv (32.6
 # vs 16.3 us), gate_up (69.5 vs 61.7) and down_proj (37.6 vs 33.8), and won on SmolLM2's
 # o_proj and down_proj (2.8 vs 4.8, 4.1 vs 6.3 us with the add they absorb).
@@ -155,6 +158,18 @@ def _linear_kernel(X, W, B, NW, R, Y, M, N, K, sxm, swn, srm, sym, eps,
     tl.store(Y + rows[:, None] * sym + cols[None, :], y, mask=omask)
 
 
+def row_block(m: int, n: int) -> int:
+    """BLOCK_M, the rows one program takes, for m rows of a weight of n rows: BLOCK_M for
+    the few rows of a batch-1 or plain step; from WIDE_ROWS rows on (a verification at
+    batch 16, a tree at batch 4) 32, and 64 for a vocabulary-wide weight, so that fewer
+    programs read each weight tile again (on an H100, `python -m eagle_zoo.kernels.bench`'s
+    linear rows). A row's bits are the same whichever BLOCK_M takes it (the module doc;
+    tests/test_kernels.py checks rows alone against the same rows among 130)."""
+    if m < WIDE_ROWS:
+        return BLOCK_M
+    return 64 if n > 4096 else 32
+
+
 def tile_config(n: int, k: int) -> dict:
     """BLOCK_N, BLOCK_K, num_warps, num_stages for a weight of n rows and k columns: from
     the weight's shape only (batch invariance). Picked by timing tilings on the H200:
@@ -169,7 +184,9 @@ def tile_config(n: int, k: int) -> dict:
 
 def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
                         norm_weight: Optional[torch.Tensor] = None, eps: float = 1e-6, gated: bool = False,
-                        residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+                        residual: Optional[torch.Tensor] = None, block_m: Optional[int] = None) -> torch.Tensor:
+    """The kernel; block_m: rows a program takes (default row_block's; kernels/bench.py
+    times others)."""
     K = x.shape[-1]
     rows = x.reshape(-1, K)
     M = rows.shape[0]
@@ -178,13 +195,14 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[to
     res = residual.reshape(-1, N) if residual is not None else out
     if M:
         cfg = tile_config(weight.shape[0], K)
-        grid = (triton.cdiv(M, BLOCK_M), triton.cdiv(N, cfg["BLOCK_N"]))
+        block_m = block_m or row_block(M, weight.shape[0])
+        grid = (triton.cdiv(M, block_m), triton.cdiv(N, cfg["BLOCK_N"]))
         _linear_kernel[grid](
             rows, weight, bias if bias is not None else weight, norm_weight if norm_weight is not None else weight,
             res, out, M, N, K, rows.stride(0), weight.stride(0), res.stride(0), out.stride(0), eps,
             HAS_BIAS=bias is not None, HAS_NORM=norm_weight is not None, GATED=gated,
             HAS_RES=residual is not None, IEEE=x.dtype == torch.float32,
-            BLOCK_M=BLOCK_M, **cfg, **pdl_launch(x),
+            BLOCK_M=block_m, **cfg, **pdl_launch(x),
         )
     return out.view(*x.shape[:-1], N)
 

@@ -7,15 +7,16 @@ eps) -> rotated q [B,T,hq,d]; the rotated k and v land in the caches' row slot_i
 at column cache_positions[b, t] (a column outside the cache writes nothing).
 
 The product's bits are fused_linear_triton's: each output is reduced over K in
-linear.py's order and rounded to the activation dtype. Only which outputs share a program
-differs: a rope program's BLOCK_N weight rows are BLOCK_N / 2 rope pairs (i, i + d/2) of
-the q and k heads, their halves side by side, so each pair meets in the epilogue; a v
-program takes BLOCK_N consecutive v rows. The rotation is rope.py's formula, but the
-compiler contracts a product and the sum into one FMA in its own way in each kernel, so q
-and k can be one rounding step from rope_neox_triton's (on an H100: here the first
-product of each sum unrounded). What decoding needs holds: plain decoding and
-verification both run this kernel, and its tiling (linear.py tile_config) comes from the
-weight's shape only, so a row's bits never depend on the step's size (batch invariance).
+linear.py's order and rounded to the activation dtype, row_block's rows a program. Only
+which outputs share a program differs: a rope program's BLOCK_N weight rows are BLOCK_N /
+2 rope pairs (i, i + d/2) of the q and k heads, their halves side by side, so each pair
+meets in the epilogue; a v program takes BLOCK_N consecutive v rows. The rotation is
+rope.py's formula, but the compiler contracts a product and the sum into one FMA in its
+own way in each kernel, so q and k can be one rounding step from rope_neox_triton's (on an
+H100: here the first product of each sum unrounded). What decoding needs holds: plain
+decoding and verification both run this kernel, and its reduction (linear.py
+tile_config) comes from the weight's shape only, so a row's bits never depend on the
+step's size (batch invariance).
 Why: at batch 1 a small model's step costs per launch (linear.py), and rope and the KV
 write are a few hundred multiplies a token, cheaper as the product's epilogue than as a
 launch of their own.
@@ -27,7 +28,7 @@ from typing import Optional
 import torch
 
 from ._triton import pdl_launch, tl, triton
-from .linear import BLOCK_M, _product, tile_config
+from .linear import _product, row_block, tile_config
 
 
 @triton.jit(do_not_specialize=["M", "T", "spb"])
@@ -103,8 +104,9 @@ def qkv_rope_write_kv_triton(x: torch.Tensor, weight: torch.Tensor, cos: torch.T
     qo = torch.empty((B, T, hq, d), dtype=x.dtype, device=x.device)
     if M:
         cfg = tile_config(weight.shape[0], K)
+        block_m = row_block(M, weight.shape[0])
         n_rope = triton.cdiv((hq + hk) * (d // 2), cfg["BLOCK_N"] // 2)
-        grid = (triton.cdiv(M, BLOCK_M), n_rope + triton.cdiv(hk * d, cfg["BLOCK_N"]))
+        grid = (triton.cdiv(M, block_m), n_rope + triton.cdiv(hk * d, cfg["BLOCK_N"]))
         cos = cos.expand(B, T, 1, d // 2)
         sin = sin.expand(B, T, 1, d // 2)
         _qkv_rope_kernel[grid](
@@ -116,6 +118,6 @@ def qkv_rope_write_kv_triton(x: torch.Tensor, weight: torch.Tensor, cos: torch.T
             cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1), slot_ids.stride(0),
             cache_positions.stride(0), cache_positions.stride(1),
             HALF=d // 2, HAS_NORM=norm_weight is not None, IEEE=x.dtype == torch.float32,
-            BLOCK_M=BLOCK_M, **cfg, **pdl_launch(x),
+            BLOCK_M=block_m, **cfg, **pdl_launch(x),
         )
     return qo

@@ -375,7 +375,7 @@ def test_layer_op_dispatchers_use_the_reference_on_cpu():
 
 from eagle_zoo.kernels._triton import needs_autograd  # noqa: E402
 from eagle_zoo.kernels.linear import (BLOCK_M, fused_linear, fused_linear_torch, fused_linear_triton,  # noqa: E402
-                                      use_linear_kernel)
+                                      row_block, use_linear_kernel)
 
 LINEAR_CASES = {  # name: fused_linear keyword arguments besides x and weight
     "plain": dict(),
@@ -435,21 +435,25 @@ def test_fused_linear_triton_matches_reference(device, case):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", ["norm_gated", "residual", "bias"])
+@pytest.mark.parametrize("case", ["norm_gated", "residual", "bias", "wide"])
 def test_fused_linear_triton_is_batch_invariant(device, case):
-    """A row gives the same bits alone (plain decoding) as among 37 or 60 rows (a
-    verification or tree step): the tile shape depends on the weight only."""
+    """A row gives the same bits alone (plain decoding) as among 37, 60 or 130 rows (a
+    verification or tree step): the reduction depends on the weight only, and from
+    WIDE_ROWS rows on a program takes 32 rows (64 of the wide case's vocabulary-sized
+    weight) instead of BLOCK_M without changing a row's bits."""
+    assert row_block(130, 40) == 32 and row_block(130, 4200) == 64 and row_block(60, 4200) == BLOCK_M
     for dtype in _dtypes(device):
-        x, w, kw = _linear_problem(_dev(device), dtype, 60, case)
+        x, w, kw = _linear_problem(_dev(device), dtype, 130, case)
         full = fused_linear_triton(x, w, **kw)
         # The interpreter's tl.dot is numpy's BLAS, whose bits can depend on a row's place
         # in the tile; a GPU's MMA does not: there, rows in every place of a tile.
-        for r in (0, BLOCK_M) if device == "interp" else (0, 5, 17, 59):
+        for r in (0, 64) if device == "interp" else (0, 5, 17, 59, 100, 129):
             part = {k: (v[r:r + 1] if k == "residual" else v) for k, v in kw.items()}
             alone = fused_linear_triton(x[r:r + 1], w, **part)
             assert torch.equal(alone[0], full[r]), r
-        some = {k: (v[:37] if k == "residual" else v) for k, v in kw.items()}
-        assert torch.equal(fused_linear_triton(x[:37], w, **some), full[:37])
+        for m in (37, 60):
+            some = {k: (v[:m] if k == "residual" else v) for k, v in kw.items()}
+            assert torch.equal(fused_linear_triton(x[:m], w, **some), full[:m]), m
 
 
 def test_every_decode_shaped_step_takes_the_linear_kernel_whatever_its_batch():
