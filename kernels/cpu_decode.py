@@ -8,14 +8,16 @@ on first use with torch's C++ extension loader (g++ with OpenMP; about 30 s, the
 cached); where it cannot be built or the CPU lacks AVX2, `available()` is False and
 callers keep torch's ops.
 
-    python -m eagle_zoo.kernels.cpu_decode
+    python -m eagle_zoo.kernels.cpu_decode [--bench]
         builds it now (`make` does, so the first decode step does not wait for the
-        compiler) and says whether it is in use
+        compiler) and says whether it is in use; --bench then times few_row_linear over
+        SmolLM2's products at 1, 2 and 3 rows (bench_products)
 """
 from __future__ import annotations
 
 import os
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Optional
@@ -137,7 +139,31 @@ def eagle3_layer_rows(embeds, norm_e, eps_e, hidden, norm_h, eps_h, norm_before_
                                      int(num_kv_heads), float(scale))
 
 
+def bench_products(rounds: int = 5) -> None:
+    """Time few_row_linear over SmolLM2-135M's four products of 30 layers (bf16 weights, 212
+    MB: read from memory, not cache, as a decode step reads them) at 1, 2 and 3 rows (a
+    plain step; a verification at k = 1, 2): the best of `rounds` passes, per layer."""
+    torch.manual_seed(0)
+    shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
+    layers = [[(0.03 * torch.randn(n, k)).bfloat16() for n, k in shapes] for _ in range(30)]
+    nbytes = sum(w.numel() * 2 for w in layers[0]) * len(layers)
+    for rows in (1, 2, 3):
+        x = {k: torch.randn(rows, k) for k in (576, 1536)}
+        times = []
+        for _ in range(rounds + 1):  # the first pass warms up
+            start = time.perf_counter()
+            for layer in layers:
+                for w in layer:
+                    few_row_linear(x[w.shape[1]], w)
+            times.append(time.perf_counter() - start)
+        best = min(times[1:])
+        print(f"few_row_linear, {rows} row{'s' if rows > 1 else ''}: {best * 1e3 / len(layers):.3f} ms a layer "
+              f"({nbytes / best / 1e9:.1f} GB/s of weights)")
+
+
 if __name__ == "__main__":
     state = "built, in use" if available() else f"not in use: {_failure}"
     print(f"kernels/cpu_decode.py: {state} ({build_directory()})")
+    if "--bench" in sys.argv[1:] and available():
+        bench_products()
     sys.exit(0)  # a failed build is not an error: torch's ops stay
