@@ -133,7 +133,7 @@ def _linear_kernel(X, W, B, NW, R, Y, M, N, K, sxm, swn, srm, sym, eps,
     # Program (m, n): output columns [n*BLOCK_N, +BLOCK_N) of rows [m*BLOCK_M, +BLOCK_M).
     # Row blocks are the grid's first axis: the programs sharing a weight tile are scheduled
     # side by side, so a weight too large for L2 (a vocabulary projection) is read from HBM
-    # once, not once per row block (H100, 49,152 x 576 at 64 rows: 92.8 -> 54.6 us).
+    # once, not once per row block (BENCHMARKS.md, "Steps of 16 requests").
     # GATED: W holds gate rows [0, N) then up rows [N, 2N); the output is silu(gate) * up.
     rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
