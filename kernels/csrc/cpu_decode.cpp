@@ -43,18 +43,21 @@ inline __m256 load_weights8(const at::BFloat16* w) {
 inline float weight_value(float w) { return w; }
 inline float weight_value(at::BFloat16 w) { return static_cast<float>(w); }
 
-// How far ahead of its loads a dot product asks for the weights (a software prefetch into
-// L1; the weight rows lie one after another, so near a row's end it fetches the next
-// row's start). The hardware prefetcher alone keeps the one-row dot products of plain
-// decoding streaming, but not the three-row ones of a verification, whose arithmetic per
-// byte is three times as much: on the 2-core development machine a three-row layer of
-// SmolLM2's products took 0.494 and 0.553 ms without it, 0.415 and 0.419 ms with it (two
-// runs each of `python -m eagle_zoo.kernels.cpu_decode --bench`; one row: the same within
-// the machine's noise). The bits do not change.
-constexpr int64_t kPrefetchBytes = 1024;
+// How far ahead of its loads a dot product asks for the weights: software prefetches into
+// L1 and, further ahead, into L2 (the weight rows lie one after another, so near a row's
+// end they fetch the next rows). The hardware prefetchers alone keep the one-row dot
+// products of plain decoding streaming, but not the three-row ones of a verification,
+// whose arithmetic per byte is three times as much. On the 2-core development machine,
+// `python -m eagle_zoo.kernels.cpu_decode --bench` (BENCHMARKS.md, "make demo"): a
+// three-row layer of SmolLM2's products took about 0.5 ms without them, about 0.35 ms
+// with the L1 one alone and about 0.25 ms with both, as long as a one-row layer. The
+// bits do not change.
+constexpr int64_t kPrefetchL1Bytes = 1024;
+constexpr int64_t kPrefetchL2Bytes = 4096;
 
 inline void prefetch_ahead(const void* p) {
-  _mm_prefetch(static_cast<const char*>(p) + kPrefetchBytes, _MM_HINT_T0);
+  _mm_prefetch(static_cast<const char*>(p) + kPrefetchL1Bytes, _MM_HINT_T0);
+  _mm_prefetch(static_cast<const char*>(p) + kPrefetchL2Bytes, _MM_HINT_T2);
 }
 
 // Dot products of R rows a[r] with the same weight row b over K: per row four 8-wide fp32
