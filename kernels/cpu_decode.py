@@ -32,8 +32,9 @@ _failure: Optional[str] = None
 
 
 def build_directory() -> Path:
-    """Where the compiled extension is cached: per torch version, under the user's cache."""
-    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    """Where the compiled extension is cached: per torch version, under the user's cache
+    ($XDG_CACHE_HOME, or ~/.cache where it is unset or empty, as the XDG spec says)."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return root / "eagle_zoo" / f"cpu_decode-torch{torch.__version__.replace('+', '-')}"
 
 

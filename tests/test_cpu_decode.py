@@ -12,6 +12,16 @@ from eagle_zoo.kernels import cpu_decode
 
 needs_kernel = pytest.mark.skipif(not cpu_decode.available(), reason="kernels/cpu_decode.py could not be built here")
 
+def test_build_directory_follows_xdg_cache_home_and_ignores_it_when_empty(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cpu_decode.build_directory().parent == tmp_path / "xdg" / "eagle_zoo"
+    monkeypatch.setenv("XDG_CACHE_HOME", "")  # empty: the default, never a path relative to the working directory
+    assert cpu_decode.build_directory().parent == tmp_path / "home" / ".cache" / "eagle_zoo"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cpu_decode.build_directory().parent == tmp_path / "home" / ".cache" / "eagle_zoo"
+
+
 SHAPES = [(40, 200), (1728, 576), (576, 1536), (7, 33), (193, 8)]  # (N, K): tails in K and in N
 
 
