@@ -531,6 +531,38 @@ def test_qkv_rope_write_kv_matches_the_separate_kernels_and_is_batch_invariant(d
                     assert torch.equal(vcb[slots[b], cols], vc[slots[b], cols]), (b, steps)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_qkv_rope_write_kv_rows_are_the_same_in_a_step_of_wide_row_blocks(device):
+    """A step of 16 sequences x 4 tokens (64 rows: row_block's 32 rows a program) gives
+    each sequence's q and cache rows the bits it gets alone (4 rows: BLOCK_M a program)."""
+    from eagle_zoo.kernels.linear import row_block
+    from eagle_zoo.kernels.qkv_rope import qkv_rope_write_kv_triton
+
+    dev, (hq, hk, d, K), (B, T) = _dev(device), (9, 3, 64, 96), (16, 4)
+    assert row_block(B * T, (hq + 2 * hk) * d) == 32 and row_block(T, (hq + 2 * hk) * d) == BLOCK_M
+    g = torch.Generator().manual_seed(11)
+    angles = torch.rand(B, T, 1, d // 2, generator=g) * 6
+    cos, sin = angles.cos().to(dev), angles.sin().to(dev)
+    pos = (torch.randint(0, 300, (B, 1), generator=g) + torch.arange(T)).to(dev)
+    slots = torch.randperm(B, generator=g).to(dev)
+    for dtype in _dtypes(device):
+        x = torch.randn(B, T, K, generator=g).to(dev, dtype)
+        w = (0.2 * torch.randn((hq + 2 * hk) * d, K, generator=g)).to(dev, dtype)
+
+        def run(rows):
+            kc, vc = (torch.zeros(B, 400, hk, d, dtype=dtype, device=dev) for _ in range(2))
+            q = qkv_rope_write_kv_triton(x[rows], w, cos[rows], sin[rows], kc, vc, slots[rows], pos[rows], hq, hk)
+            return q, kc, vc
+
+        q, kc, vc = run(slice(None))
+        # The interpreter's tl.dot (numpy's BLAS) can give a row other bits in another place
+        # of its tile: there only sequences whose rows start a tile in both steps.
+        for b in (0, 8) if device == "interp" else range(B):
+            qb, kcb, vcb = run(slice(b, b + 1))
+            assert torch.equal(qb[0], q[b]), b
+            assert torch.equal(kcb[slots[b]], kc[slots[b]]) and torch.equal(vcb[slots[b]], vc[slots[b]]), b
+
+
 def _tiny_llama_layer(device, dtype):
     from transformers import LlamaConfig
 
