@@ -25,8 +25,8 @@ SHIPPED_HEAD = "eagle-zoo/EAGLE3-SmolLM2-135M-Instruct"
 MAX_TOKENS = 96
 # Drafts a step. On a GPU a step of this small target is bound by its kernel launches, so
 # verifying 4 drafts costs little more than 1 token: k = 4 is the shipped head's GPU
-# setting, chosen on the dev set (BENCHMARKS.md). On a 2-core CPU the C++ kernels verify
-# three or four tokens at about the cost of one (their weight prefetch) while each draft
+# setting, chosen on the dev set (BENCHMARKS.md). On a 2-core CPU the C++ kernels' products
+# for three tokens cost about what one token's do (their weight prefetch), while each draft
 # costs the head's pass: k = 3, also chosen on the dev set (BENCHMARKS.md, "The shipped
 # EAGLE-3 head on the dev set (CPU)"); -k overrides.
 CUDA_K, CPU_K = 4, 3
