@@ -403,7 +403,7 @@ def step_cost_table(shape_name: str, *, shape: Optional[dict] = None, k: int = 3
     requests a step: rows for plain, chain k and (with ``tree``) a tree; ratios to plain;
     the plain step against the weight-read floor; the projection."""
     if batch < 1:
-        raise ValueError(f"step costs: batch={batch}; give --step-cost-batch of at least 1")
+        raise ValueError(f"step_cost_table: batch={batch}; a step serves 1 request or more")
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shape = shape or SHAPES[shape_name]
     target = random_target(shape, dtype, device)

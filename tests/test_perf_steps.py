@@ -48,7 +48,7 @@ def test_a_batch_table_steps_every_request_together():
     assert 1.0 <= chain["tokens_per_step"] <= 3.0 and 1.0 <= tree["tokens_per_step"] <= 3.0
     assert table["plain_tokens_per_s"] == pytest.approx(3e6 / plain["step_us"])
     assert format_table(table).startswith("shape tiny, cpu, float32, batch 3;")
-    with pytest.raises(ValueError, match="--step-cost-batch of at least 1"):
+    with pytest.raises(ValueError, match="batch=0; a step serves 1 request or more"):
         step_cost_table("tiny", shape=TINY, device=torch.device("cpu"), batch=0)
 
 
