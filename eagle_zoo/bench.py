@@ -86,6 +86,11 @@ def add_arguments(p):
     p.add_argument("--dtype", default="auto")
     p.add_argument("--device", default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-iters", type=int, default=1,
+                   help="timed passes over the prompts for each engine, speculative and plain (default 1); the "
+                        "pass of median time is reported, of an even number the faster middle one. A GPU pass of "
+                        "a batch of 16 lasts about a second, and one pass in a few runs ~35%% slower than the "
+                        "rest; 5 passes make the speed-up steady")
     p.add_argument("--print-output", action="store_true")
     p.add_argument("--by-category", action="store_true",
                    help="break the results down by the prompt set's 'category' field. Each category's prompts "
@@ -419,28 +424,38 @@ def warm_up(llm, conversations: list[list[dict]], batch: int = 1) -> None:
     llm.engine.metrics.reset()
 
 
-def measure(llm, groups: list[tuple[Optional[str], list[dict]]], params, use_tqdm: bool = False) -> list[GroupResult]:
-    """Decode each group of rows as one timed batch (llm.chat); read the engine's
-    acceptance counters per group."""
+def measure(llm, groups: list[tuple[Optional[str], list[dict]]], params, use_tqdm: bool = False,
+            num_iters: int = 1) -> list[GroupResult]:
+    """Decode each group of rows as one timed batch (llm.chat), ``num_iters`` times; of a
+    group's passes the one of median time is kept (of an even number, the faster middle
+    one), with the engine's acceptance counters of that pass."""
+    if num_iters < 1:
+        raise ValueError(f"measure: num_iters={num_iters}; time at least one pass")
     results = []
-    for category, rows in groups:
-        llm.engine.metrics.reset()
-        start = time.perf_counter()
-        outs = llm.chat([row["messages"] for row in rows], params, use_tqdm=use_tqdm)
-        seconds = time.perf_counter() - start
-        timed = [o.metrics for o in outs if o.metrics is not None]
-        m = llm.engine.metrics
-        results.append(GroupResult(
-            category=category, num_prompts=len(rows),
-            generated_tokens=sum(len(o.outputs[0].token_ids) for o in outs), seconds=seconds,
-            num_drafts=m.num_drafts, num_accepted_tokens=m.num_accepted_tokens, num_draft_tokens=m.num_draft_tokens,
-            accepted_per_pos=list(m.num_accepted_tokens_per_pos),
-            outputs=[list(o.outputs[0].token_ids) for o in outs],
-            texts=[o.outputs[0].text for o in outs],
-            first_token_seconds=covered([(r.first_scheduled_time, r.first_token_time) for r in timed]),
-            decode_seconds=covered([(r.first_token_time, r.finished_time) for r in timed]),
-        ))
+    for group in groups:
+        passes = sorted((_timed_pass(llm, *group, params, use_tqdm) for _ in range(num_iters)),
+                        key=lambda g: g.seconds)
+        results.append(passes[(num_iters - 1) // 2])
     return results
+
+
+def _timed_pass(llm, category: Optional[str], rows: list[dict], params, use_tqdm: bool) -> GroupResult:
+    llm.engine.metrics.reset()
+    start = time.perf_counter()
+    outs = llm.chat([row["messages"] for row in rows], params, use_tqdm=use_tqdm)
+    seconds = time.perf_counter() - start
+    timed = [o.metrics for o in outs if o.metrics is not None]
+    m = llm.engine.metrics
+    return GroupResult(
+        category=category, num_prompts=len(rows),
+        generated_tokens=sum(len(o.outputs[0].token_ids) for o in outs), seconds=seconds,
+        num_drafts=m.num_drafts, num_accepted_tokens=m.num_accepted_tokens, num_draft_tokens=m.num_draft_tokens,
+        accepted_per_pos=list(m.num_accepted_tokens_per_pos),
+        outputs=[list(o.outputs[0].token_ids) for o in outs],
+        texts=[o.outputs[0].text for o in outs],
+        first_token_seconds=covered([(r.first_scheduled_time, r.first_token_time) for r in timed]),
+        decode_seconds=covered([(r.first_token_time, r.finished_time) for r in timed]),
+    )
 
 
 def covered(intervals: list[tuple[Optional[float], Optional[float]]]) -> float:
@@ -665,6 +680,8 @@ def run(args) -> int:
     resolve_dataset_flags(args)
     if args.enable_chunked_prefill:
         print("--enable-chunked-prefill: no effect here (prompts are prefilled whole; outputs are the same)")
+    if args.num_iters < 1:
+        raise SystemExit(f"--num-iters {args.num_iters}: give at least 1 (timed passes for each engine)")
     if args.per_category is not None and args.per_category < 1:
         raise SystemExit(f"--per-category {args.per_category}: give at least 1 (rows of each category)")
     rows = load_prompt_rows(args.dataset, args.num_prompts, args.per_category)
@@ -706,7 +723,7 @@ def run(args) -> int:
     conversations = [row["messages"] for _, group in groups for row in group]
     warm_up(llm, conversations, llm.engine.scheduler.num_slots)
     first = BenchResult.from_groups(
-        measure(llm, groups, params, use_tqdm=True),
+        measure(llm, groups, params, use_tqdm=True, num_iters=args.num_iters),
         method=llm.speculative_config.method if spec else None,
         draft=llm.speculative_config.model if spec else None)
     in_vocab = draft_vocabulary(llm) if spec else None
@@ -718,17 +735,18 @@ def run(args) -> int:
     if spec is not None:
         llm = build_llm(args, None)
         warm_up(llm, conversations, llm.engine.scheduler.num_slots)
-        plain = BenchResult.from_groups(measure(llm, groups, params, use_tqdm=True))
+        plain = BenchResult.from_groups(measure(llm, groups, params, use_tqdm=True, num_iters=args.num_iters))
         llm.shutdown()
         del llm
 
     print(f"target: {args.model}  dataset: {setting['dataset']}  prompts: {len(rows)}  "
           f"max_tokens: {args.max_tokens}  temperature: {args.temperature}  device: {setting['device']}  "
-          f"dtype: {setting['dtype']}  batch: {setting['batch']}")
+          f"dtype: {setting['dtype']}  batch: {setting['batch']}"
+          + (f"  timed passes: {args.num_iters} (median)" if args.num_iters > 1 else ""))
     if args.print_output:
         for row, text in zip((r for _, g in groups for r in g), (t for g in first.groups for t in g.texts)):
             print(f"--- [{row['category']}] {row['prompt'][:80]!r}\n{text}\n")
-    report = {"target": args.model, "setting": setting}
+    report = {"target": args.model, "setting": setting, "num_iters": args.num_iters}
     if plain is None:
         report["plain"] = first.summary()
         print(f"plain decoding: {first.generated_tokens} tokens in {first.seconds:.2f}s, "

@@ -266,6 +266,41 @@ def test_measure_sends_messages_whole_and_times_each_category_as_a_batch(tmp_pat
         assert g.decode_seconds == pytest.approx(0.007 * g.num_prompts)
 
 
+def test_measure_keeps_the_pass_of_median_time(monkeypatch):
+    """--num-iters: each group is timed that many times and the median pass is kept whole
+    (its seconds, tokens and acceptance counters), so one slow pass does not set the figure."""
+    pass_seconds = iter([3.0, 1.0, 2.0, 5.0, 4.0])  # five passes of one group
+    clock = {"now": 0.0, "start": True}
+
+    def perf_counter():  # a pass's start, then its end after its scripted seconds
+        if not clock["start"]:
+            clock["now"] += next(pass_seconds)
+        clock["start"] = not clock["start"]
+        return clock["now"]
+
+    class CountingLLM(ScriptedLLM):  # pass n (from 0) answers with n + 1 tokens a request
+        def chat(self, conversations, params, use_tqdm=False):
+            return super().chat([c + [c[-1]] * len(self.sent) for c in conversations], params)
+
+    monkeypatch.setattr(bench.time, "perf_counter", perf_counter)
+    rows = [{"messages": [{"role": "user", "content": "hi"}], "category": None}] * 2
+    llm = CountingLLM()
+    [kept] = bench.measure(llm, bench.group_rows(rows, by_category=False), params=None, num_iters=5)
+    assert len(llm.sent) == 5
+    assert kept.seconds == 3.0  # the median of 3, 1, 2, 5, 4
+    assert kept.outputs == [[0]] * 2 and kept.num_drafts == 2  # the first pass's (one token a request): 3 s
+    pass_seconds = iter([2.0, 1.0])
+    [kept] = bench.measure(CountingLLM(), bench.group_rows(rows, by_category=False), params=None, num_iters=2)
+    assert kept.seconds == 1.0  # of two, the faster
+    with pytest.raises(ValueError, match="num_iters=0"):
+        bench.measure(CountingLLM(), bench.group_rows(rows, by_category=False), params=None, num_iters=0)
+
+
+def test_num_iters_below_one_is_refused_by_name(tiny, tmp_path):
+    with pytest.raises(SystemExit, match="--num-iters 0"):
+        cli.main(bench_args(tiny, tmp_path / "r.json", "--num-iters", "0"))
+
+
 def test_covered_adds_intervals_one_after_another_and_counts_overlaps_once():
     assert bench.covered([(0.0, 1.0), (2.0, 3.5)]) == 2.5  # one request after another
     assert bench.covered([(0.0, 2.0), (1.0, 3.0), (1.5, 2.5)]) == 3.0  # concurrent requests
