@@ -87,10 +87,11 @@ def add_arguments(p):
     p.add_argument("--device", default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-iters", type=int, default=1,
-                   help="timed passes over the prompts for each engine, speculative and plain (default 1); the "
-                        "pass of median time is reported, of an even number the faster middle one. A GPU pass of "
-                        "a batch of 16 lasts about a second, and one pass in a few runs ~35%% slower than the "
-                        "rest; 5 passes make the speed-up steady")
+                   help="timed rounds (default 1). With N > 1 the speculative and the plain engine are held "
+                        "in memory together and each round times one pass of each, so that a slow spell of the "
+                        "machine hits both; the pass of median time is reported (of an even number, the faster "
+                        "middle one) and the JSON holds every pass's seconds. At batch 16 on a GPU a pass lasts "
+                        "about a second, and passes of one engine vary by up to ~1.8x over a minute")
     p.add_argument("--print-output", action="store_true")
     p.add_argument("--by-category", action="store_true",
                    help="break the results down by the prompt set's 'category' field. Each category's prompts "
@@ -298,6 +299,7 @@ class GroupResult:
     # count once. Speculation changes the decoding; the prefill is the same work for both.
     first_token_seconds: float = 0.0
     decode_seconds: float = 0.0
+    pass_seconds: list[float] = field(default_factory=list)  # every timed pass's (measure_rounds)
 
     @property
     def tokens_per_second(self) -> float:
@@ -426,17 +428,32 @@ def warm_up(llm, conversations: list[list[dict]], batch: int = 1) -> None:
 
 def measure(llm, groups: list[tuple[Optional[str], list[dict]]], params, use_tqdm: bool = False,
             num_iters: int = 1) -> list[GroupResult]:
-    """Decode each group of rows as one timed batch (llm.chat), ``num_iters`` times; of a
-    group's passes the one of median time is kept (of an even number, the faster middle
-    one), with the engine's acceptance counters of that pass."""
+    """Decode each group of rows as one timed batch (llm.chat), ``num_iters`` times (see
+    measure_rounds)."""
+    return measure_rounds([llm], groups, params, use_tqdm, num_iters)[0]
+
+
+def measure_rounds(llms: list, groups: list[tuple[Optional[str], list[dict]]], params, use_tqdm: bool = False,
+                   num_iters: int = 1) -> list[list[GroupResult]]:
+    """For each engine, each group of rows decoded as one timed batch (llm.chat), in
+    ``num_iters`` rounds; a round times every engine once, one after the other, so that
+    a spell of slow machine hits the engines of a comparison alike. Of a group's passes
+    the one of median time is kept (of an even number, the faster middle one), with the
+    engine's acceptance counters of that pass; ``pass_seconds`` holds every pass's time."""
     if num_iters < 1:
         raise ValueError(f"measure: num_iters={num_iters}; time at least one pass")
-    results = []
-    for group in groups:
-        passes = sorted((_timed_pass(llm, *group, params, use_tqdm) for _ in range(num_iters)),
-                        key=lambda g: g.seconds)
-        results.append(passes[(num_iters - 1) // 2])
-    return results
+    passes = [[[] for _ in groups] for _ in llms]
+    for _ in range(num_iters):
+        for llm, per_group in zip(llms, passes):
+            for group, kept in zip(groups, per_group):
+                kept.append(_timed_pass(llm, *group, params, use_tqdm))
+    return [[_median_pass(group_passes) for group_passes in per_group] for per_group in passes]
+
+
+def _median_pass(passes: list[GroupResult]) -> GroupResult:
+    kept = sorted(passes, key=lambda g: g.seconds)[(len(passes) - 1) // 2]
+    kept.pass_seconds = [g.seconds for g in passes]
+    return kept
 
 
 def _timed_pass(llm, category: Optional[str], rows: list[dict], params, use_tqdm: bool) -> GroupResult:
@@ -548,7 +565,8 @@ def compare(spec: BenchResult, plain: BenchResult, in_vocab=None) -> dict:
                "speedup": s.tokens_per_second / p.tokens_per_second if p.tokens_per_second else None,
                "identical_outputs": n,
                "spec_generated_tokens": s.generated_tokens, "spec_seconds": s.seconds,
-               "plain_generated_tokens": p.generated_tokens, "plain_seconds": p.seconds, **phases(s, p)}
+               "plain_generated_tokens": p.generated_tokens, "plain_seconds": p.seconds,
+               "spec_pass_seconds": s.pass_seconds, "plain_pass_seconds": p.pass_seconds, **phases(s, p)}
         if in_vocab is not None:
             row["outside_draft_vocab"] = share_outside(p.outputs, in_vocab)
         rows.append(row)
@@ -722,27 +740,33 @@ def run(args) -> int:
             return 2
     conversations = [row["messages"] for _, group in groups for row in group]
     warm_up(llm, conversations, llm.engine.scheduler.num_slots)
+    engines = [llm]
+    if spec is not None and args.num_iters > 1:  # rounds alternate between both engines, held together
+        engines.append(build_llm(args, None))
+        warm_up(engines[1], conversations, engines[1].engine.scheduler.num_slots)
+    timed = measure_rounds(engines, groups, params, use_tqdm=True, num_iters=args.num_iters)
     first = BenchResult.from_groups(
-        measure(llm, groups, params, use_tqdm=True, num_iters=args.num_iters),
-        method=llm.speculative_config.method if spec else None,
+        timed[0], method=llm.speculative_config.method if spec else None,
         draft=llm.speculative_config.model if spec else None)
     in_vocab = draft_vocabulary(llm) if spec else None
     device = llm.device
-    llm.shutdown()
-    del llm
+    plain_groups = timed[1] if len(timed) > 1 else None
+    for engine in engines:
+        engine.shutdown()
+    del llm, engines
     free_memory(device)
-    plain = None
-    if spec is not None:
+    if spec is not None and plain_groups is None:  # one pass each: one engine in memory at a time
         llm = build_llm(args, None)
         warm_up(llm, conversations, llm.engine.scheduler.num_slots)
-        plain = BenchResult.from_groups(measure(llm, groups, params, use_tqdm=True, num_iters=args.num_iters))
+        plain_groups = measure(llm, groups, params, use_tqdm=True)
         llm.shutdown()
         del llm
+    plain = BenchResult.from_groups(plain_groups) if plain_groups is not None else None
 
     print(f"target: {args.model}  dataset: {setting['dataset']}  prompts: {len(rows)}  "
           f"max_tokens: {args.max_tokens}  temperature: {args.temperature}  device: {setting['device']}  "
           f"dtype: {setting['dtype']}  batch: {setting['batch']}"
-          + (f"  timed passes: {args.num_iters} (median)" if args.num_iters > 1 else ""))
+          + (f"  timed rounds: {args.num_iters} (median pass reported)" if args.num_iters > 1 else ""))
     if args.print_output:
         for row, text in zip((r for _, g in groups for r in g), (t for g in first.groups for t in g.texts)):
             print(f"--- [{row['category']}] {row['prompt'][:80]!r}\n{text}\n")

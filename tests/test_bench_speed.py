@@ -296,6 +296,36 @@ def test_measure_keeps_the_pass_of_median_time(monkeypatch):
         bench.measure(CountingLLM(), bench.group_rows(rows, by_category=False), params=None, num_iters=0)
 
 
+def test_rounds_alternate_between_the_engines():
+    """Each round times every engine once, in turn, so a slow spell hits both sides."""
+    order = []
+
+    class Named(ScriptedLLM):
+        def __init__(self, name):
+            super().__init__()
+            self.name = name
+
+        def chat(self, conversations, params, use_tqdm=False):
+            order.append(self.name)
+            return super().chat(conversations, params)
+
+    rows = [{"messages": [{"role": "user", "content": "hi"}], "category": c} for c in ("a", "b")]
+    spec, plain = bench.measure_rounds([Named("spec"), Named("plain")], bench.group_rows(rows, by_category=True),
+                                       params=None, num_iters=3)
+    assert order == ["spec", "spec", "plain", "plain"] * 3  # its two categories, then the other engine's
+    assert [len(g.pass_seconds) for g in spec + plain] == [3] * 4
+
+
+def test_num_iters_holds_both_engines_and_reports_every_pass(tiny, tmp_path):
+    out = tmp_path / "r.json"
+    assert cli.main(bench_args(tiny, out, "--num-iters", "2")) == 0
+    report = json.loads(out.read_text())
+    [row] = report["by_category"]
+    assert report["num_iters"] == 2 and report["identical_outputs"] == 5
+    assert len(row["spec_pass_seconds"]) == 2 and len(row["plain_pass_seconds"]) == 2
+    assert min(row["plain_pass_seconds"]) == pytest.approx(row["plain_seconds"])  # of two, the faster
+
+
 def test_num_iters_below_one_is_refused_by_name(tiny, tmp_path):
     with pytest.raises(SystemExit, match="--num-iters 0"):
         cli.main(bench_args(tiny, tmp_path / "r.json", "--num-iters", "0"))
