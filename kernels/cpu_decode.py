@@ -11,7 +11,8 @@ callers keep torch's ops.
     python -m eagle_zoo.kernels.cpu_decode [--bench]
         builds it now (`make` does, so the first decode step does not wait for the
         compiler) and says whether it is in use; --bench then times few_row_linear over
-        SmolLM2's products at 1, 2 and 3 rows (bench_products)
+        SmolLM2's products and few_row_linear_int8 over its lm_head's shape at 1 to 4
+        rows (bench_products)
 """
 from __future__ import annotations
 
@@ -142,24 +143,30 @@ def eagle3_layer_rows(embeds, norm_e, eps_e, hidden, norm_h, eps_h, norm_before_
 
 def bench_products(rounds: int = 5) -> None:
     """Time few_row_linear over SmolLM2-135M's four products of 30 layers (bf16 weights, 212
-    MB: read from memory, not cache, as a decode step reads them) at 1, 2 and 3 rows (a
-    plain step; a verification at k = 1, 2): the best of `rounds` passes, per layer."""
+    MB: read from memory, not cache, as a decode step reads them), and few_row_linear_int8
+    over an int8 weight of its lm_head's shape (49,152 x 576, 29 MB), at 1 to 4 rows (a
+    plain step; a verification at k = 1 to 3): the best of `rounds` passes."""
     torch.manual_seed(0)
     shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
     layers = [[(0.03 * torch.randn(n, k)).bfloat16() for n, k in shapes] for _ in range(30)]
     nbytes = sum(w.numel() * 2 for w in layers[0]) * len(layers)
-    for rows in (1, 2, 3):
-        x = {k: torch.randn(rows, k) for k in (576, 1536)}
+    q = torch.randint(-127, 128, (49152, 576), dtype=torch.int8)
+    d = 0.01 * torch.rand(49152, 576 // 32)
+
+    def best(fn) -> float:
         times = []
         for _ in range(rounds + 1):  # the first pass warms up
             start = time.perf_counter()
-            for layer in layers:
-                for w in layer:
-                    few_row_linear(x[w.shape[1]], w)
+            fn()
             times.append(time.perf_counter() - start)
-        best = min(times[1:])
-        print(f"few_row_linear, {rows} row{'s' if rows > 1 else ''}: {best * 1e3 / len(layers):.3f} ms a layer "
-              f"({nbytes / best / 1e9:.1f} GB/s of weights)")
+        return min(times[1:])
+
+    for rows in (1, 2, 3, 4):
+        x = {k: torch.randn(rows, k) for k in (576, 1536)}
+        layer = best(lambda: [few_row_linear(x[w.shape[1]], w) for layer in layers for w in layer])
+        head = best(lambda: few_row_linear_int8(x[576], q, d))
+        print(f"{rows} row{'s' if rows > 1 else ' '}: few_row_linear {layer * 1e3 / len(layers):.3f} ms a layer "
+              f"({nbytes / layer / 1e9:.1f} GB/s of weights); few_row_linear_int8, lm_head: {head * 1e3:.3f} ms")
 
 
 if __name__ == "__main__":
