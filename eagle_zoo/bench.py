@@ -91,7 +91,8 @@ def add_arguments(p):
                         "in memory together and each round times one pass of each, so that a slow spell of the "
                         "machine hits both; the pass of median time is reported (of an even number, the faster "
                         "middle one) and the JSON holds every pass's seconds. At batch 16 on a GPU a pass lasts "
-                        "about a second, and passes of one engine vary by up to ~1.8x over a minute")
+                        "about a second, and passes of one engine varied by up to 1.7x within a run. With --perf: "
+                        "the rounds of the throughput table, whose engines are held together at any N")
     p.add_argument("--print-output", action="store_true")
     p.add_argument("--by-category", action="store_true",
                    help="break the results down by the prompt set's 'category' field. Each category's prompts "
@@ -689,6 +690,8 @@ def plot_title(result: BenchResult, target: str, k: int) -> str:
 
 
 def run(args) -> int:
+    if args.num_iters < 1:
+        raise SystemExit(f"--num-iters {args.num_iters}: give at least 1 (timed rounds)")
     if args.perf:
         from .perf import run_perf
 
@@ -698,8 +701,6 @@ def run(args) -> int:
     resolve_dataset_flags(args)
     if args.enable_chunked_prefill:
         print("--enable-chunked-prefill: no effect here (prompts are prefilled whole; outputs are the same)")
-    if args.num_iters < 1:
-        raise SystemExit(f"--num-iters {args.num_iters}: give at least 1 (timed passes for each engine)")
     if args.per_category is not None and args.per_category < 1:
         raise SystemExit(f"--per-category {args.per_category}: give at least 1 (rows of each category)")
     rows = load_prompt_rows(args.dataset, args.num_prompts, args.per_category)

@@ -10,7 +10,9 @@ Tables (all greedy, MT-bench first turns, chat template):
            goes for plain, chain and tree steps on random-weight targets, at batch 1 or
            --step-cost-batch;
   greedy losslessness: speculative outputs equal to plain outputs, per prompt;
-Timing: warm-up first (graph buckets, every prompt's prefill), torch.cuda.synchronize around timed regions, one run each.
+Timing: warm-up first (graph buckets, every prompt's prefill), torch.cuda.synchronize around
+the batch-1 runs, one run each; a throughput row's engines are held together and timed
+in --num-iters alternating rounds, the median pass reported (bench.measure_rounds).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from .bench import load_prompts, warm_up
+from .bench import load_prompts, measure_rounds, warm_up
 
 
 def _sync():
@@ -205,25 +207,33 @@ def run_perf(args) -> int:
             configs.append(("speculative", fixed))
             if schedule is not None:
                 configs.append(("adaptive", {**fixed, "num_speculative_tokens_by_batch_size": schedule}))
-        plain_tokens = None
+        built = []  # (label, engine): held together, timed in alternating rounds
         for label, spec in configs:
             try:
-                llm = make(spec, max_num_seqs=bs)
-                warm(llm, bs)
-                outs, tokens, seconds = timed_generate(llm, convs, params)
+                engine = make(spec, max_num_seqs=bs)
+                warm(engine, bs)
+                built.append((label, engine))
             except Exception as exc:
                 traceback.print_exc()
                 row[f"{label}_error"] = f"{type(exc).__name__}: {exc}"
-                continue
-            row[label] = tokens / seconds
-            ids = [o.outputs[0].token_ids for o in outs]
-            if spec is None:
-                plain_tokens = ids
+        try:
+            timed = measure_rounds([engine for _, engine in built], [(None, [{"messages": c} for c in convs])], params,
+                                   num_iters=args.num_iters)
+        except Exception as exc:
+            traceback.print_exc()
+            timed = []
+            row["error"] = f"{type(exc).__name__}: {exc}"
+        plain_tokens = None
+        for (label, engine), [result] in zip(built, timed):
+            row[label] = result.tokens_per_second
+            row[f"{label}_pass_seconds"] = result.pass_seconds
+            if label == "plain":
+                plain_tokens = result.outputs
             elif plain_tokens is not None:  # bf16 batches may flip near-ties; reported, not asserted
-                row[f"{label}_identical_to_plain"] = sum(a == b for a, b in zip(ids, plain_tokens))
-            if llm.engine.depth_schedule is not None:  # decode steps run at each K
-                row["adaptive_steps_by_k"] = dict(sorted(llm.engine.depth_schedule.steps_by_depth.items()))
-            del llm
+                row[f"{label}_identical_to_plain"] = sum(a == b for a, b in zip(result.outputs, plain_tokens))
+            if engine.engine.depth_schedule is not None:  # decode steps run at each K, over the timed passes
+                row["adaptive_steps_by_k"] = dict(sorted(engine.engine.depth_schedule.steps_by_depth.items()))
+        built = timed = engine = None  # freed before the next batch size's engines are built
         record("throughput", row)
     return _finish(args, report, out_path)
 

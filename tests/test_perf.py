@@ -20,7 +20,8 @@ def test_perf_keeps_measuring_past_a_failing_config(tmp_path, capsys):
     out = tmp_path / "perf.json"
     args = parser.parse_args(["--perf", "--device", "cpu", "--dtype", "float32", "--num-prompts", "1",
                               "--max-tokens", "4", "--ks", "1", "--eagle", str(tmp_path / "no-such-head"),
-                              "--ngram", "--batch-sizes", "2", "--tput-waves", "2", "--json", str(out)])
+                              "--ngram", "--batch-sizes", "2", "--tput-waves", "2", "--num-iters", "2",
+                              "--json", str(out)])
     assert run_perf(args) == 0
     report = json.loads(out.read_text())
     rows = {r["config"]: r for r in report["batch1"]}
@@ -34,5 +35,6 @@ def test_perf_keeps_measuring_past_a_failing_config(tmp_path, capsys):
     (tput,) = report["throughput"]
     assert tput["plain"] > 0 and "speculative_error" in tput
     assert tput["batch"] == 2 and tput["requests"] == 4  # two waves of the batch size
+    assert len(tput["plain_pass_seconds"]) == 2  # --num-iters rounds
     printed = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"')]
     assert [next(iter(p)) for p in printed[:3]] == ["batch1", "batch1", "batch1"]  # printed as measured
