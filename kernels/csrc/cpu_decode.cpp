@@ -222,7 +222,7 @@ torch::Tensor few_row_linear(const torch::Tensor& x, const torch::Tensor& w) {
     rows_times_weights<3>(x.data_ptr<float>(), y.data_ptr<float>(), M, K, N,
                           [&](auto rows, const float* const* a, int64_t n, float* const* out) {
                             dot_rows<decltype(rows)::value>(a, wp + n * K, K, out);
-                       });
+                          });
   };
   if (w.scalar_type() == torch::kBFloat16) {
     times(w.data_ptr<at::BFloat16>());
