@@ -3,7 +3,8 @@
 #   PART=tables (default)  batch-1 chains k = 1..5 and trees 8,5,60 and 6,3,30 for EAGLE-1 and
 #                          EAGLE-3, transformers generate on 2 prompts, plain decoding,
 #                          throughput at batch 1, 4, 16, 64 with and without speculation and
-#                          the adaptive depth schedule, and first the step-cost tables (random-weight
+#                          the adaptive depth schedule (the median of 3 alternating rounds:
+#                          single passes at batch 16 vary by up to 1.7x), and first the step-cost tables (random-weight
 #                          SmolLM2- and Llama-3.1-8B-shaped targets, the 8B plain step against
 #                          its weight-read floor; chain k = 3, tree 6,3,30;
 #                          PROFILE: the per-position acceptance of their projection, by default
@@ -22,7 +23,7 @@ H=${HEADS:-plugins/eagle-zoo-smollm2-heads/eagle_zoo_smollm2_heads/heads}
 E1=$H/eagle E3=$H/eagle3
 case ${PART:-tables} in
   tables)    # step costs, batch-1 chains and trees, throughput, adaptive depth
-    ARGS="--num-prompts 80 --ks 1,2,3,4,5 --batch-sizes 1,4,16,64 --tput-waves 3 --tree '6,3,30;8,5,60' --depth-schedule auto --hf-prompts 2 --step-costs smollm2,8b --acceptance-profile ${PROFILE:-0.749,0.572,0.452}" ;;
+    ARGS="--num-prompts 80 --ks 1,2,3,4,5 --batch-sizes 1,4,16,64 --tput-waves 3 --num-iters 3 --tree '6,3,30;8,5,60' --depth-schedule auto --hf-prompts 2 --step-costs smollm2,8b --acceptance-profile ${PROFILE:-0.749,0.572,0.452}" ;;
   lossless80)  # bf16 greedy identity to plain decoding on all 80 prompts
     ARGS="--num-prompts 80 --ks 3 --batch-sizes '' --tree 8,5,60" ;;
 esac
