@@ -92,7 +92,8 @@ def add_arguments(p):
                         "machine hits both; the pass of median time is reported (of an even number, the faster "
                         "middle one) and the JSON holds every pass's seconds. At batch 16 on a GPU a pass lasts "
                         "about a second, and passes of one engine varied by up to 1.7x within a run. With --perf: "
-                        "the rounds of the throughput table, whose engines are held together at any N")
+                        "the rounds of the throughput table, whose engines are held together at any N. N > 1 is refused "
+                        "with --tp > 1 (two tensor-parallel engines cannot share the ranks)")
     p.add_argument("--print-output", action="store_true")
     p.add_argument("--by-category", action="store_true",
                    help="break the results down by the prompt set's 'category' field. Each category's prompts "
@@ -692,6 +693,11 @@ def plot_title(result: BenchResult, target: str, k: int) -> str:
 def run(args) -> int:
     if args.num_iters < 1:
         raise SystemExit(f"--num-iters {args.num_iters}: give at least 1 (timed rounds)")
+    if args.num_iters > 1 and getattr(args, "tp", 1) > 1 and not args.perf:
+        # Rounds hold the speculative and the plain engine together; a tensor-parallel
+        # engine owns the process's ranks (engine/parallel.py), so two cannot coexist.
+        raise SystemExit(f"--num-iters {args.num_iters} with --tp {args.tp}: the rounds hold two engines at once, "
+                         f"and two tensor-parallel engines cannot share the ranks; use --num-iters 1 with --tp")
     if args.perf:
         from .perf import run_perf
 

@@ -326,9 +326,11 @@ def test_num_iters_holds_both_engines_and_reports_every_pass(tiny, tmp_path):
     assert min(row["plain_pass_seconds"]) == pytest.approx(row["plain_seconds"])  # of two, the faster
 
 
-def test_num_iters_below_one_is_refused_by_name(tiny, tmp_path):
+def test_num_iters_below_one_or_with_tensor_parallel_is_refused_by_name(tiny, tmp_path):
     with pytest.raises(SystemExit, match="--num-iters 0"):
         cli.main(bench_args(tiny, tmp_path / "r.json", "--num-iters", "0"))
+    with pytest.raises(SystemExit, match="--num-iters 2 with --tp 2"):
+        cli.main(bench_args(tiny, tmp_path / "r.json", "--num-iters", "2", "--tp", "2"))
 
 
 def test_covered_adds_intervals_one_after_another_and_counts_overlaps_once():
