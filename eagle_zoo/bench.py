@@ -92,8 +92,8 @@ def add_arguments(p):
                         "machine hits both; the pass of median time is reported (of an even number, the faster "
                         "middle one) and the JSON holds every pass's seconds. At batch 16 on a GPU a pass lasts "
                         "about a second, and passes of one engine varied by up to 1.7x within a run. With --perf: "
-                        "the rounds of the throughput table, whose engines are held together at any N. N > 1 is refused "
-                        "with --tp > 1 (two tensor-parallel engines cannot share the ranks)")
+                        "the rounds of the throughput table, whose engines are held together at any N. N > 1 is "
+                        "refused with --tp > 1 (two tensor-parallel engines cannot share the ranks)")
     p.add_argument("--print-output", action="store_true")
     p.add_argument("--by-category", action="store_true",
                    help="break the results down by the prompt set's 'category' field. Each category's prompts "
