@@ -397,9 +397,10 @@ def test_demo_prints_per_prompt_and_overall_speed_up(tiny, monkeypatch, tmp_path
     monkeypatch.setattr(demo, "MAX_MODEL_LEN", 256)  # the tiny target's context
     monkeypatch.setattr(demo, "speculative_config",
                         lambda draft, k: {"model": draft, "method": "eagle", "num_speculative_tokens": k})
-    args = SimpleNamespace(num_prompts=None, max_tokens=8, num_speculative_tokens=2, draft=tiny.head)
+    args = SimpleNamespace(num_prompts=None, max_tokens=8, num_speculative_tokens=2, draft=tiny.head, num_iters=2)
     assert demo.run(args) == 0  # every output identical to plain decoding's
     out = capsys.readouterr().out
+    assert "the median of 2 rounds each" in out
     table = out[out.index("== results (k=2)"):].splitlines()[1:]
     assert table[0].split() == ["category", "accept", "first", "token", "s", "spec", "tok/s", "plain", "tok/s",
                                 "speed-up", "end", "to", "end", "identical"]
@@ -414,6 +415,13 @@ def test_demo_prints_per_prompt_and_overall_speed_up(tiny, monkeypatch, tmp_path
     assert float(rows[2][2]) == pytest.approx(float(rows[0][2]) + float(rows[1][2]), abs=0.0011)
 
 
+def test_demo_refuses_no_rounds_by_name():
+    from eagle_zoo import demo
+
+    with pytest.raises(SystemExit, match="--num-iters 0"):
+        demo.run(SimpleNamespace(num_prompts=None, max_tokens=8, num_speculative_tokens=2, draft="x", num_iters=0))
+
+
 def test_demo_with_an_eagle3_head_shows_the_tokens_it_cannot_draft(tiny, monkeypatch, tmp_path, capsys):
     """A draft vocabulary of 40 of 128 ids: a "not draftable" column, per prompt and
     overall (the token-weighted share over both prompts' plain outputs)."""
@@ -425,7 +433,8 @@ def test_demo_with_an_eagle3_head_shows_the_tokens_it_cannot_draft(tiny, monkeyp
     monkeypatch.setattr(demo, "MAX_MODEL_LEN", 256)
     monkeypatch.setattr(demo, "speculative_config",
                         lambda draft, k: {"model": draft, "method": "eagle3", "num_speculative_tokens": k})
-    assert demo.run(SimpleNamespace(num_prompts=None, max_tokens=8, num_speculative_tokens=2, draft=str(head3))) == 0
+    assert demo.run(SimpleNamespace(num_prompts=None, max_tokens=8, num_speculative_tokens=2, draft=str(head3),
+                                    num_iters=1)) == 0
     table = capsys.readouterr().out.split("== results (k=2)")[1].splitlines()[1:5]
     assert table[0].split()[-2:] == ["not", "draftable"]
     shares = [float(line.split()[-1].rstrip("%")) for line in table[1:4]]
