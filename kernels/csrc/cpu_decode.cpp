@@ -48,7 +48,7 @@ inline float weight_value(at::BFloat16 w) { return static_cast<float>(w); }
 // end they fetch the next rows). The hardware prefetchers alone keep the one-row dot
 // products of plain decoding streaming, but not the three-row ones of a verification,
 // whose arithmetic per byte is three times as much. On the 2-core development machine,
-// `python -m eagle_zoo.kernels.cpu_decode --bench` (BENCHMARKS.md, "make demo"): a
+// `python -m eagle_zoo.kernels.cpu_decode --bench` (BENCHMARKS.md, "Decided by measurement"): a
 // three-row layer of SmolLM2's products took about 0.5 ms without them, about 0.35 ms
 // with the L1 one alone and about 0.25 ms with both, as long as a one-row layer. The
 // bits do not change.
@@ -247,8 +247,9 @@ torch::Tensor few_row_linear_int8(const torch::Tensor& x, const torch::Tensor& q
   const int8_t* qp = q.data_ptr<int8_t>();
   const float* dp = d.data_ptr<float>();
   // Groups of four rows (a k = 3 verification in one group): here the weights'
-  // dequantization costs as much as three rows' products, so doing it once for four rows
-  // beats 3 + 1, although four rows' 16 accumulators spill from AVX2's 16 registers (for
+  // dequantization is much of the arithmetic, so doing it once for four rows beats 3 + 1
+  // (the lm_head at 4 rows: ~2.9 -> ~2.2 ms, BENCHMARKS.md `make demo`, the products'
+  // bench), although four rows' 16 accumulators spill from AVX2's 16 registers (for
   // float32 and bfloat16 weights the spills cost more than the second pass saves).
   rows_times_weights<4>(x.data_ptr<float>(), y.data_ptr<float>(), M, K, N,
                         [&](auto rows, const float* const* a, int64_t n, float* const* out) {
