@@ -44,7 +44,9 @@ BLOCK_M = 16    # the smallest tl.dot tile: the rows a program takes in steps of
 WIDE_ROWS = 64  # from this many rows on, a program takes more (row_block)
 # Wider inputs keep cuBLAS: on the H200 this kernel lost to it on Llama-3-8B's qkv (32.6
 # vs 16.3 us), gate_up (69.5 vs 61.7) and down_proj (37.6 vs 33.8), and won on SmolLM2's
-# o_proj and down_proj (2.8 vs 4.8, 4.1 vs 6.3 us with the add they absorb).
+# o_proj and down_proj (2.8 vs 4.8, 4.1 vs 6.3 us with the add they absorb). A whole
+# 8B-shaped step through it, with tilings for long inputs, was level at best
+# (BENCHMARKS.md, "Tried, did not help").
 MAX_K = 2048
 
 
