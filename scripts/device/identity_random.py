@@ -1,0 +1,59 @@
+"""Greedy speculative output against plain decoding, token for token, on a random-weight
+target of a shape (no GGUF needed): an EAGLE-3 chain (k = 3, a random one-layer head) at
+batch 1 and at batch 16, and an EAGLE-2 tree (6, 3, 30) at batch 1, each beside plain
+decoding at the same batch, on random prompts. Random weights leave the target's top two
+logits close, so any bit a product rounds differently in a verification than in a plain
+step soon changes a token: this checks that the engine's steps are batch invariant at
+that shape (BENCHMARKS.md, "Losslessness").
+Usage: python3 scripts/device/identity_random.py [--shape 8b|smollm2] [--tokens 64]
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from eagle_zoo import perf_steps
+from eagle_zoo.engine.sampling_params import SamplingParams
+
+TREE = {"top_k": 6, "depth": 3, "total_tokens": 30}
+CASES = [("chain", None, 16), ("tree", TREE, 1), ("chain", None, 1)]  # strategy, tree, batch
+
+
+def decode(target, head, strategy, tree, batch, prompts, tokens, device) -> list[list[int]]:
+    engine = perf_steps._engine(target, head, strategy, 3, tree, torch.bfloat16, device, 512, batch)
+    seqs = [engine.add_request(p, SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)) for p in prompts]
+    while engine.has_unfinished():
+        engine.step()
+    del engine
+    torch.cuda.empty_cache()
+    return [list(seq.output_token_ids) for seq in seqs]
+
+
+@torch.inference_mode()
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", choices=sorted(perf_steps.SHAPES), default="8b")
+    ap.add_argument("--tokens", type=int, default=64)
+    args = ap.parse_args()
+    device = torch.device("cuda")
+    target = perf_steps.random_target(perf_steps.SHAPES[args.shape], torch.bfloat16, device)
+    head = perf_steps.random_eagle3_head(target, perf_steps.DRAFT_VOCAB[args.shape], torch.bfloat16)
+    rng = torch.Generator().manual_seed(5)
+    vocab = target.config.vocab_size
+    prompts = [torch.randint(0, vocab, (int(torch.randint(50, 250, (1,), generator=rng)),), generator=rng).tolist()
+               for _ in range(16)]
+    print(torch.cuda.get_device_name(), f"shape {args.shape}, bf16, {args.tokens} tokens a prompt", flush=True)
+    for strategy, tree, batch in CASES:
+        n = max(batch, 4)
+        plain = decode(target, head, "plain", None, batch, prompts[:n], args.tokens, device)
+        spec = decode(target, head, strategy, tree, batch, prompts[:n], args.tokens, device)
+        same = sum(a == b for a, b in zip(plain, spec))
+        first = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None) for a, b in zip(plain, spec)]
+        name = f"tree {','.join(map(str, tree.values()))}" if tree else "chain k=3"
+        print(f"{name}, batch {batch}: {same}/{n} identical to plain decoding; first differing token "
+              f"{[f for f in first if f is not None] or 'none'}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
