@@ -5,7 +5,7 @@ decoding at the same batch, on random prompts. Random weights leave the target's
 logits close, so any bit a product rounds differently in a verification than in a plain
 step soon changes a token: this checks that the engine's steps are batch invariant at
 that shape (BENCHMARKS.md, "Losslessness").
-Usage: python3 scripts/device/identity_random.py [--shape 8b|smollm2] [--tokens 64]
+Usage: python3 scripts/device/identity_random.py [--shape 8b|smollm2] [--tokens 64] [--device cuda] [--dtype bfloat16]
 """
 from __future__ import annotations
 
@@ -20,13 +20,14 @@ TREE = {"top_k": 6, "depth": 3, "total_tokens": 30}
 CASES = [("chain", None, 16), ("tree", TREE, 1), ("chain", None, 1)]  # strategy, tree, batch
 
 
-def decode(target, head, strategy, tree, batch, prompts, tokens, device) -> list[list[int]]:
-    engine = perf_steps._engine(target, head, strategy, 3, tree, torch.bfloat16, device, 512, batch)
+def decode(target, head, strategy, tree, batch, prompts, tokens, device, dtype) -> list[list[int]]:
+    engine = perf_steps._engine(target, head, strategy, 3, tree, dtype, device, 512, batch)
     seqs = [engine.add_request(p, SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)) for p in prompts]
     while engine.has_unfinished():
         engine.step()
     del engine
-    torch.cuda.empty_cache()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     return [list(seq.output_token_ids) for seq in seqs]
 
 
@@ -35,19 +36,22 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", choices=sorted(perf_steps.SHAPES), default="8b")
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--device", default="cuda", help="cpu: the same check of the CPU paths (slow for 8b)")
+    ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     args = ap.parse_args()
-    device = torch.device("cuda")
-    target = perf_steps.random_target(perf_steps.SHAPES[args.shape], torch.bfloat16, device)
-    head = perf_steps.random_eagle3_head(target, perf_steps.DRAFT_VOCAB[args.shape], torch.bfloat16)
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    target = perf_steps.random_target(perf_steps.SHAPES[args.shape], dtype, device)
+    head = perf_steps.random_eagle3_head(target, perf_steps.DRAFT_VOCAB[args.shape], dtype)
     rng = torch.Generator().manual_seed(5)
     vocab = target.config.vocab_size
     prompts = [torch.randint(0, vocab, (int(torch.randint(50, 250, (1,), generator=rng)),), generator=rng).tolist()
                for _ in range(16)]
-    print(torch.cuda.get_device_name(), f"shape {args.shape}, bf16, {args.tokens} tokens a prompt", flush=True)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(where, f"shape {args.shape}, {args.dtype}, {args.tokens} tokens a prompt", flush=True)
     for strategy, tree, batch in CASES:
         n = max(batch, 4)
-        plain = decode(target, head, "plain", None, batch, prompts[:n], args.tokens, device)
-        spec = decode(target, head, strategy, tree, batch, prompts[:n], args.tokens, device)
+        plain = decode(target, head, "plain", None, batch, prompts[:n], args.tokens, device, dtype)
+        spec = decode(target, head, strategy, tree, batch, prompts[:n], args.tokens, device, dtype)
         same = sum(a == b for a, b in zip(plain, spec))
         first = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None) for a, b in zip(plain, spec)]
         name = f"tree {','.join(map(str, tree.values()))}" if tree else "chain k=3"
