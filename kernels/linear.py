@@ -46,7 +46,8 @@ WIDE_ROWS = 64  # from this many rows on, a program takes more (row_block)
 # vs 16.3 us), gate_up (69.5 vs 61.7) and down_proj (37.6 vs 33.8), and won on SmolLM2's
 # o_proj and down_proj (2.8 vs 4.8, 4.1 vs 6.3 us with the add they absorb). A whole
 # 8B-shaped step through it, with tilings for long inputs, was level at best
-# (BENCHMARKS.md, "Tried, did not help").
+# (BENCHMARKS.md, "Tried, did not help"), though it made that step batch invariant, which
+# cuBLAS's is not ("Losslessness").
 MAX_K = 2048
 
 
