@@ -693,7 +693,7 @@ def plot_title(result: BenchResult, target: str, k: int) -> str:
 def run(args) -> int:
     if args.num_iters < 1:
         raise SystemExit(f"--num-iters {args.num_iters}: give at least 1 (timed rounds)")
-    if args.num_iters > 1 and getattr(args, "tp", 1) > 1 and not args.perf:
+    if args.num_iters > 1 and args.tp > 1 and not args.perf:
         # Rounds hold the speculative and the plain engine together; a tensor-parallel
         # engine owns the process's ranks (engine/parallel.py), so two cannot coexist.
         raise SystemExit(f"--num-iters {args.num_iters} with --tp {args.tp}: the rounds hold two engines at once, "

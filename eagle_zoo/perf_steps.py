@@ -84,8 +84,11 @@ def random_eagle3_head(target, draft_vocab_size: int, dtype: torch.dtype, seed: 
     return head.to(dtype).eval()
 
 
-def _engine(target, head, strategy: str, k: int, tree: Optional[dict], dtype, device, max_model_len: int,
-            batch: int = 1):
+def strategy_engine(target, head, strategy: str, k: int, tree: Optional[dict], dtype, device, max_model_len: int,
+                    batch: int = 1):
+    """An EngineCore of one step strategy ("plain", "chain" with an EAGLE-3 head of k
+    drafts, "tree" with ``tree``'s TreeConfig) for ``batch`` requests, with CUDA graphs and
+    async scheduling on CUDA, as a user's engine runs (scripts/device/identity_random.py)."""
     from .engine.core import EngineCore
     from .engine.graphs import GraphPool
     from .engine.proposers import EagleProposer
@@ -264,7 +267,7 @@ def _warm_engine(target, head, strategy: str, k: int, tree: Optional[dict], dtyp
         raise ValueError(f"step costs: {steps} steps of up to {per_step} tokens need max_model_len={max_model_len}, "
                          f"over the shape's max_position_embeddings={target.config.max_position_embeddings}; "
                          "give fewer --step-cost-steps")
-    engine = _engine(target, head, strategy, k, tree, dtype, device, max_model_len, batch)
+    engine = strategy_engine(target, head, strategy, k, tree, dtype, device, max_model_len, batch)
     vocab, rng = target.config.vocab_size, torch.Generator().manual_seed(1)
     params = SamplingParams(temperature=0, max_tokens=need * per_step, ignore_eos=True)
     seqs = [engine.add_request(torch.randint(0, vocab, (PROMPT_TOKENS,), generator=rng).tolist(), params)
@@ -325,7 +328,7 @@ def prefill_profile(target, head, strategy: str, *, prompt_tokens: int, requests
     # Cache rows as long as a serving engine's (2,048 positions, or the prompt and its new
     # token if longer, within the shape's limit): the prefill graphs' buckets
     # (engine/prefill_graphs.py) are those that fit the row.
-    engine = _engine(target, head, strategy, k, tree, dtype, device, min(limit, max(prompt_tokens + 1, 2048)))
+    engine = strategy_engine(target, head, strategy, k, tree, dtype, device, min(limit, max(prompt_tokens + 1, 2048)))
     params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     rng = torch.Generator().manual_seed(1)
 

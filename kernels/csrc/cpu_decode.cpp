@@ -157,29 +157,18 @@ void rows_times_weights(const float* xp, float* yp, int64_t M, int64_t K, int64_
   at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
       int64_t m = 0;
-      for (; m + Group <= M; m += Group) {
-        const float* a[Group];
-        float* y[Group];
-        for (int r = 0; r < Group; ++r) a[r] = xp + (m + r) * K, y[r] = yp + (m + r) * N + n;
-        dot(std::integral_constant<int, Group>(), a, n, y);
-      }
-      if (m + 3 <= M) {  // Group 4: three rows left
-        const float* a[3] = {xp + m * K, xp + (m + 1) * K, xp + (m + 2) * K};
-        float* y[3] = {yp + m * N + n, yp + (m + 1) * N + n, yp + (m + 2) * N + n};
-        dot(std::integral_constant<int, 3>(), a, n, y);
-        m += 3;
-      }
-      if (m + 2 <= M) {
-        const float* a[2] = {xp + m * K, xp + (m + 1) * K};
-        float* y[2] = {yp + m * N + n, yp + (m + 1) * N + n};
-        dot(std::integral_constant<int, 2>(), a, n, y);
-        m += 2;
-      }
-      if (m < M) {
-        const float* a = xp + m * K;
-        float* y = yp + m * N + n;
-        dot(std::integral_constant<int, 1>(), &a, n, &y);
-      }
+      auto next = [&](auto rows) {  // weight row n against input rows m .. m + rows - 1
+        constexpr int R = decltype(rows)::value;
+        const float* a[R];
+        float* y[R];
+        for (int r = 0; r < R; ++r) a[r] = xp + (m + r) * K, y[r] = yp + (m + r) * N + n;
+        dot(rows, a, n, y);
+        m += R;
+      };
+      while (m + Group <= M) next(std::integral_constant<int, Group>());
+      if (Group == 4 && m + 3 <= M) next(std::integral_constant<int, 3>());
+      if (m + 2 <= M) next(std::integral_constant<int, 2>());
+      if (m < M) next(std::integral_constant<int, 1>());
     }
   });
 }

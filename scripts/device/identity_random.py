@@ -21,7 +21,7 @@ CASES = [("chain", None, 16), ("tree", TREE, 1), ("chain", None, 1)]  # strategy
 
 
 def decode(target, head, strategy, tree, batch, prompts, tokens, device, dtype) -> list[list[int]]:
-    engine = perf_steps._engine(target, head, strategy, 3, tree, dtype, device, 512, batch)
+    engine = perf_steps.strategy_engine(target, head, strategy, 3, tree, dtype, device, 512, batch)
     seqs = [engine.add_request(p, SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)) for p in prompts]
     while engine.has_unfinished():
         engine.step()
