@@ -1,6 +1,6 @@
-"""`python -m eagle_zoo.kernels.bench` (CUDA): GPU time of the attention, KV-write and linear
-kernels against their torch paths, replayed from CUDA graphs as the engine runs them, plus
-batch-invariance sweeps."""
+"""`python -m eagle_zoo.kernels.bench` (CUDA): GPU time of the attention, KV-write, linear and
+top-k / argmax kernels against their torch paths, replayed from CUDA graphs as the engine
+runs them, plus batch-invariance sweeps."""
 from __future__ import annotations
 
 import torch
@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from . import cache_attention, write_kv, write_kv_torch
 from .attention import visible_keys
 from .linear import BLOCK_M, fused_linear_torch, fused_linear_triton, row_block
+from .top_k import BLOCK, NUM_WARPS, argmax_rows_triton, log_softmax_top_k_triton
 
 
 def graphed_us(fn) -> float:
@@ -76,6 +77,7 @@ def main() -> None:
         print(f"write_kv bf16 B={B} T={T}: triton {t1:.1f}  torch {t2:.1f}")
 
     _linear_rows(dev, bf16)
+    _top_k_rows(dev, bf16)
 
 
 # SmolLM2-135M's products (name, weight rows, columns, fused_linear options) and the
@@ -111,6 +113,37 @@ def _linear_rows(dev, dtype) -> None:
                 x[r:r + 1], w, **{a: (v[r:r + 1] if a == "residual" else v) for a, v in kw.items()})[0])
                 for r in range(M))
             print(f"{line}  cuBLAS {t2:6.1f}  rows differing alone: {differ}")
+
+
+# (what, rows, row length, k): an EAGLE-3 chain's greedy drafts at batch 1 and 16, an
+# EAGLE-2 tree's first level and expansion rounds (6, 3, 30), the target's greedy tokens
+# of a plain step, a k = 3 verification, a tree and a verification at batch 16; k None:
+# argmax_rows, else log_softmax_top_k.
+TOP_K_SHAPES = [("draft argmax", 1, 12000, None), ("draft argmax", 16, 12000, None), ("tree level", 1, 12000, 6),
+                ("tree round", 6, 12000, 6), ("target argmax", 1, 49152, None), ("target argmax", 4, 49152, None),
+                ("target argmax", 31, 49152, None), ("target argmax", 64, 49152, None)]
+PART_CHOICES = [(256, 1), (512, 1), (512, 2), (1024, 2), (1024, 4), (2048, 4), (2048, 8), (4096, 8)]
+
+
+def _top_k_rows(dev, dtype) -> None:
+    """kernels/top_k.py at each part size and warp count (its BLOCK, NUM_WARPS marked *),
+    against torch's argmax where it replaces one."""
+    offsets = torch.randint(0, 9, (12000,), device=dev)
+    for name, rows, V, k in TOP_K_SHAPES:
+        x = torch.randn(rows, V, device=dev, dtype=dtype)
+        off = offsets if V == 12000 else None
+        if k is None:
+            line = f"{name} {rows:2d}x{V}: torch argmax {graphed_us(lambda: x.argmax(-1)):5.1f}"
+        else:
+            line = f"{name} {rows:2d}x{V} k={k}:"
+        for block, warps in PART_CHOICES:
+            if k is None:
+                t = graphed_us(lambda: argmax_rows_triton(x, off, block=block, num_warps=warps))
+            else:
+                t = graphed_us(lambda: log_softmax_top_k_triton(x, k, off, block=block, num_warps=warps))
+            mark = "*" if (block, warps) == (BLOCK, NUM_WARPS) else ""
+            line += f"  {block}/{warps}{mark} {t:5.1f}"
+        print(line)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,31 @@
-"""The k largest entries of each row with their log-softmax values, in one launch.
+"""The k largest entries of each row with their log-softmax values, and each row's argmax,
+in two launches whatever the row's length.
 
 log_softmax_top_k(x, k, offsets=None) -> (scores [..., k] fp32, ids [..., k] int64):
 the k largest entries of x's last dim in descending order, ties to the lower index, with
 log_softmax(x.float()) at each; ids + offsets[ids] when offsets (a draft-to-target id map,
 [V] int64) is given. Why: an EAGLE-2 tree step takes the top k of the draft head's
-distribution once a level; torch's log_softmax, radix top-k and id map are several kernels
-a level, the top-k alone ~200 us of a SmolLM2-shaped tree step (6, 3, 30) on an H100.
+distribution once a level, and an EAGLE-3 chain its top 1 once a draft; torch's
+log_softmax, radix top-k and id map are several kernels a level, the top-k alone ~200 us
+of a SmolLM2-shaped tree step (6, 3, 30) on an H100.
 
-One program a row walks the row in blocks: an online max and sum of exponentials give the
-normaliser, and each block's k largest enter a running top k. Entries are compared as one
-int64 key (order_keys): the float's bits made order-preserving in the high half, the
-inverted column in the low half, so equal values order by column and every key is distinct.
+argmax_rows(x, offsets=None) -> ids [...] int64: the first maximum of x's last dim, as
+torch.argmax (NaN aside: a NaN with its sign bit clear ranks above +inf, one with it set
+below -inf), mapped through offsets as above. Why: the target's greedy token at every
+verified position once a decode step, and an EAGLE-3 chain's greedy drafts; torch's
+argmax walks a whole row in one thread block (BENCHMARKS.md, "Step costs": a SmolLM2-
+and a Llama-3.1-8B-shaped step before and after).
+
+How: the row is cut into parts of BLOCK entries, one program each (the first launch),
+which writes its part's k largest entries and, for scores, its max and sum of
+exponentials; one program a row (the second launch) merges the parts. One program a row
+walking the whole row is bound by its sequential reductions, not by the bytes. BLOCK and
+NUM_WARPS: one part size for every row length and row count; `python -m
+eagle_zoo.kernels.bench` times the others (fewer entries a part gain a little at a few
+rows and lose at 31 rows and more). Entries
+are compared as one int64 key (order_keys): the float's bits made order-preserving in the
+high half, the inverted column in the low half, so equal values order by column and
+every key is distinct.
 """
 from __future__ import annotations
 
@@ -20,7 +35,8 @@ import torch
 
 from ._triton import gdc_launch_dependents, gdc_wait, pdl_launch, triton, tl, use_triton
 
-MAX_K = 16  # the running top k lives in registers
+MAX_K = 16  # a part's running top k lives in registers
+BLOCK, NUM_WARPS = 1024, 4  # entries of a part and its program's warps
 
 
 def stable_top(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -54,55 +70,93 @@ def key_column(key):
 
 
 @triton.jit
-def _top_k_kernel(X, OFF, S, I, sx, V, K: tl.constexpr, KP: tl.constexpr, BLOCK: tl.constexpr,
-                  HAS_OFF: tl.constexpr, PDL: tl.constexpr):
+def _top_k_part_kernel(X, PM, PS, PK, sx, V, n_parts, K: tl.constexpr, SCORES: tl.constexpr,
+                       BLOCK: tl.constexpr, PDL: tl.constexpr):
+    # Program (row, part): entries [part * BLOCK, +BLOCK) of the row -> its k largest keys
+    # (the int64 minimum past the row's end) and, SCORES, their max and sum of exp(x - max).
     if PDL:  # kernels/_triton.py: the logits are the kernel before's output
         gdc_wait()
         gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
-    lanes = tl.arange(0, BLOCK)
-    empty = -9223372036854775807 - 1  # int64 min: below every entry's key
-    best = empty + tl.arange(0, KP).to(tl.int64)  # distinct placeholders, below every key
-    m = tl.full([], float("-inf"), tl.float32)  # running max and sum of exp(x - m)
-    s = tl.full([], 0.0, tl.float32)
-    for start in range(0, V, BLOCK):
-        cols = start + lanes
-        valid = cols < V
-        x = tl.load(X + row * sx + cols, mask=valid, other=float("-inf")).to(tl.float32)
-        m_new = tl.maximum(m, tl.max(x, axis=0))
-        # where() keeps exp(-inf - -inf) out while every value so far is -inf
-        s = s * tl.where(m == m_new, 1.0, tl.exp(m - m_new)) + tl.sum(tl.where(x == m_new, 1.0, tl.exp(x - m_new)), 0)
-        m = m_new
-        key = order_keys(x, cols, valid)
-        for _ in tl.static_range(K):
-            top = tl.max(key, axis=0)
-            low = tl.min(best, axis=0)
-            best = tl.where((best == low) & (top > low), top, best)
-            key = tl.where(key == top, empty, key)
-    norm = m + tl.log(s)
+    part = tl.program_id(1)
+    cols = part * BLOCK + tl.arange(0, BLOCK)
+    valid = cols < V
+    x = tl.load(X + row * sx + cols, mask=valid, other=float("-inf")).to(tl.float32)
+    out = row * n_parts + part
+    if SCORES:
+        m = tl.max(x, axis=0)
+        # where() keeps exp(-inf - -inf) out of a part whose entries are all -inf
+        e = tl.where(x == m, 1.0, tl.exp(x - m))
+        tl.store(PM + out, m)
+        tl.store(PS + out, tl.sum(tl.where(valid, e, 0.0), axis=0))
+    key = order_keys(x, cols, valid)
     for j in tl.static_range(K):
-        top = tl.max(best, axis=0)
-        best = tl.where(best == top, empty, best)
+        top = tl.max(key, axis=0)
+        tl.store(PK + out * K + j, top)
+        key = tl.where(key == top, -9223372036854775807 - 1, key)
+
+
+@triton.jit
+def _top_k_merge_kernel(X, OFF, PM, PS, PK, S, I, sx, n_parts, K: tl.constexpr, PARTS: tl.constexpr,
+                        KEYS: tl.constexpr, SCORES: tl.constexpr, HAS_OFF: tl.constexpr, PDL: tl.constexpr):
+    # Program row: the parts' keys -> the row's k largest, largest first; SCORES: the
+    # normaliser from the parts' maxima and sums, and each entry's log-softmax value.
+    if PDL:  # kernels/_triton.py: the parts are the kernel before's output
+        gdc_wait()
+        gdc_launch_dependents()
+    row = tl.program_id(0).to(tl.int64)
+    empty = -9223372036854775807 - 1  # int64 min: below every entry's key
+    if SCORES:
+        p = tl.arange(0, PARTS)
+        pm = tl.load(PM + row * n_parts + p, mask=p < n_parts, other=float("-inf"))
+        ps = tl.load(PS + row * n_parts + p, mask=p < n_parts, other=0.0)
+        m = tl.max(pm, axis=0)
+        norm = m + tl.log(tl.sum(tl.where(pm == m, ps, ps * tl.exp(pm - m)), axis=0))
+    j = tl.arange(0, KEYS)
+    key = tl.load(PK + row * n_parts * K + j, mask=j < n_parts * K, other=empty)
+    for i in tl.static_range(K):
+        top = tl.max(key, axis=0)
+        key = tl.where(key == top, empty, key)
         col = key_column(top)
-        value = tl.load(X + row * sx + col).to(tl.float32)
+        if SCORES:
+            value = tl.load(X + row * sx + col).to(tl.float32)
+            tl.store(S + row * K + i, value - norm)
         if HAS_OFF:
             col += tl.load(OFF + col)
-        tl.store(S + row * K + j, value - norm)
-        tl.store(I + row * K + j, col)
+        tl.store(I + row * K + i, col)
 
 
-def log_softmax_top_k_triton(x: torch.Tensor, k: int, offsets: Optional[torch.Tensor] = None):
+def _top_k_launch(x: torch.Tensor, k: int, offsets: Optional[torch.Tensor], scores: bool,
+                  block: int = BLOCK, num_warps: int = NUM_WARPS):
+    """The two launches over x's rows -> (scores [rows, k] fp32 or None, ids [rows, k])."""
+    V = x.shape[-1]
+    rows = x.reshape(-1, V)
+    R = rows.shape[0]
+    ids = torch.empty(R, k, dtype=torch.long, device=x.device)
+    out = torch.empty(R, k, dtype=torch.float32, device=x.device) if scores else None
+    if R:
+        block = min(block, triton.next_power_of_2(V))
+        n_parts = triton.cdiv(V, block)
+        keys = torch.empty(R, n_parts, k, dtype=torch.long, device=x.device)
+        pm = torch.empty(R, n_parts, dtype=torch.float32, device=x.device) if scores else keys
+        ps = torch.empty_like(pm) if scores else keys
+        pdl = pdl_launch(x)
+        _top_k_part_kernel[(R, n_parts)](rows, pm, ps, keys, rows.stride(0), V, n_parts, K=k, SCORES=scores,
+                                         BLOCK=block, num_warps=num_warps, **pdl)
+        _top_k_merge_kernel[(R,)](rows, offsets if offsets is not None else ids, pm, ps, keys,
+                                  out if scores else ids, ids, rows.stride(0), n_parts, K=k,
+                                  PARTS=triton.next_power_of_2(n_parts), KEYS=triton.next_power_of_2(n_parts * k),
+                                  SCORES=scores, HAS_OFF=offsets is not None, num_warps=1, **pdl)
+    return out, ids
+
+
+def log_softmax_top_k_triton(x: torch.Tensor, k: int, offsets: Optional[torch.Tensor] = None, *,
+                             block: int = BLOCK, num_warps: int = NUM_WARPS):
+    """Triton version; block / num_warps (a part's entries and warps) are for the bench."""
     V = x.shape[-1]
     if not 1 <= k <= min(V, MAX_K):
         raise ValueError(f"log_softmax_top_k_triton: k = {k}, not in 1 .. min(row length {V}, {MAX_K})")
-    rows = x.reshape(-1, V)
-    scores = torch.empty(rows.shape[0], k, dtype=torch.float32, device=x.device)
-    ids = torch.empty(rows.shape[0], k, dtype=torch.long, device=x.device)
-    if rows.shape[0]:
-        block = min(triton.next_power_of_2(V), 16384)
-        _top_k_kernel[(rows.shape[0],)](rows, offsets if offsets is not None else ids, scores, ids, rows.stride(0), V,
-                                        K=k, KP=triton.next_power_of_2(k), BLOCK=block, HAS_OFF=offsets is not None,
-                                        num_warps=16 if block >= 8192 else 4, **pdl_launch(x))
+    scores, ids = _top_k_launch(x, k, offsets, True, block, num_warps)
     return scores.view(*x.shape[:-1], k), ids.view(*x.shape[:-1], k)
 
 
@@ -111,3 +165,19 @@ def log_softmax_top_k(x: torch.Tensor, k: int, offsets: Optional[torch.Tensor] =
     if use_triton(x) and x.stride(-1) == 1 and 1 <= k <= min(x.shape[-1], MAX_K):
         return log_softmax_top_k_triton(x, k, offsets)
     return log_softmax_top_k_torch(x, k, offsets)
+
+
+def argmax_rows_triton(x: torch.Tensor, offsets: Optional[torch.Tensor] = None, *, block: int = BLOCK,
+                       num_warps: int = NUM_WARPS) -> torch.Tensor:
+    """Triton version; block / num_warps as log_softmax_top_k_triton's."""
+    if x.shape[-1] == 0:
+        raise ValueError("argmax_rows_triton: rows of no entries have no argmax")
+    return _top_k_launch(x, 1, offsets, False, block, num_warps)[1].view(x.shape[:-1])
+
+
+def argmax_rows(x: torch.Tensor, offsets: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x.argmax(-1) (+ offsets at it): Triton on CUDA for rows of unit stride, torch's otherwise."""
+    if use_triton(x) and x.stride(-1) == 1 and x.shape[-1] > 0:
+        return argmax_rows_triton(x, offsets)
+    ids = x.argmax(-1)
+    return ids if offsets is None else ids + offsets[ids]

@@ -831,6 +831,7 @@ def test_pdl_chain_in_a_cuda_graph_gives_the_bits_of_serial_launches(monkeypatch
 
 # --- log_softmax_top_k (an EAGLE-2 tree level's top k) ------------------------------------
 
+from eagle_zoo.kernels import argmax_rows, argmax_rows_triton  # noqa: E402
 from eagle_zoo.kernels import log_softmax_top_k, log_softmax_top_k_torch, log_softmax_top_k_triton  # noqa: E402
 
 
@@ -859,12 +860,14 @@ def test_log_softmax_top_k_reference_matches_its_definition():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("V,k,dtype", [(50, 5, torch.bfloat16), (20000, 3, torch.bfloat16), (1000, 16, torch.float32),
-                                       (7, 7, torch.float32)])
-def test_log_softmax_top_k_triton_matches_reference(device, V, k, dtype):
+@pytest.mark.parametrize("V,k,dtype,block", [(50, 5, torch.bfloat16, 1024), (50, 5, torch.bfloat16, 16),
+                                             (20000, 3, torch.bfloat16, 1024), (1000, 16, torch.float32, 1024),
+                                             (1000, 16, torch.float32, 64), (7, 7, torch.float32, 1024)])
+def test_log_softmax_top_k_triton_matches_reference(device, V, k, dtype, block):
+    """block: a part's entries (the module doc); the small ones make many parts to merge."""
     x = _top_k_rows(V, dtype, _dev(device)) if V > 8 else torch.randn(2, 3, V).to(_dev(device), dtype)
     for offsets in (None, torch.randint(0, 9, (V,), generator=torch.Generator().manual_seed(1)).to(x.device)):
-        scores, ids = log_softmax_top_k_triton(x, k, offsets)
+        scores, ids = log_softmax_top_k_triton(x, k, offsets, block=block)
         want_scores, want_ids = log_softmax_top_k_torch(x, k, offsets)
         assert torch.equal(ids, want_ids)
         torch.testing.assert_close(scores, want_scores, rtol=0, atol=2e-6 * max(1.0, want_scores.abs().max().item()))
@@ -882,6 +885,28 @@ def test_log_softmax_top_1_is_argmax_with_its_id_mapped(device):
         offsets = torch.arange(V, device=x.device) % 7
         ids = x.argmax(-1)
         assert torch.equal(log_softmax_top_k_triton(x, 1, offsets)[1][..., 0], ids + offsets[ids])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("V,block", [(50, 1024), (50, 16), (12000, 1024), (49152, 1024)])
+def test_argmax_rows_triton_is_torch_argmax(device, V, block):
+    """The target's greedy tokens (engine/verify.py) and an EAGLE-3 head's greedy drafts
+    through its id map (Eagle3Head.draft_argmax): torch's first maximum, ties across
+    parts, -inf and -0.0 included, each row alone as among the others."""
+    x = _top_k_rows(V, torch.bfloat16, _dev(device))
+    x[1, 0, V - 1] = x[1, 0].max() + 1  # the maximum in the last part
+    ids = argmax_rows_triton(x, block=block)
+    assert torch.equal(ids, x.argmax(-1))
+    assert torch.equal(argmax_rows_triton(x[1:, 1:], block=block), ids[1:, 1:])
+    assert torch.equal(argmax_rows(x), ids)
+    offsets = torch.arange(V, device=x.device) % 7
+    assert torch.equal(argmax_rows_triton(x, offsets, block=block), ids + offsets[ids])
+    assert torch.equal(argmax_rows(x, offsets), ids + offsets[ids])
+
+
+def test_argmax_rows_refuses_empty_rows():
+    with pytest.raises(ValueError, match="no entries"):
+        argmax_rows_triton(torch.empty(2, 0))
 
 
 @pytest.mark.parametrize("device", DEVICES)

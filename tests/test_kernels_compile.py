@@ -17,7 +17,8 @@ import pytest
 import torch
 
 import test_kernels as tk  # its problems (inputs) for each kernel
-from eagle_zoo.kernels import (cache_attention_triton, chain_accept_greedy_triton, log_softmax_top_k_triton,
+from eagle_zoo.kernels import (argmax_rows_triton, cache_attention_triton, chain_accept_greedy_triton,
+                               log_softmax_top_k_triton,
                                rms_norm_triton, rope_angles_triton, rope_neox_triton, silu_and_mul_triton,
                                tree_accept_greedy_triton, tree_expand_triton, tree_select_triton, write_kv_triton)
 from eagle_zoo.kernels._triton import HAS_TRITON
@@ -139,6 +140,7 @@ def test_the_drafting_and_acceptance_kernels_compile(hopper):
     # bf16 logits as the heads' lm_heads give them on the GPU: an EAGLE-3 draft vocabulary, a full one
     log_softmax_top_k_triton(torch.randn(3, 6, 12000).bfloat16(), 6, torch.zeros(12000, dtype=torch.long))
     log_softmax_top_k_triton(torch.randn(1, 6, 49152).bfloat16(), 6)
+    argmax_rows_triton(torch.randn(4, 49152).bfloat16())  # the target's greedy tokens
     tree_expand_triton(*tk._expand_problem("cpu", k=6, H=576, W=3), first=6, level=1)
     scores, tokens, parents = tk._candidates(2, 6, 3)
     tree_select_triton(scores, tokens, parents, 30, 4)
@@ -146,5 +148,5 @@ def test_the_drafting_and_acceptance_kernels_compile(hopper):
     argmax, drafts, num_draft = tk._chain_problem("cpu")
     chain_accept_greedy_triton(argmax, drafts, num_draft)
     chain_accept_greedy_triton(argmax[:, :1], drafts[:, :0])  # a plain step
-    assert set(hopper) == {"_top_k_kernel", "_tree_expand_kernel", "_tree_select_kernel", "_tree_accept_kernel",
+    assert set(hopper) == {"_top_k_part_kernel", "_top_k_merge_kernel", "_tree_expand_kernel", "_tree_select_kernel", "_tree_accept_kernel",
                            "_chain_accept_kernel"}

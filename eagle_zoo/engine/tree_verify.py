@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels.top_k import argmax_rows
 from ..kernels.tree_accept import emit_path, tree_accept_greedy
 from .sampler import apply_sampling_params, draw, sample_from_probs
 from .tree import TreeDraft
@@ -167,7 +168,7 @@ def greedy_tree_step(engine, last, base, slots, max_base) -> tuple[torch.Tensor,
     what finish_tree_step returns. With max_base None it is the whole-row form that
     EngineCore.tree_step_graph captures; a host int bounds the attention instead."""
     tree, hidden, aux, logits = _draft_and_verify(engine, last, base, slots, max_base)
-    tokens, accepted, path = accept_greedy(logits.argmax(-1), tree)
+    tokens, accepted, path = accept_greedy(argmax_rows(logits), tree)
     return finish_tree_step(engine, tree, slots, base, max_base, tokens, accepted, path, hidden, aux)
 
 

@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 
 from ..kernels.chain_accept import chain_accept_greedy
+from ..kernels.top_k import argmax_rows
 from .logits_processing import LogitsProcessing, process_logits
 from .rejection_sampler import rejection_sample
 from .sampler import SamplingTensors, apply_sampling_params
@@ -47,7 +48,7 @@ def verify_greedy(logits: torch.Tensor, drafts: torch.Tensor, num_draft: Optiona
     """The greedy rule on raw logits (the same result as rejection_sample's greedy rows,
     without building probabilities or drawing noise): emit the target's argmax at
     each position; accept drafts up to the first mismatch."""
-    return chain_accept_greedy(logits.argmax(-1), drafts, num_draft)  # one kernel on CUDA
+    return chain_accept_greedy(argmax_rows(logits), drafts, num_draft)  # three launches on CUDA
 
 
 def verify_drafts(

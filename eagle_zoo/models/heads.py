@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ..kernels.linear import fused_linear_triton, use_linear_kernel
-from ..kernels.top_k import log_softmax_top_k
+from ..kernels.top_k import argmax_rows, log_softmax_top_k
 from ..specs import WeightMapping
 from .fused_layer import eagle3_layer_supports_fusion, fused_eagle3_layer
 from .layers import ParallelLMHead, ReplicatedLinear, RMSNorm, VocabParallelEmbedding
@@ -132,7 +132,7 @@ class _HeadBase(nn.Module):
     # (Eagle3Head does); compute_logits stays the reference these must agree with.
     def draft_argmax(self, h: torch.Tensor) -> torch.Tensor:
         """The greedy draft token (target vocabulary ids) at each position of h."""
-        return self.compute_logits(h).argmax(dim=-1)
+        return argmax_rows(self.compute_logits(h))
 
     def draft_top_k(self, h: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(log-probs in fp32, target vocabulary ids) of the k most likely draft tokens,
@@ -337,11 +337,8 @@ class Eagle3Head(_HeadBase):
     # normalizer, and skipping them saves a full-vocabulary fill and scatter per round.
     # d2t is increasing in published and our heads' vocabularies, so ties resolve alike.
     def draft_argmax(self, h: torch.Tensor) -> torch.Tensor:
-        logits = self.compute_draft_logits(h)
-        if logits.is_cuda:  # one launch (the top 1 with its id mapped, kernels/top_k.py) for argmax, gather, add
-            return log_softmax_top_k(logits, 1, self.d2t)[1][..., 0]
-        ids = logits.argmax(dim=-1)
-        return ids + self.d2t[ids]
+        # On CUDA two launches (kernels/top_k.py) where torch takes an argmax, a gather and an add
+        return argmax_rows(self.compute_draft_logits(h), self.d2t)
 
     def draft_top_k(self, h: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         return log_softmax_top_k(self.compute_draft_logits(h), k, self.d2t)
