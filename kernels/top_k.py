@@ -22,10 +22,9 @@ exponentials; one program a row (the second launch) merges the parts. One progra
 walking the whole row is bound by its sequential reductions, not by the bytes. BLOCK and
 NUM_WARPS: one part size for every row length and row count; `python -m
 eagle_zoo.kernels.bench` times the others (fewer entries a part gain a little at a few
-rows and lose at 31 rows and more). Entries
-are compared as one int64 key (order_keys): the float's bits made order-preserving in the
-high half, the inverted column in the low half, so equal values order by column and
-every key is distinct.
+rows and lose at 31 rows and more). Entries are compared as one int64 key (order_keys):
+the float's bits made order-preserving in the high half, the inverted column in the low
+half, so equal values order by column and every key is distinct.
 """
 from __future__ import annotations
 

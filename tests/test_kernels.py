@@ -878,8 +878,8 @@ def test_log_softmax_top_k_triton_matches_reference(device, V, k, dtype, block):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_log_softmax_top_1_is_argmax_with_its_id_mapped(device):
-    """An EAGLE-3 head's greedy draft on CUDA (Eagle3Head.draft_argmax): the top 1 through
-    the id map is argmax's first maximum, mapped, ties and -inf included."""
+    """The top 1 through the id map is argmax's first maximum, mapped, ties and -inf
+    included: log_softmax_top_k and argmax_rows (Eagle3Head.draft_argmax) agree."""
     for V in (50, 12000):
         x = _top_k_rows(V, torch.bfloat16, _dev(device))
         offsets = torch.arange(V, device=x.device) % 7
