@@ -8,11 +8,13 @@ on first use with torch's C++ extension loader (g++ with OpenMP; about 30 s, the
 cached); where it cannot be built or the CPU lacks AVX2, `available()` is False and
 callers keep torch's ops.
 
-    python -m eagle_zoo.kernels.cpu_decode [--bench]
+    python -m eagle_zoo.kernels.cpu_decode [--bench] [--attention-against REV]
         builds it now (`make` does, so the first decode step does not wait for the
         compiler) and says whether it is in use; --bench then times few_row_linear over
         SmolLM2's products and few_row_linear_int8 over its lm_head's shape at 1 to 4
-        rows (bench_products)
+        rows (bench_products); --attention-against REV times cache_attention of this
+        tree's source and of commit REV's, built side by side, alternating in one process
+        (bench_attention)
 """
 from __future__ import annotations
 
@@ -169,9 +171,66 @@ def bench_products(rounds: int = 5) -> None:
               f"({nbytes / layer / 1e9:.1f} GB/s of weights); few_row_linear_int8, lm_head: {head * 1e3:.3f} ms")
 
 
+def build_at_commit(rev: str):
+    """csrc/cpu_decode.cpp as of git commit ``rev``, built under its own module name beside
+    this tree's (for bench_attention)."""
+    import subprocess
+    from torch.utils.cpp_extension import load
+
+    name = "eagle_zoo_cpu_decode_" + "".join(c for c in rev if c.isalnum())
+    out = build_directory() / name
+    out.mkdir(parents=True, exist_ok=True)
+    source = out / "cpu_decode.cpp"
+    source.write_text(subprocess.run(["git", "show", f"{rev}:kernels/csrc/cpu_decode.cpp"], cwd=SOURCE.parent,
+                                     check=True, capture_output=True, text=True).stdout)
+    return load(name=name, sources=[str(source)], build_directory=str(out),
+                extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+
+
+def bench_attention(modules: dict, rounds: int = 15) -> None:
+    """cache_attention of each module (label: built extension) over SmolLM2-135M's 30 layers'
+    caches (9 query heads, 3 kv heads of 64) at a few contexts, for one token (plain
+    decoding) and four (a k = 3 verification), each round after 48 MB are written, as a
+    decode step's weights pass through the caches between two layers' attention: the
+    median microseconds a layer, the modules alternating round by round. Checks that the
+    modules give the same bits."""
+    import statistics
+
+    torch.manual_seed(0)
+    heads, kv_heads, d, layers = 9, 3, 64, 30
+    k_caches = [torch.randn(1, 4096, kv_heads, d) for _ in range(layers)]
+    v_caches = [torch.randn(1, 4096, kv_heads, d) for _ in range(layers)]
+    evict = torch.zeros(48 * 2**20 // 4)
+
+    def layer_us(module, q, positions, kv_len) -> float:
+        evict.add_(1.0)
+        start = time.perf_counter()
+        for k, v in zip(k_caches, v_caches):
+            module.cache_attention(q, k, v, 0, positions, kv_len, heads, kv_heads, d ** -0.5)
+        return (time.perf_counter() - start) / layers * 1e6
+
+    for context in (60, 300, 1000, 2000):
+        for tokens in (1, 4):
+            q = torch.randn(tokens, heads * d)
+            positions = torch.arange(context, context + tokens)
+            outs = [m.cache_attention(q, k_caches[0], v_caches[0], 0, positions, context + tokens, heads, kv_heads,
+                                      d ** -0.5) for m in modules.values()]
+            same = all(torch.equal(outs[0], o) for o in outs[1:])
+            times = {label: [] for label in modules}
+            for _ in range(rounds):
+                for label, module in modules.items():
+                    times[label].append(layer_us(module, q, positions, context + tokens))
+            cells = "  ".join(f"{label} {statistics.median(t):6.0f}" for label, t in times.items())
+            print(f"attention, context {context:5d}, {tokens} token{'s' if tokens > 1 else ' '}: {cells} us a layer"
+                  f"{'' if same else '  (results differ)'}")
+
+
 if __name__ == "__main__":
     state = "built, in use" if available() else f"not in use: {_failure}"
     print(f"kernels/cpu_decode.py: {state} ({build_directory()})")
     if "--bench" in sys.argv[1:] and available():
         bench_products()
+    if "--attention-against" in sys.argv[1:] and available():
+        rev = sys.argv[sys.argv.index("--attention-against") + 1]
+        bench_attention({"this tree": _module, rev: build_at_commit(rev)})
     sys.exit(0)  # a failed build is not an error: torch's ops stay

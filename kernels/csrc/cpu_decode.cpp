@@ -293,6 +293,20 @@ inline void add_weighted_values(const float* p, int64_t n, const float* values, 
 // Keys per split of cache_attention_rows (a multiple of 8): the splits are the work items
 // shared out over threads, so a single sequence's attention uses every core.
 constexpr int64_t kKeysPerSplit = 256;
+// How far ahead of its scores a split asks for a key (into L1); each block of keys also
+// asks for its values (into L2) for the values' pass after the scores. A decode step
+// streams the layers' weights through the caches, so a layer's cache rows come from
+// memory, where one thread would otherwise wait for each key's lines in turn
+// (BENCHMARKS.md, "Decided by measurement": CPU attention).
+constexpr int64_t kKeysAhead = 16;
+
+// Asks for one kv head's d floats of a cache row, a 64-byte line (16 floats) at a time.
+template <int Hint>
+inline void prefetch_head(const float* p, int64_t d) {
+  for (int64_t i = 0; i < d; i += 16) {
+    _mm_prefetch(reinterpret_cast<const char*>(p + i), static_cast<decltype(_MM_HINT_T0)>(Hint));
+  }
+}
 // Keys whose values every query of a split weighs before the next block's are read: 32
 // keys of a 64-float head are 8 KiB, which stay in L1 while each query reads them.
 constexpr int64_t kValueBlock = 32;
@@ -333,6 +347,10 @@ void cache_attention_rows(const float* qkv, int64_t row, const float* k_rows, co
     std::vector<float> scores(static_cast<size_t>(nq * kKeysPerSplit));
     std::vector<float> pad(static_cast<size_t>(8 * d), 0.f);  // a last block of under 8 keys, zero-padded
     for (int64_t jb = 0; jb < j1 - j0; jb += 8) {
+      for (int64_t i = 0; i < 8 && jb + i < j1 - j0; ++i) {
+        if (jb + kKeysAhead + i < j1 - j0) prefetch_head<_MM_HINT_T0>(k_head + (jb + kKeysAhead + i) * kv_width, d);
+        prefetch_head<_MM_HINT_T1>(v_head + (jb + i) * kv_width, d);
+      }
       const float* keys[8];
       for (int64_t i = 0; i < 8; ++i) {
         if (j0 + jb + 8 <= j1) {
@@ -392,8 +410,9 @@ void cache_attention_rows(const float* qkv, int64_t row, const float* k_rows, co
     }
   };
   const int64_t items = num_kv_heads * splits;
-  // Splits over torch's threads once the work is worth a thread (a long context).
-  at::parallel_for(0, items, max_keys * nq >= 4096 ? 1 : std::max<int64_t>(items, 1), [&](int64_t begin, int64_t end) {
+  // Items over torch's threads whatever the context: the cache rows come from memory, and
+  // from about 50 keys on two cores' loads beat one's (BENCHMARKS.md, "Decided by measurement").
+  at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) one_split(item);
   });
   // Merge each query's splits in split order (splits past its last key are empty).
