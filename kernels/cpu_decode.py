@@ -177,12 +177,16 @@ def build_at_commit(rev: str):
     import subprocess
     from torch.utils.cpp_extension import load
 
+    shown = subprocess.run(["git", "show", f"{rev}:kernels/csrc/cpu_decode.cpp"], cwd=SOURCE.parent,
+                           capture_output=True, text=True)
+    if shown.returncode:
+        raise SystemExit(f"--attention-against {rev}: `git show {rev}:kernels/csrc/cpu_decode.cpp` failed in "
+                         f"{SOURCE.parent}: {shown.stderr.strip()}; give a commit of this repository's checkout")
     name = "eagle_zoo_cpu_decode_" + "".join(c for c in rev if c.isalnum())
     out = build_directory() / name
     out.mkdir(parents=True, exist_ok=True)
     source = out / "cpu_decode.cpp"
-    source.write_text(subprocess.run(["git", "show", f"{rev}:kernels/csrc/cpu_decode.cpp"], cwd=SOURCE.parent,
-                                     check=True, capture_output=True, text=True).stdout)
+    source.write_text(shown.stdout)
     return load(name=name, sources=[str(source)], build_directory=str(out),
                 extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
 
@@ -226,11 +230,18 @@ def bench_attention(modules: dict, rounds: int = 15) -> None:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m eagle_zoo.kernels.cpu_decode",
+                                     description="Build the CPU decode kernels and say whether they are in use.")
+    parser.add_argument("--bench", action="store_true", help="then time the products (bench_products)")
+    parser.add_argument("--attention-against", metavar="REV",
+                        help="then time cache_attention against commit REV's source (bench_attention)")
+    args = parser.parse_args()
     state = "built, in use" if available() else f"not in use: {_failure}"
     print(f"kernels/cpu_decode.py: {state} ({build_directory()})")
-    if "--bench" in sys.argv[1:] and available():
+    if args.bench and available():
         bench_products()
-    if "--attention-against" in sys.argv[1:] and available():
-        rev = sys.argv[sys.argv.index("--attention-against") + 1]
-        bench_attention({"this tree": _module, rev: build_at_commit(rev)})
+    if args.attention_against and available():
+        bench_attention({"this tree": _module, args.attention_against: build_at_commit(args.attention_against)})
     sys.exit(0)  # a failed build is not an error: torch's ops stay

@@ -436,3 +436,9 @@ def test_the_embedded_targets_lm_head_decodes_from_its_int8_copy():
     assert hasattr(target.lm_head.weight, "_int8_copy")
     assert not any(hasattr(m.weight, "_int8_copy") for m in target.layers[0].modules() if hasattr(m, "weight")
                    and isinstance(m, layers.LinearBase))
+
+
+def test_the_attention_bench_refuses_a_commit_git_does_not_know():
+    """`python -m eagle_zoo.kernels.cpu_decode --attention-against REV` names the option and the fix."""
+    with pytest.raises(SystemExit, match="--attention-against no-such-commit: .*give a commit"):
+        cpu_decode.build_at_commit("no-such-commit")
