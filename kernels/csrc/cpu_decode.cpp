@@ -411,7 +411,7 @@ void cache_attention_rows(const float* qkv, int64_t row, const float* k_rows, co
   };
   const int64_t items = num_kv_heads * splits;
   // Items over torch's threads whatever the context: the cache rows come from memory, and
-  // from about 50 keys on two cores' loads beat one's (BENCHMARKS.md, "Decided by measurement").
+  // two cores' loads beat one's from 60 keys on (BENCHMARKS.md, "Decided by measurement").
   at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) one_split(item);
   });
