@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 MAX_ROWS = 8
 SOURCE = Path(__file__).parent / "csrc" / "cpu_decode.cpp"
+BUILD_FLAGS = dict(extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"])
 _module = None
 _failure: Optional[str] = None
 
@@ -54,8 +55,7 @@ def _load():
         out = build_directory()
         out.mkdir(parents=True, exist_ok=True)
         _module = load(name="eagle_zoo_cpu_decode", sources=[str(SOURCE)], build_directory=str(out),
-                       extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                       verbose=False)
+                       verbose=False, **BUILD_FLAGS)
     except Exception as e:  # no compiler, no Python headers, ...: torch's matmul stays
         _failure = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
         warnings.warn(f"kernels/cpu_decode.py: the CPU decode kernels could not be built ({_failure}); "
@@ -187,8 +187,7 @@ def build_at_commit(rev: str):
     out.mkdir(parents=True, exist_ok=True)
     source = out / "cpu_decode.cpp"
     source.write_text(shown.stdout)
-    return load(name=name, sources=[str(source)], build_directory=str(out),
-                extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+    return load(name=name, sources=[str(source)], build_directory=str(out), verbose=False, **BUILD_FLAGS)
 
 
 def bench_attention(modules: dict, rounds: int = 15) -> None:
