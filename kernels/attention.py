@@ -13,7 +13,7 @@ masked key's value still enters the product with weight 0, and 0 * nan = nan.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 
@@ -215,23 +215,19 @@ def _attn_merge_kernel(ACC, M, L, O, T, H, n_split, sob, sot, soh, sod,
     tl.store(O + b * sob + t * sot + h * soh + dv * sod, out.to(O.dtype.element_ty), mask=dmask)
 
 
-class AttentionSplits(NamedTuple):
-    """Flash-decoding's partials before the merge, fp32: for query (b, t), head h and key
-    split s, the unnormalised output acc [B,T,H,n_split,DV], its running max m (log2
-    units, scores times log2(e)) and sum of exponentials l [B,T,H,n_split]. An empty
-    split has m = -inf, l = 0, acc = 0. The merge in index order is _attn_merge_kernel's,
-    or linear.py's merged_linear_triton as the output projection's prologue."""
-    acc: torch.Tensor
-    m: torch.Tensor
-    l: torch.Tensor
-    dtype: torch.dtype  # the queries' dtype, the merged output's
+def cache_attention_triton(q, k_cache, v_cache, slot_ids, cache_positions, kv_len, scale,
+                           attn_mask=None, window=None, *, tree=None, split_size: int = _SPLIT,
+                           block_n: int = _BLOCK_N):
+    """Triton version; split_size / block_n are for tests (each value is its own fixed order).
 
-
-def attention_splits_triton(q, k_cache, v_cache, slot_ids, cache_positions, kv_len, scale,
-                            attn_mask=None, window=None, *, tree=None, split_size: int = _SPLIT,
-                            block_n: int = _BLOCK_N) -> AttentionSplits:
-    """The split kernel alone (cache_attention_triton's arguments): the partials the
-    merge reads."""
+    tree = (positions [B,T], base [B], ancestors [B,T,L]) for an EAGLE-2 tree pass whose
+    node t sits at cache column cache_positions[b,t] with rope position positions[b,t] =
+    base + its depth, ancestors[b,t,d] the column (less base) of its ancestor at level d,
+    itself at its depth (a verified tree: node numbers, node 0 the root at column base;
+    entries past its depth are not read): node t attends to the history [0, base) and its
+    ancestors, walked in position order (see the kernel), one token per tile, so a node
+    gets the bits a decode step at its position would. attn_mask is then not given; groups
+    of more than 16 heads per kv head take the same keys as a mask (tree_visibility)."""
     _check(q, k_cache, v_cache, attn_mask, kv_len, tree)
     if split_size % block_n:
         raise ValueError(f"cache_attention_triton: split_size {split_size} must be a multiple of block_n {block_n}")
@@ -239,13 +235,13 @@ def attention_splits_triton(q, k_cache, v_cache, slot_ids, cache_positions, kv_l
     n_kv, DV = k_cache.shape[2], v_cache.shape[-1]
     G = H // n_kv
     kv_len = min(int(kv_len), k_cache.shape[1])
+    out = q.new_empty(B, T, H, DV)
+    if B * T == 0:
+        return out
     n_split = max(1, triton.cdiv(kv_len, split_size))
     acc = torch.empty(B, T, H, n_split, DV, device=q.device, dtype=torch.float32)
     m = torch.empty(B, T, H, n_split, device=q.device, dtype=torch.float32)
     l = torch.empty_like(m)
-    splits = AttentionSplits(acc, m, l, q.dtype)
-    if B * T == 0:
-        return splits
     use_tree = tree is not None and G <= _BLOCK_M
     n_mtiles = T if use_tree else triton.cdiv(T * G, _BLOCK_M)
     if use_tree:
@@ -268,38 +264,11 @@ def attention_splits_triton(q, k_cache, v_cache, slot_ids, cache_positions, kv_l
         DK=DK, DV=DV, BLOCK_DK=max(16, triton.next_power_of_2(DK)), BLOCK_DV=max(16, triton.next_power_of_2(DV)),
         BLOCK_M=_BLOCK_M, BLOCK_N=block_n, SPLIT=split_size, num_warps=_NUM_WARPS, **pdl_launch(q),
     )
-    return splits
-
-
-def merge_splits_triton(splits: AttentionSplits) -> torch.Tensor:
-    """The merge kernel: [B,T,H,DV] in the queries' dtype."""
-    B, T, H, n_split, DV = splits.acc.shape
-    out = splits.acc.new_empty(B, T, H, DV, dtype=splits.dtype)
-    if B * T:
-        _attn_merge_kernel[(B * T * H,)](
-            splits.acc, splits.m, splits.l, out, T, H, n_split, *out.stride(),
-            DV=DV, BLOCK_DV=triton.next_power_of_2(DV), num_warps=1, **pdl_launch(out),
-        )
+    _attn_merge_kernel[(B * T * H,)](
+        acc, m, l, out, T, H, n_split, *out.stride(),
+        DV=DV, BLOCK_DV=triton.next_power_of_2(DV), num_warps=1, **pdl_launch(q),
+    )
     return out
-
-
-def cache_attention_triton(q, k_cache, v_cache, slot_ids, cache_positions, kv_len, scale,
-                           attn_mask=None, window=None, *, tree=None, split_size: int = _SPLIT,
-                           block_n: int = _BLOCK_N):
-    """Triton version, the split kernel then the merge kernel; split_size / block_n are
-    for tests (each value is its own fixed order).
-
-    tree = (positions [B,T], base [B], ancestors [B,T,L]) for an EAGLE-2 tree pass whose
-    node t sits at cache column cache_positions[b,t] with rope position positions[b,t] =
-    base + its depth, ancestors[b,t,d] the column (less base) of its ancestor at level d,
-    itself at its depth (a verified tree: node numbers, node 0 the root at column base;
-    entries past its depth are not read): node t attends to the history [0, base) and its
-    ancestors, walked in position order (see the kernel), one token per tile, so a node
-    gets the bits a decode step at its position would. attn_mask is then not given; groups
-    of more than 16 heads per kv head take the same keys as a mask (tree_visibility)."""
-    return merge_splits_triton(attention_splits_triton(
-        q, k_cache, v_cache, slot_ids, cache_positions, kv_len, scale, attn_mask, window,
-        tree=tree, split_size=split_size, block_n=block_n))
 
 
 def cache_attention(q, k_cache, v_cache, slot_ids, cache_positions, kv_len: int, scale: float,

@@ -75,38 +75,10 @@ def _weight_tiles(W, cols, cmask, ks, kmask, N, swn, GATED: tl.constexpr):
 
 
 @triton.jit
-def _merged_x(ACC, MS, LS, rows, rmask, ks, kmask, K, n_split, DV: tl.constexpr, dt):
-    # The x tile of one BLOCK_K step from attention's split partials (kernels/attention.py
-    # AttentionSplits) of rows x heads: column k is head k // DV's element k % DV, the
-    # splits merged in index order with _attn_merge_kernel's arithmetic, rounded to dt.
-    pm = rmask[:, None] & kmask[None, :]
-    ml = (rows[:, None] * (K // DV) + (ks // DV)[None, :]) * n_split
-    m = tl.where(pm, float("-inf"), 0.0)
-    l = tl.zeros_like(m)
-    acc = tl.zeros_like(m)
-    for s in range(0, n_split):  # an empty split (m=-inf, l=0, acc=0) is a no-op
-        ms = tl.load(MS + ml + s, mask=pm, other=float("-inf"))
-        ls = tl.load(LS + ml + s, mask=pm, other=0.0)
-        accs = tl.load(ACC + (ml + s) * DV + (ks % DV)[None, :], mask=pm, other=0.0)
-        m_new = tl.maximum(m, ms)
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        a = tl.exp2(m - m_use)
-        w = tl.exp2(ms - m_use)
-        l = l * a + ls * w
-        acc = acc * a + accs * w
-        m = m_new
-    return (acc / tl.where(l > 0, l, 1.0)).to(dt)  # a query that saw no key: zeros
-
-
-@triton.jit
-def _k_block(X, NW, MS, LS, rows, rmask, ks, kmask, K, sxm, n_split, w, u, acc, acc_up, sq,
-             HAS_NORM: tl.constexpr, GATED: tl.constexpr, IEEE: tl.constexpr, MERGE_DV: tl.constexpr):
+def _k_block(X, NW, rows, rmask, ks, kmask, sxm, w, u, acc, acc_up, sq,
+             HAS_NORM: tl.constexpr, GATED: tl.constexpr, IEEE: tl.constexpr):
     # One BLOCK_K step of the reduction, given this step's weight tiles w (and u, GATED).
-    # MERGE_DV > 0: X holds attention's split partials of heads of MERGE_DV values (_merged_x).
-    if MERGE_DV > 0:
-        x = _merged_x(X, MS, LS, rows, rmask, ks, kmask, K, n_split, MERGE_DV, w.dtype)
-    else:
-        x = tl.load(X + rows[:, None] * sxm + ks[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
+    x = tl.load(X + rows[:, None] * sxm + ks[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
     if HAS_NORM:
         # RMSNorm as a prologue in the same pass: rstd is one scalar a row, so the
         # product takes x * norm_weight and is scaled by rstd after the reduction.
@@ -128,11 +100,9 @@ def _k_block(X, NW, MS, LS, rows, rmask, ks, kmask, K, sxm, n_split, w, u, acc, 
 @triton.jit
 def _product(X, W, NW, rows, rmask, cols, cmask, N, K, sxm, swn, eps,
              HAS_NORM: tl.constexpr, GATED: tl.constexpr, IEEE: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-             MS, LS, n_split, MERGE_DV: tl.constexpr):
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     # [rms_norm(x)] W^T for weight rows cols (and their up rows cols + N, GATED) in fp32,
-    # reduced over K in fixed BLOCK_K steps: -> (acc, acc_up). MERGE_DV: x from attention's
-    # split partials X, MS, LS (_merged_x).
+    # reduced over K in fixed BLOCK_K steps: -> (acc, acc_up).
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     sq = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)  # summed over K once, after the loop
@@ -144,14 +114,12 @@ def _product(X, W, NW, rows, rmask, cols, cmask, N, K, sxm, swn, eps,
         w, u = _weight_tiles(W, cols, cmask, ks, kmask, N, swn, GATED)
         gdc_wait()  # kernels/_triton.py: no activation is read before the kernels before are done
         gdc_launch_dependents()
-        acc, acc_up, sq = _k_block(X, NW, MS, LS, rows, rmask, ks, kmask, K, sxm, n_split, w, u, acc, acc_up, sq,
-                                   HAS_NORM, GATED, IEEE, MERGE_DV)
+        acc, acc_up, sq = _k_block(X, NW, rows, rmask, ks, kmask, sxm, w, u, acc, acc_up, sq, HAS_NORM, GATED, IEEE)
     for k0 in range(BLOCK_K if PDL else 0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         kmask = ks < K
         w, u = _weight_tiles(W, cols, cmask, ks, kmask, N, swn, GATED)
-        acc, acc_up, sq = _k_block(X, NW, MS, LS, rows, rmask, ks, kmask, K, sxm, n_split, w, u, acc, acc_up, sq,
-                                   HAS_NORM, GATED, IEEE, MERGE_DV)
+        acc, acc_up, sq = _k_block(X, NW, rows, rmask, ks, kmask, sxm, w, u, acc, acc_up, sq, HAS_NORM, GATED, IEEE)
     if HAS_NORM:
         rstd = (1.0 / tl.sqrt(tl.sum(sq, axis=1) / K + eps))[:, None]
         acc = acc * rstd
@@ -160,24 +128,23 @@ def _product(X, W, NW, rows, rmask, cols, cmask, N, K, sxm, swn, eps,
     return acc, acc_up
 
 
-@triton.jit(do_not_specialize=["M", "n_split"])  # M varies per call (prefill lengths): one compiled variant
-def _linear_kernel(X, W, B, NW, R, Y, MS, LS, M, N, K, sxm, swn, srm, sym, eps, n_split,
+@triton.jit(do_not_specialize=["M"])  # M varies per call (prefill lengths): one compiled variant
+def _linear_kernel(X, W, B, NW, R, Y, M, N, K, sxm, swn, srm, sym, eps,
                    HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, GATED: tl.constexpr, HAS_RES: tl.constexpr,
                    IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   PDL: tl.constexpr, MERGE_DV: tl.constexpr):
+                   PDL: tl.constexpr):
     # Program (m, n): output columns [n*BLOCK_N, +BLOCK_N) of rows [m*BLOCK_M, +BLOCK_M).
     # Row blocks are the grid's first axis: the programs sharing a weight tile are scheduled
     # side by side, so a weight too large for L2 (a vocabulary projection) is read from HBM
     # once, not once per row block (BENCHMARKS.md, "Steps of 16 requests").
     # GATED: W holds gate rows [0, N) then up rows [N, 2N); the output is silu(gate) * up.
-    # MERGE_DV > 0: x is attention's split partials X, MS, LS, merged as the prologue.
     rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     rmask = rows < M
     cmask = cols < N
     dt = Y.dtype.element_ty
     acc, acc_up = _product(X, W, NW, rows, rmask, cols, cmask, N, K, sxm, swn, eps,
-                           HAS_NORM, GATED, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, PDL, MS, LS, n_split, MERGE_DV)
+                           HAS_NORM, GATED, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, PDL)
     if HAS_BIAS:
         acc += tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
         if GATED:
@@ -225,45 +192,22 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[to
     times others)."""
     K = x.shape[-1]
     rows = x.reshape(-1, K)
-    out = _launch(rows, x.dtype, weight, bias, norm_weight, eps, gated, residual, block_m)
-    return out.view(*x.shape[:-1], out.shape[-1])
-
-
-def merged_linear_triton(splits, weight: torch.Tensor, *, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """fused_linear_triton(merge(splits), weight, residual=residual) in one launch: an
-    attention's output projection over its split partials (kernels/attention.py
-    AttentionSplits, [B,T,H,n_split,DV]), the merge as the product's prologue (_merged_x:
-    the merge kernel's arithmetic, repeated by every program that reads a row, which at
-    decode sizes costs less than a launch). -> [B,T,N]."""
-    B, T, H, n_split, DV = splits.acc.shape
-    if weight.shape[1] != H * DV:
-        raise ValueError(f"merged_linear_triton: weight {tuple(weight.shape)} must take {H} heads of {DV}")
-    out = _launch(splits.acc.view(B * T, -1), splits.dtype, weight, None, None, 0.0, False, residual, None,
-                  merge=(splits.m, splits.l, n_split, DV))
-    return out.view(B, T, out.shape[-1])
-
-
-def _launch(rows, dtype, weight, bias, norm_weight, eps, gated, residual, block_m, merge=None):
-    # One _linear_kernel launch over rows [M, K] (merge: the partials' rows, each K * n_split
-    # wide) -> [M, N] of dtype.
     M = rows.shape[0]
-    K = weight.shape[1]
     N = weight.shape[0] // 2 if gated else weight.shape[0]
-    out = torch.empty((M, N), dtype=dtype, device=rows.device)
+    out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     res = residual.reshape(-1, N) if residual is not None else out
-    ms, ls, n_split, merge_dv = merge if merge is not None else (rows, rows, 1, 0)
     if M:
         cfg = tile_config(weight.shape[0], K)
         block_m = block_m or row_block(M, weight.shape[0])
         grid = (triton.cdiv(M, block_m), triton.cdiv(N, cfg["BLOCK_N"]))
         _linear_kernel[grid](
             rows, weight, bias if bias is not None else weight, norm_weight if norm_weight is not None else weight,
-            res, out, ms, ls, M, N, K, rows.stride(0), weight.stride(0), res.stride(0), out.stride(0), eps, n_split,
+            res, out, M, N, K, rows.stride(0), weight.stride(0), res.stride(0), out.stride(0), eps,
             HAS_BIAS=bias is not None, HAS_NORM=norm_weight is not None, GATED=gated,
-            HAS_RES=residual is not None, IEEE=dtype == torch.float32,
-            BLOCK_M=block_m, **cfg, **pdl_launch(rows), MERGE_DV=merge_dv,
+            HAS_RES=residual is not None, IEEE=x.dtype == torch.float32,
+            BLOCK_M=block_m, **cfg, **pdl_launch(x),
         )
-    return out
+    return out.view(*x.shape[:-1], N)
 
 
 def kernel_rows(shape: torch.Size | tuple) -> bool:

@@ -52,7 +52,7 @@ def _qkv_rope_kernel(X, W, NW, QO, KC, VC, COS, SIN, SLOT, POS, M, T, K, hq, hk,
     cmask = tl.where(rope, pair < (hq + hk) * HALF, (vcol >= 0) & (vcol < hk * D))
     wrows = tl.where(cmask, wrows, 0).to(tl.int64)
     acc, _ = _product(X, W, NW, rows, rmask, wrows, cmask, 0, K, sxm, swn, eps,
-                      HAS_NORM, False, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, PDL, X, X, 1, 0)  # linear.py's reduction
+                      HAS_NORM, False, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, PDL)  # linear.py's reduction
     dt = QO.dtype.element_ty
     y = acc.to(dt)  # the projection's output, rounded as linear.py rounds it
     b = rows // T

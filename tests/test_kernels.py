@@ -456,36 +456,6 @@ def test_fused_linear_triton_is_batch_invariant(device, case):
             assert torch.equal(fused_linear_triton(x[:m], w, **some), full[:m]), m
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_merged_linear_is_the_merge_kernel_then_the_product(device):
-    """merged_linear_triton (o_proj with attention's merge as its prologue) gives the bits
-    of the merge kernel followed by fused_linear_triton, over several key splits, an
-    empty split (a query whose keys end before it) and a window that leaves a split
-    without a visible key; and matches the reference attention and product."""
-    from eagle_zoo.kernels.attention import attention_splits_triton, merge_splits_triton
-    from eagle_zoo.kernels.linear import merged_linear_triton
-
-    dev = _dev(device)
-    for dtype in _dtypes(device):
-        for window in (None, 20):
-            q, kc, vc, slots, pos, _ = _attn_problem(dev, B=2, T=3, H=4, n_kv=2, kv_len=40, dtype=dtype, seed=3)
-            splits = attention_splits_triton(q, kc, vc, slots, pos, 40, 0.3, window=window, split_size=16,
-                                             block_n=16)
-            assert splits.acc.shape[3] == 3  # 40 keys in splits of 16
-            g = torch.Generator().manual_seed(5)
-            w = (torch.randn(24, 4 * 16, generator=g) / 8).to(dev, dtype)
-            res = torch.randn(2, 3, 24, generator=g).to(dev, dtype)
-            merged = merged_linear_triton(splits, w, residual=res)
-            a = merge_splits_triton(splits)
-            assert torch.equal(merged, fused_linear_triton(a.flatten(2), w, residual=res))
-            ref = fused_linear_torch(cache_attention_torch(q, kc, vc, slots, pos, 40, 0.3, window=window).flatten(2),
-                                     w, residual=res)
-            _close(merged, ref, dtype) if dtype == torch.bfloat16 else torch.testing.assert_close(
-                merged, ref, rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="must take 4 heads of 16"):
-        merged_linear_triton(splits, w[:, :32])
-
-
 def test_every_decode_shaped_step_takes_the_linear_kernel_whatever_its_batch():
     """A row's bits must be the same in a plain step and in a verification or tree step,
     so every decode-shaped step takes the batch-invariant kernel: a verification at

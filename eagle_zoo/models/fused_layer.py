@@ -1,4 +1,4 @@
-"""A Llama-style decoder layer in 5 kernels for decode-shaped steps on CUDA, and in one
+"""A Llama-style decoder layer in 6 kernels for decode-shaped steps on CUDA, and in one
 C++ call on the CPU (cpu_decoder_layer and cpu_eagle3_layer, at the end).
 
 The module path runs ~13 kernels a layer (norm, qkv, rope, KV write, attention split and
@@ -7,9 +7,8 @@ small model costs per kernel, not per byte, so the same layer is regrouped here:
 
   q     = rope(q of linear(rms_norm(h), W_qkv))    kernels/qkv_rope.py, norm as prologue,
           cache <- rope(k), v                      rope and the KV write as epilogue
-  a     = attention over the cache                 kernels/attention.py's split kernel
-  h     = h + linear(merge(a), W_o)                the splits' merge as prologue (linear.py
-                                                   merged_linear_triton), residual add as epilogue
+  a     = attention over the cache                 kernels/attention.py (split + merge)
+  h     = h + linear(a, W_o)                       residual add as epilogue
   m     = silu_and_mul(linear(rms_norm(h), W_gu))  norm prologue, activation epilogue
   h     = h + linear(m, W_down)
 
@@ -24,7 +23,7 @@ Otherwise LlamaDecoderLayer runs its modules.
 
 An EAGLE-3 head's layer (models/heads.py Eagle3DecoderLayer) takes the same path on CUDA
 after one launch that norms its two inputs side by side (its module path: two norms, a
-cat and the ~13 kernels above), so each draft and catch-up pass of the head runs 6; on
+cat and the ~13 kernels above), so each draft and catch-up pass of the head runs 7; on
 the CPU it is one C++ call too.
 """
 from __future__ import annotations
@@ -35,8 +34,8 @@ import torch
 
 from eagle_zoo.kernels import cpu_decode
 from eagle_zoo.kernels._triton import needs_autograd
-from eagle_zoo.kernels.attention import attention_splits_triton
-from eagle_zoo.kernels.linear import MAX_K, fused_linear_triton, merged_linear_triton, use_linear_kernel
+from eagle_zoo.kernels.attention import cache_attention_triton
+from eagle_zoo.kernels.linear import MAX_K, fused_linear_triton, use_linear_kernel
 from eagle_zoo.kernels.norm import rms_norm_pair_triton
 from eagle_zoo.kernels.qkv_rope import qkv_rope_write_kv_triton
 
@@ -135,7 +134,7 @@ def fused_layer_kernels(layer, positions: torch.Tensor, h: torch.Tensor, ctx) ->
 
 def fused_eagle3_layer_kernels(layer, positions: torch.Tensor, embeds: torch.Tensor, hidden: torch.Tensor,
                                ctx) -> torch.Tensor:
-    """An EAGLE-3 head layer in 6 kernels: both input norms side by side in one
+    """An EAGLE-3 head layer in 7 kernels: both input norms side by side in one
     (kernels/norm.py rms_norm_pair), the qkv product over them, then as a Llama layer.
     The residual is the raw hidden state, or its norm under norm_before_residual."""
     e_norm, h_norm = layer.input_layernorm, layer.hidden_norm
@@ -156,16 +155,15 @@ def _qkv_rope_write_kv(layer, positions: torch.Tensor, x: torch.Tensor, ctx, **n
 
 
 def _attention_and_mlp_kernels(layer, q: torch.Tensor, residual: torch.Tensor, ctx) -> torch.Tensor:
-    """From the rotated q on: attention's split kernel, o_proj with the splits' merge
-    before it and the residual added, gate_up with the norm before it and silu-and-mul
-    after it, down_proj with its residual."""
+    """From the rotated q on: attention (split and merge), o_proj with the residual
+    added, gate_up with the norm before it and silu-and-mul after it, down_proj with its
+    residual."""
     attn, mlp, core = layer.self_attn, layer.mlp, layer.self_attn.attn
     norm2 = layer.post_attention_layernorm
     k_cache, v_cache = ctx.kv_caches[core.layer_idx]
-    splits = attention_splits_triton(q, k_cache, v_cache, ctx.slot_ids, ctx.cache_positions, ctx.kv_len,
-                                     core.scale, attn_mask=ctx.attn_mask, window=core.sliding_window,
-                                     tree=ctx.tree_keys)
-    h = merged_linear_triton(splits, attn.o_proj.weight, residual=residual)
+    a = cache_attention_triton(q, k_cache, v_cache, ctx.slot_ids, ctx.cache_positions, ctx.kv_len, core.scale,
+                               attn_mask=ctx.attn_mask, window=core.sliding_window, tree=ctx.tree_keys).flatten(2)
+    h = fused_linear_triton(a, attn.o_proj.weight, residual=residual)
     m = fused_linear_triton(h, mlp.gate_up_proj.weight, norm_weight=norm2.weight, eps=norm2.eps, gated=True)
     return fused_linear_triton(m, mlp.down_proj.weight, residual=h)
 
