@@ -41,7 +41,7 @@ from .norm import rms_norm_torch
 STEP_MAX_T = 64
 MAX_ROWS = 256
 BLOCK_M = 16    # the smallest tl.dot tile: the rows a program takes in steps of few rows
-WIDE_ROWS = 64  # from this many rows on, a program takes more (row_block)
+WIDE_ROWS = 17  # from this many rows on, a program takes more (row_block)
 # Wider inputs keep cuBLAS: on the H200 this kernel lost to it on Llama-3-8B's qkv (32.6
 # vs 16.3 us), gate_up (69.5 vs 61.7) and down_proj (37.6 vs 33.8), and won on SmolLM2's
 # o_proj and down_proj (2.8 vs 4.8, 4.1 vs 6.3 us with the add they absorb). A whole
@@ -163,11 +163,14 @@ def _linear_kernel(X, W, B, NW, R, Y, M, N, K, sxm, swn, srm, sym, eps,
 
 def row_block(m: int, n: int) -> int:
     """BLOCK_M, the rows one program takes, for m rows of a weight of n rows: BLOCK_M for
-    the few rows of a batch-1 or plain step; from WIDE_ROWS rows on (a verification at
-    batch 16, a tree at batch 4) 32, and 64 for a vocabulary-wide weight, so that fewer
-    programs read each weight tile again (on an H100, `python -m eagle_zoo.kernels.bench`'s
-    linear rows). A row's bits are the same whichever BLOCK_M takes it (the module doc;
-    tests/test_kernels.py checks rows alone against the same rows among 130)."""
+    up to 16 rows (one tl.dot tile: a plain step up to batch 16, a chain's drafts up to
+    batch 16, a chain's verification up to batch 4); from WIDE_ROWS rows on (a tree's 31
+    at batch 1, a chain's verification from batch 5, a tree level's drafts from batch 3)
+    32, and 64 for a vocabulary-wide weight, so that fewer programs read each weight tile
+    again (on an H100, `python -m eagle_zoo.kernels.bench`'s linear rows; the step costs
+    from 17 rows on: BENCHMARKS.md, "Step costs"). A row's bits are the same whichever
+    BLOCK_M takes it (the module doc; tests/test_kernels.py checks rows alone against the
+    same rows among 37, 60 and 130)."""
     if m < WIDE_ROWS:
         return BLOCK_M
     return 64 if n > 4096 else 32

@@ -441,7 +441,8 @@ def test_fused_linear_triton_is_batch_invariant(device, case):
     verification or tree step): the reduction depends on the weight only, and from
     WIDE_ROWS rows on a program takes 32 rows (64 of the wide case's vocabulary-sized
     weight) instead of BLOCK_M without changing a row's bits."""
-    assert row_block(130, 40) == 32 and row_block(130, 4200) == 64 and row_block(60, 4200) == BLOCK_M
+    assert row_block(16, 40) == row_block(16, 4200) == BLOCK_M
+    assert row_block(37, 40) == row_block(130, 40) == 32 and row_block(37, 4200) == row_block(130, 4200) == 64
     for dtype in _dtypes(device):
         x, w, kw = _linear_problem(_dev(device), dtype, 130, case)
         full = fused_linear_triton(x, w, **kw)
