@@ -30,7 +30,12 @@ import torch.nn.functional as F
 
 MAX_ROWS = 8
 SOURCE = Path(__file__).parent / "csrc" / "cpu_decode.cpp"
-BUILD_FLAGS = dict(extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"])
+# On a CPU with AVX-512 (as torch reports it) the kernels are built for AVX-512VL too: the
+# same 8-wide arithmetic, so the same bits, with 32 vector registers instead of 16, so a
+# k = 3 verification's four rows take one pass over the weights (csrc: kFloatGroup).
+BUILD_FLAGS = dict(extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"]
+                   + (["-mavx512f", "-mavx512vl"] if torch.backends.cpu.get_cpu_capability() == "AVX512" else []),
+                   extra_ldflags=["-fopenmp"])
 _module = None
 _failure: Optional[str] = None
 
@@ -143,51 +148,83 @@ def eagle3_layer_rows(embeds, norm_e, eps_e, hidden, norm_h, eps_h, norm_before_
                                      int(num_kv_heads), float(scale))
 
 
-def bench_products(rounds: int = 5) -> None:
-    """Time few_row_linear over SmolLM2-135M's four products of 30 layers (bf16 weights, 212
-    MB: read from memory, not cache, as a decode step reads them), and few_row_linear_int8
-    over an int8 weight of its lm_head's shape (49,152 x 576, 29 MB), at 1 to 4 rows (a
-    plain step; a verification at k = 1 to 3): the best of `rounds` passes."""
+def bench_products(modules: dict, rounds: int = 5) -> None:
+    """few_row_linear of each module (label: built extension) over SmolLM2-135M's four
+    products of 30 layers, with float32 weights (the embedded target's, 425 MB) and
+    bfloat16 ones (an EAGLE head's, 212 MB), read from memory, not cache, as a decode step
+    reads them, and few_row_linear_int8 over an int8 weight of its lm_head's shape (49,152
+    x 576, 29 MB), at 1 to 4 rows (a plain step; a verification at k = 1 to 3): the best
+    of `rounds` passes, the modules alternating pass by pass. Checks that the modules give
+    the same bits."""
     torch.manual_seed(0)
     shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
-    layers = [[(0.03 * torch.randn(n, k)).bfloat16() for n, k in shapes] for _ in range(30)]
-    nbytes = sum(w.numel() * 2 for w in layers[0]) * len(layers)
     q = torch.randint(-127, 128, (49152, 576), dtype=torch.int8)
     d = 0.01 * torch.rand(49152, 576 // 32)
 
-    def best(fn) -> float:
-        times = []
-        for _ in range(rounds + 1):  # the first pass warms up
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return min(times[1:])
+    def compare(what: str, run, nbytes: Optional[int] = None) -> None:
+        outs = {label: run(module) for label, module in modules.items()}  # also the warm-up pass
+        same = all(torch.equal(a, b) for out in outs.values() for a, b in zip(out, outs[next(iter(outs))]))
+        times = {label: [] for label in modules}
+        for _ in range(rounds):
+            for label, module in modules.items():
+                start = time.perf_counter()
+                run(module)
+                times[label].append(time.perf_counter() - start)
+        cells = "  ".join(f"{label} {min(t) * 1e3:.3f} ms" + (f" ({nbytes / min(t) / 1e9:.1f} GB/s)" if nbytes else "")
+                          for label, t in times.items())
+        print(f"{what}: {cells}{'' if same else '  (results differ)'}")
 
+    for dtype in (torch.float32, torch.bfloat16):
+        layers = [[(0.03 * torch.randn(n, k)).to(dtype) for n, k in shapes] for _ in range(30)]
+        nbytes = sum(w.numel() * w.element_size() for layer in layers for w in layer)
+        for rows in (1, 2, 3, 4):
+            x = {k: torch.randn(rows, k) for k in (576, 1536)}
+            compare(f"{rows} row{'s' if rows > 1 else ' '}, 30 layers of {str(dtype)[6:]} weights",
+                    lambda m: [m.few_row_linear(x[w.shape[1]], w) for layer in layers for w in layer], nbytes)
     for rows in (1, 2, 3, 4):
-        x = {k: torch.randn(rows, k) for k in (576, 1536)}
-        layer = best(lambda: [few_row_linear(x[w.shape[1]], w) for layer in layers for w in layer])
-        head = best(lambda: few_row_linear_int8(x[576], q, d))
-        print(f"{rows} row{'s' if rows > 1 else ' '}: few_row_linear {layer * 1e3 / len(layers):.3f} ms a layer "
-              f"({nbytes / layer / 1e9:.1f} GB/s of weights); few_row_linear_int8, lm_head: {head * 1e3:.3f} ms")
+        x = torch.randn(rows, 576)
+        compare(f"{rows} row{'s' if rows > 1 else ' '}, the int8 lm_head", lambda m: [m.few_row_linear_int8(x, q, d)])
+
+
+def build_flags_at_commit(rev: str) -> dict:
+    """BUILD_FLAGS as kernels/cpu_decode.py of git commit ``rev`` sets them, or this
+    tree's where git does not show that file."""
+    import subprocess
+
+    shown = subprocess.run(["git", "show", f"{rev}:kernels/cpu_decode.py"], cwd=SOURCE.parent,
+                           capture_output=True, text=True)
+    return build_flags_in(shown.stdout) if shown.returncode == 0 else BUILD_FLAGS
+
+
+def build_flags_in(module_source: str) -> dict:
+    """The value of the BUILD_FLAGS assignment in a version of this module's source (an
+    expression of torch), or this tree's BUILD_FLAGS where it has none."""
+    import ast
+
+    for node in ast.parse(module_source).body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["BUILD_FLAGS"]:
+            return eval(compile(ast.Expression(node.value), "BUILD_FLAGS", "eval"), {"torch": torch, "dict": dict})
+    return BUILD_FLAGS
 
 
 def build_at_commit(rev: str):
-    """csrc/cpu_decode.cpp as of git commit ``rev``, built under its own module name beside
-    this tree's (for bench_attention)."""
+    """csrc/cpu_decode.cpp as of git commit ``rev``, built with that commit's flags under
+    its own module name beside this tree's (for --against)."""
     import subprocess
     from torch.utils.cpp_extension import load
 
     shown = subprocess.run(["git", "show", f"{rev}:kernels/csrc/cpu_decode.cpp"], cwd=SOURCE.parent,
                            capture_output=True, text=True)
     if shown.returncode:
-        raise SystemExit(f"--attention-against {rev}: `git show {rev}:kernels/csrc/cpu_decode.cpp` failed in "
+        raise SystemExit(f"--against {rev}: `git show {rev}:kernels/csrc/cpu_decode.cpp` failed in "
                          f"{SOURCE.parent}: {shown.stderr.strip()}; give a commit of this repository's checkout")
     name = "eagle_zoo_cpu_decode_" + "".join(c for c in rev if c.isalnum())
     out = build_directory() / name
     out.mkdir(parents=True, exist_ok=True)
     source = out / "cpu_decode.cpp"
     source.write_text(shown.stdout)
-    return load(name=name, sources=[str(source)], build_directory=str(out), verbose=False, **BUILD_FLAGS)
+    return load(name=name, sources=[str(source)], build_directory=str(out), verbose=False,
+                **build_flags_at_commit(rev))
 
 
 def bench_attention(modules: dict, rounds: int = 15) -> None:
@@ -234,13 +271,16 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m eagle_zoo.kernels.cpu_decode",
                                      description="Build the CPU decode kernels and say whether they are in use.")
     parser.add_argument("--bench", action="store_true", help="then time the products (bench_products)")
-    parser.add_argument("--attention-against", metavar="REV",
-                        help="then time cache_attention against commit REV's source (bench_attention)")
+    parser.add_argument("--against", metavar="REV",
+                        help="then time cache_attention and the products against commit REV's source, built "
+                             "with REV's flags, alternating (bench_attention, bench_products)")
     args = parser.parse_args()
     state = "built, in use" if available() else f"not in use: {_failure}"
-    print(f"kernels/cpu_decode.py: {state} ({build_directory()})")
+    print(f"kernels/cpu_decode.py: {state} ({build_directory()}; {' '.join(BUILD_FLAGS['extra_cflags'])})")
     if args.bench and available():
-        bench_products()
-    if args.attention_against and available():
-        bench_attention({"this tree": _module, args.attention_against: build_at_commit(args.attention_against)})
+        bench_products({"this tree": _module})
+    if args.against and available():
+        modules = {"this tree": _module, args.against: build_at_commit(args.against)}
+        bench_attention(modules)
+        bench_products(modules)
     sys.exit(0)  # a failed build is not an error: torch's ops stay

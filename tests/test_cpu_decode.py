@@ -4,6 +4,8 @@ cannot be built (no g++ / Python headers / AVX2): the engine then keeps torch's 
 which the rest of the suite tests."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -438,7 +440,21 @@ def test_the_embedded_targets_lm_head_decodes_from_its_int8_copy():
                    and isinstance(m, layers.LinearBase))
 
 
-def test_the_attention_bench_refuses_a_commit_git_does_not_know():
-    """`python -m eagle_zoo.kernels.cpu_decode --attention-against REV` names the option and the fix."""
-    with pytest.raises(SystemExit, match="--attention-against no-such-commit: .*give a commit"):
+def test_the_benches_against_a_commit_refuse_one_git_does_not_know():
+    """`python -m eagle_zoo.kernels.cpu_decode --against REV` names the option and the fix."""
+    with pytest.raises(SystemExit, match="--against no-such-commit: .*give a commit"):
         cpu_decode.build_at_commit("no-such-commit")
+
+
+def test_a_commits_build_flags_are_read_from_its_source(monkeypatch):
+    """--against builds REV's kernels with REV's own flags, read from its module source
+    (an expression of torch); a commit git does not know falls back to this tree's."""
+    avx2 = 'BUILD_FLAGS = dict(extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"])\n'
+    assert cpu_decode.build_flags_in("import torch\n" + avx2) == dict(
+        extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"])
+    this_tree = Path(cpu_decode.__file__).read_text()
+    for capability, extra in (("AVX512", ["-mavx512f", "-mavx512vl"]), ("AVX2", [])):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+        assert cpu_decode.build_flags_in(this_tree)["extra_cflags"] == ["-O3", "-mavx2", "-mfma", "-fopenmp", *extra]
+    assert cpu_decode.build_flags_in("x = 1\n") is cpu_decode.BUILD_FLAGS
+    assert cpu_decode.build_flags_at_commit("no-such-commit") is cpu_decode.BUILD_FLAGS

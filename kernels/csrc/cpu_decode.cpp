@@ -64,8 +64,9 @@ inline void prefetch_ahead(const void* p) {
 // accumulators over blocks of 32, one over the remaining blocks of 8, then a fixed-order
 // horizontal sum and the scalar tail. b's vectors are loaded once for the R rows
 // (verification steps are bound by these loads, not by memory), and every row runs the
-// same arithmetic whatever R is, so a row's bits do not depend on its neighbours. R <= 3:
-// 4R accumulators and four b vectors fit AVX2's sixteen registers.
+// same arithmetic whatever R is, so a row's bits do not depend on its neighbours. Its 4R
+// accumulators and four b vectors fit AVX2's sixteen registers for R <= 3, and the 32 of
+// AVX-512VL for R = 4 (kFloatGroup).
 template <int R, typename W>
 inline void dot_rows(const float* const* a, const W* b, int64_t K, float* const* out) {
   __m256 s[R][4];
@@ -94,6 +95,17 @@ inline void dot_rows(const float* const* a, const W* b, int64_t K, float* const*
     *out[r] = total;
   }
 }
+
+// The rows few_row_linear takes in one pass over a weight row: four (a k = 3
+// verification) where the build has AVX-512VL's 32 vector registers, else three, since
+// four rows' 16 accumulators spill from AVX2's 16 and the spills cost more than the
+// second pass saves. Measured, `python -m eagle_zoo.kernels.cpu_decode --bench` (BENCHMARKS.md,
+// "Decided by measurement").
+#ifdef __AVX512VL__
+constexpr int kFloatGroup = 4;
+#else
+constexpr int kFloatGroup = 3;
+#endif
 
 inline float dot(const float* a, const float* b, int64_t K) {
   float total;
@@ -208,7 +220,7 @@ torch::Tensor few_row_linear(const torch::Tensor& x, const torch::Tensor& w) {
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   auto y = torch::empty({M, N}, x.options());
   auto times = [&](const auto* wp) {
-    rows_times_weights<3>(x.data_ptr<float>(), y.data_ptr<float>(), M, K, N,
+    rows_times_weights<kFloatGroup>(x.data_ptr<float>(), y.data_ptr<float>(), M, K, N,
                           [&](auto rows, const float* const* a, int64_t n, float* const* out) {
                             dot_rows<decltype(rows)::value>(a, wp + n * K, K, out);
                           });
@@ -235,11 +247,10 @@ torch::Tensor few_row_linear_int8(const torch::Tensor& x, const torch::Tensor& q
   auto y = torch::empty({M, N}, x.options());
   const int8_t* qp = q.data_ptr<int8_t>();
   const float* dp = d.data_ptr<float>();
-  // Groups of four rows (a k = 3 verification in one group): here the weights'
-  // dequantization is much of the arithmetic, so doing it once for four rows beats 3 + 1
-  // (the lm_head at 4 rows: ~2.9 -> ~2.2 ms, BENCHMARKS.md `make demo`, the products'
-  // bench), although four rows' 16 accumulators spill from AVX2's 16 registers (for
-  // float32 and bfloat16 weights the spills cost more than the second pass saves).
+  // Groups of four rows (a k = 3 verification in one group) on any build: here the
+  // weights' dequantization is much of the arithmetic, so doing it once for four rows
+  // beats 3 + 1 (the lm_head at 4 rows: ~2.9 -> ~2.2 ms, BENCHMARKS.md `make demo`, the
+  // products' bench) even where four rows' 16 accumulators spill from AVX2's 16 registers.
   rows_times_weights<4>(x.data_ptr<float>(), y.data_ptr<float>(), M, K, N,
                         [&](auto rows, const float* const* a, int64_t n, float* const* out) {
                           dot_rows_int8<decltype(rows)::value>(a, qp + n * K, dp + n * (K / 32), K, out);
