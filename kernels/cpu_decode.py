@@ -33,8 +33,11 @@ SOURCE = Path(__file__).parent / "csrc" / "cpu_decode.cpp"
 # On a CPU with AVX-512 (as torch reports it) the kernels are built for AVX-512VL too: the
 # same 8-wide arithmetic, so the same bits, with 32 vector registers instead of 16, so a
 # k = 3 verification's four rows take one pass over the weights (csrc: kFloatGroup).
+# 256-bit vectors stay preferred where the compiler vectorizes loops itself: with 512-bit
+# ones the attention took 5-20% longer (`--against`, BENCHMARKS.md).
 BUILD_FLAGS = dict(extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"]
-                   + (["-mavx512f", "-mavx512vl"] if torch.backends.cpu.get_cpu_capability() == "AVX512" else []),
+                   + (["-mavx512f", "-mavx512vl", "-mprefer-vector-width=256"]
+                      if torch.backends.cpu.get_cpu_capability() == "AVX512" else []),
                    extra_ldflags=["-fopenmp"])
 _module = None
 _failure: Optional[str] = None

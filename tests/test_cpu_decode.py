@@ -453,7 +453,7 @@ def test_a_commits_build_flags_are_read_from_its_source(monkeypatch):
     assert cpu_decode.build_flags_in("import torch\n" + avx2) == dict(
         extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"])
     this_tree = Path(cpu_decode.__file__).read_text()
-    for capability, extra in (("AVX512", ["-mavx512f", "-mavx512vl"]), ("AVX2", [])):
+    for capability, extra in (("AVX512", ["-mavx512f", "-mavx512vl", "-mprefer-vector-width=256"]), ("AVX2", [])):
         monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
         assert cpu_decode.build_flags_in(this_tree)["extra_cflags"] == ["-O3", "-mavx2", "-mfma", "-fopenmp", *extra]
     assert cpu_decode.build_flags_in("x = 1\n") is cpu_decode.BUILD_FLAGS
