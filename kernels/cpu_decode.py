@@ -34,7 +34,7 @@ SOURCE = Path(__file__).parent / "csrc" / "cpu_decode.cpp"
 # same 8-wide arithmetic, so the same bits, with 32 vector registers instead of 16, so a
 # k = 3 verification's four rows take one pass over the weights (csrc: kFloatGroup).
 # 256-bit vectors stay preferred where the compiler vectorizes loops itself: with 512-bit
-# ones the attention took 5-20% longer (`--against`, BENCHMARKS.md).
+# ones the attention took 6-21% longer (`--against`, BENCHMARKS.md).
 BUILD_FLAGS = dict(extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"]
                    + (["-mavx512f", "-mavx512vl", "-mprefer-vector-width=256"]
                       if torch.backends.cpu.get_cpu_capability() == "AVX512" else []),
