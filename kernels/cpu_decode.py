@@ -135,6 +135,20 @@ def llama_layer_rows(h, norm1, eps1, w_qkv, w_o, norm2, eps2, w_gate_up, w_down,
                                     float(scale))
 
 
+def llama_stack_rows(h, weights: list, eps: list, k_caches: list, v_caches: list, cos, sin, slot: int,
+                     cache_positions, kv_len: int, num_heads: int, num_kv_heads: int, scale: float,
+                     keep=()) -> list:
+    """llama_layer_rows for each of a model's layers in turn, in one call: weights holds
+    per layer norm1, w_qkv, w_o, norm2, w_gate_up, w_down, eps per layer eps1, eps2, and
+    k_caches / v_caches one cache per layer. -> [the last layer's output, then the input
+    of each layer in keep]. The caller checks available() and the layers' type
+    (models/fused_layer.py cpu_decoder_stack)."""
+    return _module.llama_stack_rows(h.contiguous(), weights, [float(e) for e in eps], k_caches, v_caches,
+                                    cos.contiguous(), sin.contiguous(), int(slot), cache_positions.contiguous(),
+                                    int(kv_len), int(num_heads), int(num_kv_heads), float(scale),
+                                    [int(i) for i in keep])
+
+
 def eagle3_layer_rows(embeds, norm_e, eps_e, hidden, norm_h, eps_h, norm_before_residual: bool, w_qkv, w_o, norm2,
                       eps2, w_gate_up, w_down, cos, sin, k_cache, v_cache, slot: int, cache_positions, kv_len: int,
                       num_heads: int, num_kv_heads: int, scale: float):

@@ -107,11 +107,12 @@ def test_rmsnorm_module_uses_it_for_few_rows(monkeypatch):
 @needs_kernel
 @pytest.mark.parametrize("family", ["llama", "mistral"])
 def test_whole_llama_layer_in_one_call_gives_transformers_greedy(family, tmp_path, monkeypatch):
-    """models/fused_layer.py cpu_decoder_layer and cpu_eagle3_layer: plain decoding and
-    EAGLE / EAGLE-3 chain verification of a tiny random Llama target run each decoder layer
-    of the target, and the EAGLE-3 head's layer, as one C++ call (counted), and give
-    transformers' greedy tokens. The tiny Mistral target has a sliding window, which the
-    call does not do: it keeps the module path, with the same result."""
+    """models/fused_layer.py cpu_decoder_stack, cpu_decoder_layer and cpu_eagle3_layer:
+    plain decoding and EAGLE / EAGLE-3 chain verification of a tiny random Llama target
+    run the target's decoder layers as one C++ call (counted) and the EAGLE-3 head's layer
+    as one call, and give transformers' greedy tokens.
+    The tiny Mistral target has a sliding window, which the calls do not do: it keeps the
+    module path, with the same result."""
     import checkpoint_factory as cf
     import engine_fixtures as ef
     from eagle_zoo import LLM, SamplingParams
@@ -121,28 +122,30 @@ def test_whole_llama_layer_in_one_call_gives_transformers_greedy(family, tmp_pat
     heads = {m: ef.write_head(tmp_path / m, kind, m, seed=4, scale=0.6) for m in ("eagle", "eagle3")}
     prompts = ef.random_prompts((5, 12, 3), cf.TINY["vocab_size"], seed=1)
     want = ef.hf_greedy(target, prompts, [20, 26, 14])
-    calls, head_calls = [], []
-    kernel, head_kernel = cpu_decode.llama_layer_rows, cpu_decode.eagle3_layer_rows
+    stack_calls, calls, head_calls = [], [], []
+    stack, kernel, head_kernel = cpu_decode.llama_stack_rows, cpu_decode.llama_layer_rows, cpu_decode.eagle3_layer_rows
+    monkeypatch.setattr(cpu_decode, "llama_stack_rows", lambda h, *a: stack_calls.append(h.shape[0]) or stack(h, *a))
     monkeypatch.setattr(cpu_decode, "llama_layer_rows", lambda h, *a: calls.append(h.shape[0]) or kernel(h, *a))
     monkeypatch.setattr(cpu_decode, "eagle3_layer_rows",
                         lambda e, *a: head_calls.append(e.shape[0]) or head_kernel(e, *a))
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (20, 26, 14)]
     for method in (None, "eagle", "eagle3"):
-        calls.clear(), head_calls.clear()
+        stack_calls.clear(), calls.clear(), head_calls.clear()
         spec = method and {"method": method, "model": str(heads[method]), "num_speculative_tokens": 3}
         llm = LLM(str(target), speculative_config=spec, device="cpu", dtype="float32", max_model_len=96,
                   max_num_seqs=1)
         got = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
         assert got == want, method
         if family == "mistral":
-            assert not calls and not head_calls
+            assert not stack_calls and not calls and not head_calls
             continue
         # Prompts of up to 8 tokens are prefilled through it too; then one token a step
         # (plain) or the last token and 3 drafts (verification).
-        assert set(calls) >= {5, 3} | ({1} if method is None else {4}), sorted(set(calls))
-        assert 12 not in calls  # prefill-sized: the module path
-        # The EAGLE-3 head's layer: its prompt passes of up to 8 tokens, the catch-up over
-        # the 4 verified positions and the draft passes of one token.
+        assert set(stack_calls) >= {5, 3} | ({1} if method is None else {4}), sorted(set(stack_calls))
+        assert 12 not in stack_calls  # prefill-sized: the module path
+        # No layer alone: the EAGLE-1 head's layer drops its input norm, so keeps its modules.
+        assert not calls
+        # The EAGLE-3 head's layer: the same passes.
         assert set(head_calls) == (set() if method != "eagle3" else {5, 3, 4, 1}), sorted(set(head_calls))
 
 
@@ -458,3 +461,49 @@ def test_a_commits_build_flags_are_read_from_its_source(monkeypatch):
         assert cpu_decode.build_flags_in(this_tree)["extra_cflags"] == ["-O3", "-mavx2", "-mfma", "-fopenmp", *extra]
     assert cpu_decode.build_flags_in("x = 1\n") is cpu_decode.BUILD_FLAGS
     assert cpu_decode.build_flags_at_commit("no-such-commit") is cpu_decode.BUILD_FLAGS
+
+
+@needs_kernel
+def test_the_stack_in_one_call_is_the_layers_one_call_each(monkeypatch):
+    """LlamaForCausalLM on a decode-shaped CPU step: its layers as one llama_stack_rows
+    call give the bits of each layer's own llama_layer_rows call (the outputs, the aux
+    hidden states an EAGLE-3 head reads and the KV caches), for one token and four; the
+    choice is made once, after the layers chose theirs (choose_decode_paths)."""
+    from transformers import LlamaConfig
+
+    from eagle_zoo.engine.cache import allocate_kv_caches
+    from eagle_zoo.models.attention import AttentionContext, use_context
+    from eagle_zoo.models.fused_layer import choose_decode_paths
+    from eagle_zoo.models.llama import LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+                         num_hidden_layers=4, vocab_size=100, rms_norm_eps=1e-5)
+    torch.manual_seed(3)
+    model = LlamaForCausalLM(config)
+    for p in model.parameters():
+        p.data.normal_(0, 0.2)
+    assert not model.cpu_stack_call
+    choose_decode_paths(model)
+    assert model.cpu_stack_call and all(layer.fused_decode for layer in model.layers)
+    stack_calls = []
+    stack = cpu_decode.llama_stack_rows
+    monkeypatch.setattr(cpu_decode, "llama_stack_rows", lambda *a: stack_calls.append(1) or stack(*a))
+    base = allocate_kv_caches(model, 2, 64, torch.float32, "cpu")
+    for k, v in base:
+        k.normal_(), v.normal_()
+    for T in (1, 4):
+        ids = torch.randint(0, 100, (1, T))
+        positions = torch.arange(20, 20 + T).view(1, T)
+        results = []
+        for one_call in (True, False):
+            model.cpu_stack_call = one_call
+            caches = [(k.clone(), v.clone()) for k, v in base]
+            stack_calls.clear()
+            with torch.no_grad(), use_context(AttentionContext(caches, torch.tensor([1]), positions, 40)):
+                hidden, aux = model(ids, positions, aux_layer_ids=(0, 2))
+            assert len(stack_calls) == int(one_call)
+            results.append((hidden, aux, caches))
+        (h1, aux1, c1), (h2, aux2, c2) = results
+        assert torch.equal(h1, h2) and all(torch.equal(a, b) for a, b in zip(aux1, aux2)) and len(aux1) == 2
+        assert all(torch.equal(a, b) for pair1, pair2 in zip(c1, c2) for a, b in zip(pair1, pair2))
+    model.cpu_stack_call = True

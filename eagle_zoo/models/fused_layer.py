@@ -70,12 +70,25 @@ def _attention_and_mlp_fusable(layer) -> bool:
 
 
 def choose_decode_paths(model) -> None:
-    """Once per loaded model (engine/runner.py): every layer with a regrouped decode path
-    (LlamaDecoderLayer.choose_decode_path) decides whether it takes it."""
-    for module in model.modules():
+    """Once per loaded model (engine/runner.py): every module with a regrouped decode path
+    (LlamaDecoderLayer.choose_decode_path, LlamaForCausalLM's for its whole stack) decides
+    whether it takes it, each after the modules it holds."""
+    for module in reversed(list(model.modules())):  # modules() lists a module before those it holds
         choose = getattr(module, "choose_decode_path", None)
         if choose is not None:
             choose()
+
+
+def stack_supports_cpu_call(layers) -> bool:
+    """Whether a model's decoder layers can run as one C++ call on the CPU
+    (cpu_decoder_stack): every one chose the regrouped path, of one attention shape
+    (heads, kv heads, scale), none with a sliding window (the C++ attention is causal
+    only)."""
+    if not layers or not all(getattr(layer, "fused_decode", False) for layer in layers):
+        return False
+    cores = [layer.self_attn.attn for layer in layers]
+    return all((c.num_heads, c.num_kv_heads, c.scale, c.sliding_window) == (cores[0].num_heads, cores[0].num_kv_heads,
+                                                                            cores[0].scale, None) for c in cores)
 
 
 def fused_decoder_layer(layer, positions: torch.Tensor, h: torch.Tensor) -> Optional[torch.Tensor]:
@@ -180,6 +193,35 @@ def cpu_decoder_layer(layer, positions: torch.Tensor, h: torch.Tensor) -> Option
     norm1 = layer.input_layernorm
     out = cpu_decode.llama_layer_rows(h[0], norm1.weight, norm1.eps, *_cpu_layer_arguments(layer, positions, h, ctx))
     return out.unsqueeze(0)
+
+
+def cpu_decoder_stack(layers, positions: torch.Tensor, h: torch.Tensor,
+                      keep=()) -> Optional[tuple[torch.Tensor, list[torch.Tensor]]]:
+    """A model's whole stack of decoder layers (stack_supports_cpu_call) for up to 8
+    float32 tokens of one sequence in one C++ call (kernels/cpu_decode.py
+    llama_stack_rows: cpu_decoder_layer's call for each layer in turn, the same bits), or
+    None where cpu_decoder_layer would not apply (_cpu_step_context of the first layer;
+    the C++ checks every layer's cache). -> (the last layer's output, the input of each
+    layer in keep)."""
+    ctx = _cpu_step_context(layers[0], h)
+    if ctx is None:
+        return None
+    weights, eps, k_caches, v_caches = [], [], [], []
+    for layer in layers:
+        attn, mlp, norm1, norm2 = layer.self_attn, layer.mlp, layer.input_layernorm, layer.post_attention_layernorm
+        weights += [norm1.weight, cpu_layer_weight(attn.qkv_proj.weight), cpu_layer_weight(attn.o_proj.weight),
+                    norm2.weight, cpu_layer_weight(mlp.gate_up_proj.weight), cpu_layer_weight(mlp.down_proj.weight)]
+        eps += [norm1.eps, norm2.eps]
+        k_cache, v_cache = ctx.kv_caches[attn.attn.layer_idx]
+        k_caches.append(k_cache)
+        v_caches.append(v_cache)
+    core = layers[0].self_attn.attn
+    cos, sin = layers[0].self_attn.rotary_emb._angles(positions)
+    T, half = h.shape[1], cos.shape[-1]
+    out, *kept = cpu_decode.llama_stack_rows(h[0], weights, eps, k_caches, v_caches, cos.reshape(T, half),
+                                             sin.reshape(T, half), single_slot(ctx), ctx.cache_positions.reshape(T),
+                                             ctx.kv_len, core.num_heads, core.num_kv_heads, core.scale, keep)
+    return out.unsqueeze(0), [x.unsqueeze(0) for x in kept]
 
 
 def cpu_eagle3_layer(layer, positions: torch.Tensor, embeds: torch.Tensor,

@@ -575,6 +575,39 @@ torch::Tensor llama_layer_rows(const torch::Tensor& h, const torch::Tensor& norm
                         num_heads, num_kv_heads, scale);
 }
 
+// A model's whole stack of exact Llama decoder layers for T <= 8 tokens of one sequence:
+// llama_layer_rows for each layer in turn, so the same bits, in one call. Why: between two
+// layers' calls, the Python that finds and checks a layer's arguments runs cold, after
+// the layer's weights have streamed through the caches (BENCHMARKS.md, "Decided by
+// measurement"). weights: per
+// layer norm1, w_qkv, w_o, norm2, w_gate_up, w_down; eps: per layer eps1, eps2; one k
+// and v cache per layer. Returns the last layer's output, then the input of each layer
+// in `keep` (an EAGLE-3 target's aux hidden states), in keep's order.
+std::vector<torch::Tensor> llama_stack_rows(torch::Tensor h, const std::vector<torch::Tensor>& weights,
+                                            const std::vector<double>& eps, const std::vector<torch::Tensor>& k_caches,
+                                            const std::vector<torch::Tensor>& v_caches, const torch::Tensor& cos,
+                                            const torch::Tensor& sin, int64_t slot,
+                                            const torch::Tensor& cache_positions, int64_t kv_len, int64_t num_heads,
+                                            int64_t num_kv_heads, double scale, const std::vector<int64_t>& keep) {
+  const int64_t layers = static_cast<int64_t>(k_caches.size());
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == 6 * layers && static_cast<int64_t>(eps.size()) == 2 * layers &&
+              static_cast<int64_t>(v_caches.size()) == layers,
+              "llama_stack_rows: 6 weights, 2 eps and a k and v cache per layer, got ", weights.size(), ", ",
+              eps.size(), ", ", k_caches.size(), " and ", v_caches.size());
+  std::vector<torch::Tensor> kept(keep.size());
+  for (size_t j = 0; j < keep.size(); ++j)
+    TORCH_CHECK(keep[j] >= 0 && keep[j] < layers, "llama_stack_rows: keep ", keep[j], " outside [0, ", layers, ")");
+  for (int64_t i = 0; i < layers; ++i) {
+    for (size_t j = 0; j < keep.size(); ++j)
+      if (keep[j] == i) kept[j] = h;
+    const torch::Tensor* w = weights.data() + 6 * i;
+    h = llama_layer_rows(h, w[0], eps[2 * i], w[1], w[2], w[3], eps[2 * i + 1], w[4], w[5], cos, sin, k_caches[i],
+                         v_caches[i], slot, cache_positions, kv_len, num_heads, num_kv_heads, scale);
+  }
+  kept.insert(kept.begin(), h);
+  return kept;
+}
+
 // An EAGLE-3 head's first decoder layer (models/heads.py Eagle3DecoderLayer) for T <= 8
 // tokens: qkv of [rmsnorm(embeds), rmsnorm(hidden)] side by side, the residual the raw
 // hidden state (or its norm, norm_before_residual), then layer_from_qkv. One call
@@ -623,6 +656,7 @@ torch::Tensor cache_attention(const torch::Tensor& q, const torch::Tensor& k_cac
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cache_attention", &cache_attention, "causal attention of a few float32 tokens over their cache row (CPU)");
   m.def("llama_layer_rows", &llama_layer_rows, "an exact Llama decoder layer for a few float32 tokens (CPU)");
+  m.def("llama_stack_rows", &llama_stack_rows, "a model's exact Llama decoder layers for a few float32 tokens (CPU)");
   m.def("eagle3_layer_rows", &eagle3_layer_rows,
         "an EAGLE-3 head's first decoder layer for a few float32 tokens (CPU)");
   m.def("few_row_linear", &few_row_linear, "y = x @ w^T for a few float32 rows (CPU)");
