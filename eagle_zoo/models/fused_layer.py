@@ -1,5 +1,6 @@
 """A Llama-style decoder layer in 6 kernels for decode-shaped steps on CUDA, and in one
-C++ call on the CPU (cpu_decoder_layer and cpu_eagle3_layer, at the end).
+C++ call on the CPU (cpu_decoder_layer and cpu_eagle3_layer, at the end; a target's
+whole stack of such layers in one call, cpu_decoder_stack).
 
 The module path runs ~13 kernels a layer (norm, qkv, rope, KV write, attention split and
 merge, o_proj, add, norm, gate_up, silu-and-mul, down_proj, add). At batch 1 a step of a
