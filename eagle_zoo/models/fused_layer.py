@@ -82,10 +82,12 @@ def choose_decode_paths(model) -> None:
 
 def stack_supports_cpu_call(layers) -> bool:
     """Whether a model's decoder layers can run as one C++ call on the CPU
-    (cpu_decoder_stack): every one chose the regrouped path, of one attention shape
-    (heads, kv heads, scale), none with a sliding window (the C++ attention is causal
-    only)."""
+    (cpu_decoder_stack): weights on the CPU, every layer chose the regrouped path, of one
+    attention shape (heads, kv heads, scale), none with a sliding window (the C++
+    attention is causal only)."""
     if not layers or not all(getattr(layer, "fused_decode", False) for layer in layers):
+        return False
+    if layers[0].self_attn.qkv_proj.weight.device.type != "cpu":
         return False
     cores = [layer.self_attn.attn for layer in layers]
     return all((c.num_heads, c.num_kv_heads, c.scale, c.sliding_window) == (cores[0].num_heads, cores[0].num_kv_heads,
