@@ -99,8 +99,8 @@ inline void dot_rows(const float* const* a, const W* b, int64_t K, float* const*
 // The rows few_row_linear takes in one pass over a weight row: four (a k = 3
 // verification) where the build has AVX-512VL's 32 vector registers, else three, since
 // four rows' 16 accumulators spill from AVX2's 16 and the spills cost more than the
-// second pass saves. Measured, `python -m eagle_zoo.kernels.cpu_decode --bench` (BENCHMARKS.md,
-// "Decided by measurement").
+// second pass saves. Measured with `python -m eagle_zoo.kernels.cpu_decode --against REV`
+// (BENCHMARKS.md, "Decided by measurement").
 #ifdef __AVX512VL__
 constexpr int kFloatGroup = 4;
 #else
@@ -579,10 +579,9 @@ torch::Tensor llama_layer_rows(const torch::Tensor& h, const torch::Tensor& norm
 // llama_layer_rows for each layer in turn, so the same bits, in one call. Why: between two
 // layers' calls, the Python that finds and checks a layer's arguments runs cold, after
 // the layer's weights have streamed through the caches (BENCHMARKS.md, "Decided by
-// measurement"). weights: per
-// layer norm1, w_qkv, w_o, norm2, w_gate_up, w_down; eps: per layer eps1, eps2; one k
-// and v cache per layer. Returns the last layer's output, then the input of each layer
-// in `keep` (an EAGLE-3 target's aux hidden states), in keep's order.
+// measurement"). weights: per layer norm1, w_qkv, w_o, norm2, w_gate_up, w_down; eps: per
+// layer eps1, eps2; one k and v cache per layer. Returns the last layer's output, then the
+// input of each layer in `keep` (an EAGLE-3 target's aux hidden states), in keep's order.
 std::vector<torch::Tensor> llama_stack_rows(torch::Tensor h, const std::vector<torch::Tensor>& weights,
                                             const std::vector<double>& eps, const std::vector<torch::Tensor>& k_caches,
                                             const std::vector<torch::Tensor>& v_caches, const torch::Tensor& cos,
