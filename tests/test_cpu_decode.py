@@ -107,7 +107,7 @@ def test_rmsnorm_module_uses_it_for_few_rows(monkeypatch):
 @needs_kernel
 @pytest.mark.parametrize("family", ["llama", "mistral"])
 def test_whole_llama_layer_in_one_call_gives_transformers_greedy(family, tmp_path, monkeypatch):
-    """models/fused_layer.py CpuDecoderStack, cpu_decoder_layer and cpu_eagle3_layer:
+    """models/fused_layer.py cpu_decoder_stack, cpu_decoder_layer and cpu_eagle3_layer:
     plain decoding and EAGLE / EAGLE-3 chain verification of a tiny random Llama target
     run the target's decoder layers as one C++ call (counted) and the EAGLE-3 head's layer
     as one call, and give transformers' greedy tokens.
@@ -482,10 +482,9 @@ def test_the_stack_in_one_call_is_the_layers_one_call_each(monkeypatch):
     model = LlamaForCausalLM(config)
     for p in model.parameters():
         p.data.normal_(0, 0.2)
-    assert model.cpu_stack is None
+    assert not model.cpu_stack_call
     choose_decode_paths(model)
-    assert model.cpu_stack is not None and all(layer.fused_decode for layer in model.layers)
-    stack_path = model.cpu_stack
+    assert model.cpu_stack_call and all(layer.fused_decode for layer in model.layers)
     stack_calls = []
     stack = cpu_decode.llama_stack_rows
     monkeypatch.setattr(cpu_decode, "llama_stack_rows", lambda *a: stack_calls.append(1) or stack(*a))
@@ -497,7 +496,7 @@ def test_the_stack_in_one_call_is_the_layers_one_call_each(monkeypatch):
         positions = torch.arange(20, 20 + T).view(1, T)
         results = []
         for one_call in (True, False):
-            model.cpu_stack = stack_path if one_call else None
+            model.cpu_stack_call = one_call
             caches = [(k.clone(), v.clone()) for k, v in base]
             stack_calls.clear()
             with torch.no_grad(), use_context(AttentionContext(caches, torch.tensor([1]), positions, 40)):
@@ -507,3 +506,4 @@ def test_the_stack_in_one_call_is_the_layers_one_call_each(monkeypatch):
         (h1, aux1, c1), (h2, aux2, c2) = results
         assert torch.equal(h1, h2) and all(torch.equal(a, b) for a, b in zip(aux1, aux2)) and len(aux1) == 2
         assert all(torch.equal(a, b) for pair1, pair2 in zip(c1, c2) for a, b in zip(pair1, pair2))
+    model.cpu_stack_call = True
