@@ -203,13 +203,17 @@ def bench_products(modules: dict, rounds: int = 5) -> None:
         compare(f"{rows} row{'s' if rows > 1 else ' '}, the int8 lm_head", lambda m: [m.few_row_linear_int8(x, q, d)])
 
 
+def _shown_at_commit(rev: str, path: str):
+    """`git show REV:PATH` from this repository's checkout (a CompletedProcess)."""
+    import subprocess
+
+    return subprocess.run(["git", "show", f"{rev}:{path}"], cwd=SOURCE.parent, capture_output=True, text=True)
+
+
 def build_flags_at_commit(rev: str) -> dict:
     """BUILD_FLAGS as kernels/cpu_decode.py of git commit ``rev`` sets them, or this
     tree's where git does not show that file."""
-    import subprocess
-
-    shown = subprocess.run(["git", "show", f"{rev}:kernels/cpu_decode.py"], cwd=SOURCE.parent,
-                           capture_output=True, text=True)
+    shown = _shown_at_commit(rev, "kernels/cpu_decode.py")
     return build_flags_in(shown.stdout) if shown.returncode == 0 else BUILD_FLAGS
 
 
@@ -227,11 +231,9 @@ def build_flags_in(module_source: str) -> dict:
 def build_at_commit(rev: str):
     """csrc/cpu_decode.cpp as of git commit ``rev``, built with that commit's flags under
     its own module name beside this tree's (for --against)."""
-    import subprocess
     from torch.utils.cpp_extension import load
 
-    shown = subprocess.run(["git", "show", f"{rev}:kernels/csrc/cpu_decode.cpp"], cwd=SOURCE.parent,
-                           capture_output=True, text=True)
+    shown = _shown_at_commit(rev, "kernels/csrc/cpu_decode.cpp")
     if shown.returncode:
         raise SystemExit(f"--against {rev}: `git show {rev}:kernels/csrc/cpu_decode.cpp` failed in "
                          f"{SOURCE.parent}: {shown.stderr.strip()}; give a commit of this repository's checkout")
