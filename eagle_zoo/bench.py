@@ -122,7 +122,10 @@ def add_arguments(p):
                       help="throughput runs decode WAVES x batch size requests, max_num_seqs = batch size "
                            "(continuous batching keeps the batch full; more waves: longer, steadier runs)")
     perf.add_argument("--hf-prompts", type=int, default=0, help="prompts for the transformers generate peer (0: skip)")
-    perf.add_argument("--perf-max-model-len", type=int, default=1024)
+    perf.add_argument("--perf-max-model-len", type=int, default=1024,
+                      help="max_model_len of the batch-1 and throughput tables' engines (default 1024); the "
+                           "step-cost tables' caches hold at least this many tokens, more where their timed steps "
+                           "need them (captured graphs attend over the whole cache row)")
     perf.add_argument("--depth-schedule", default=None,
                       help='adaptive depth for an extra "adaptive" column of the throughput table: "auto" or a '
                            'JSON object like \'{"1": 3, "4": 1, "8": 0}\' (num_speculative_tokens_by_batch_size)')

@@ -119,8 +119,7 @@ def run_perf(args) -> int:
         report["depth_schedule"] = schedule
 
     def make(spec=None, max_num_seqs=1):
-        # Caches sized to the run: graphs attend over the whole row, so a short
-        # max_model_len keeps attention cheap; MT-bench prompts + 256 tokens fit in 1024.
+        # Caches sized to the run: MT-bench prompts + 256 tokens fit in 1024.
         return LLM(model=args.model, speculative_config=spec, dtype=args.dtype, device=args.device,
                    max_num_seqs=max_num_seqs, max_model_len=args.perf_max_model_len, seed=args.seed)
 

@@ -1,6 +1,7 @@
 """The step-cost table of `eagle-zoo bench --perf --step-costs SHAPES`: where one decode
 step's time goes, for each step strategy, on a target of a given shape, at batch 1 or at
-the batch of --step-cost-batch.
+the batch of --step-cost-batch, with caches of --perf-max-model-len tokens or what the timed
+steps need where that is more (a captured graph's attention is given the whole cache row).
 
 Timing needs no trained weights: the target has random weights in the shape asked for
 (SmolLM2-135M's or Llama-3.1-8B's) and the draft is a random one-layer EAGLE-3 head of
@@ -250,26 +251,41 @@ def _graph_replays(engine) -> dict:
     return out
 
 
+def _tokens_a_step(strategy: str, k: int, tree: Optional[dict]) -> int:
+    """The most tokens one step of ``strategy`` adds to a request."""
+    return (tree or {}).get("depth", k) + 1 if strategy != "plain" else 1
+
+
+def _steps_model_len(strategy: str, k: int, tree: Optional[dict], steps: int) -> int:
+    """The max_model_len a request needs to outlive ``steps`` more steps of ``strategy``
+    (_warm_engine), in multiples of 256: 30 steps of warm-up, the ones asked for and two
+    that async scheduling may launch ahead, each at the most tokens a step can add, so no
+    step count or tree depth outgrows the cache."""
+    per_step = _tokens_a_step(strategy, k, tree)
+    return -(-(PROMPT_TOKENS + (32 + steps) * per_step + per_step) // 256) * 256
+
+
 def _warm_engine(target, head, strategy: str, k: int, tree: Optional[dict], dtype, device, steps: int,
-                 batch: int = 1):
+                 batch: int = 1, max_model_len: int = 0):
     """An engine of ``strategy`` serving ``batch`` greedy requests (random prompts of
     PROMPT_TOKENS tokens) that outlive ``steps`` more engine steps, after their prefills,
-    graph captures and 30 steps of warm-up; -> (engine, seqs)."""
+    graph captures and 30 steps of warm-up; its caches hold max_model_len tokens, or what
+    the steps need where that is more; -> (engine, seqs)."""
     from .engine.sampling_params import SamplingParams
 
-    per_step = (tree or {}).get("depth", k) + 1 if strategy != "plain" else 1
-    # Steps the request must outlive: 30 of warm-up, the ones asked for, and two that async
-    # scheduling may launch ahead. The cache holds them at the most tokens a step can add,
-    # so no step count or tree depth outgrows it.
-    need = 32 + steps
-    max_model_len = -(-(PROMPT_TOKENS + need * per_step + per_step) // 256) * 256
-    if max_model_len > target.config.max_position_embeddings:
-        raise ValueError(f"step costs: {steps} steps of up to {per_step} tokens need max_model_len={max_model_len}, "
-                         f"over the shape's max_position_embeddings={target.config.max_position_embeddings}; "
-                         "give fewer --step-cost-steps")
+    per_step = _tokens_a_step(strategy, k, tree)
+    needed = _steps_model_len(strategy, k, tree, steps)
+    limit = target.config.max_position_embeddings
+    if needed > limit:
+        raise ValueError(f"step costs: {steps} steps of up to {per_step} tokens need max_model_len={needed}, "
+                         f"over the shape's max_position_embeddings={limit}; give fewer --step-cost-steps")
+    if max_model_len > limit:
+        raise ValueError(f"step costs: --perf-max-model-len {max_model_len} is over the shape's "
+                         f"max_position_embeddings={limit}; give at most that")
+    max_model_len = max(needed, max_model_len)
     engine = strategy_engine(target, head, strategy, k, tree, dtype, device, max_model_len, batch)
     vocab, rng = target.config.vocab_size, torch.Generator().manual_seed(1)
-    params = SamplingParams(temperature=0, max_tokens=need * per_step, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=(32 + steps) * per_step, ignore_eos=True)
     seqs = [engine.add_request(torch.randint(0, vocab, (PROMPT_TOKENS,), generator=rng).tolist(), params)
             for _ in range(batch)]
     for _ in range(30):  # prefills, graph captures, warm-up
@@ -368,10 +384,12 @@ def prefill_profile(target, head, strategy: str, *, prompt_tokens: int, requests
 
 
 def measure_strategy(target, head, strategy: str, *, k: int = 3, tree: Optional[dict] = None,
-                     dtype: torch.dtype, device: torch.device, steps: int = 200, batch: int = 1) -> dict:
+                     dtype: torch.dtype, device: torch.device, steps: int = 200, batch: int = 1,
+                     max_model_len: int = 0) -> dict:
     """One strategy's row: engine-step wall, host and device time, syncs and graphs (module
-    doc); tokens_per_step is a request's mean."""
-    engine, seqs = _warm_engine(target, head, strategy, k, tree, dtype, device, 2 * steps, batch)  # timed, profiled
+    doc); tokens_per_step is a request's mean; max_model_len as _warm_engine's."""
+    engine, seqs = _warm_engine(target, head, strategy, k, tree, dtype, device, 2 * steps, batch,  # timed, profiled
+                                max_model_len)
 
     def tokens() -> int:
         return sum(len(seq.output_token_ids) for seq in seqs)
@@ -401,10 +419,13 @@ def measure_strategy(target, head, strategy: str, *, k: int = 3, tree: Optional[
 
 def step_cost_table(shape_name: str, *, shape: Optional[dict] = None, k: int = 3, tree: Optional[dict] = None,
                     dtype: torch.dtype = torch.bfloat16, device: Optional[torch.device] = None, steps: int = 200,
-                    acceptance_profile: Optional[list[float]] = None, batch: int = 1) -> dict:
+                    acceptance_profile: Optional[list[float]] = None, batch: int = 1,
+                    max_model_len: int = 0) -> dict:
     """The table for one target shape (SHAPES[shape_name], or ``shape`` given) at ``batch``
     requests a step: rows for plain, chain k and (with ``tree``) a tree; ratios to plain;
-    the plain step against the weight-read floor; the projection."""
+    the plain step against the weight-read floor; the projection. Every row's engine caches
+    max_model_len tokens, or what the deepest strategy's timed steps need where that is
+    more (the table's max_model_len)."""
     if batch < 1:
         raise ValueError(f"step_cost_table: batch={batch}; a step serves 1 request or more")
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -412,13 +433,19 @@ def step_cost_table(shape_name: str, *, shape: Optional[dict] = None, k: int = 3
     target = random_target(shape, dtype, device)
     head = random_eagle3_head(target, DRAFT_VOCAB.get(shape_name, shape["vocab_size"]), dtype)
     strategies = [("plain", {}), ("chain", {"k": k})] + ([("tree", {"tree": tree})] if tree else [])
-    rows = [measure_strategy(target, head, name, dtype=dtype, device=device, steps=steps, batch=batch, **kw)
+    # One cache length for every row (their attention walks the whole cache row alike): the
+    # one asked for, or what the deepest strategy's timed steps need.
+    max_model_len = max([max_model_len] + [_steps_model_len(name, k, kw.get("tree"), 2 * steps)
+                                           for name, kw in strategies])
+    rows = [measure_strategy(target, head, name, dtype=dtype, device=device, steps=steps, batch=batch,
+                             max_model_len=max_model_len, **kw)
             for name, kw in strategies]
     plain_us = rows[0]["step_us"]
     for row in rows:
         row["vs_plain"] = row["step_us"] / plain_us
     table = {"shape": shape_name, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
-             "batch": batch, "rows": rows, "plain_tokens_per_s": batch * 1e6 / plain_us}
+             "batch": batch, "max_model_len": max_model_len, "rows": rows,
+             "plain_tokens_per_s": batch * 1e6 / plain_us}
     if device.type == "cuda":
         weight_bytes = sum(p.numel() * p.element_size() for n, p in target.named_parameters()
                            if "embed_tokens" not in n)
@@ -463,7 +490,8 @@ def parse_acceptance_profile(text: Optional[str]) -> Optional[list[float]]:
 
 def format_table(table: dict) -> str:
     """The table as Markdown rows (BENCHMARKS.md's step-cost tables)."""
-    lines = [f"shape {table['shape']}, {table['device']}, {table['dtype']}, batch {table['batch']}; plain "
+    lines = [f"shape {table['shape']}, {table['device']}, {table['dtype']}, batch {table['batch']}" +
+             (f", max_model_len {table['max_model_len']}" if "max_model_len" in table else "") + "; plain "
              f"{table['plain_tokens_per_s']:.1f} tokens/s" +
              (f"; plain step {table['plain_vs_floor']:.2f}x the weight-read floor "
               f"({table['weight_read_floor_us']:.1f} us at a measured copy bandwidth of "
@@ -505,7 +533,7 @@ def run_step_costs(args, record) -> None:
         try:
             table = step_cost_table(name, k=args.tput_k, tree=tree, dtype=dtype, device=device,
                                     steps=args.step_cost_steps, acceptance_profile=profile,
-                                    batch=args.step_cost_batch)
+                                    batch=args.step_cost_batch, max_model_len=args.perf_max_model_len)
         except Exception as exc:  # one shape's failure must not cost the tables after it
             traceback.print_exc()
             record("step_costs", {"shape": name, "error": f"{type(exc).__name__}: {exc}"})

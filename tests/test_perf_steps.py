@@ -47,9 +47,34 @@ def test_a_batch_table_steps_every_request_together():
     assert table["batch"] == 3 and plain["tokens_per_step"] == 1.0
     assert 1.0 <= chain["tokens_per_step"] <= 3.0 and 1.0 <= tree["tokens_per_step"] <= 3.0
     assert table["plain_tokens_per_s"] == pytest.approx(3e6 / plain["step_us"])
-    assert format_table(table).startswith("shape tiny, cpu, float32, batch 3;")
+    assert format_table(table).startswith("shape tiny, cpu, float32, batch 3, max_model_len 512;")
     with pytest.raises(ValueError, match="batch=0; a step serves 1 request or more"):
         step_cost_table("tiny", shape=TINY, device=torch.device("cpu"), batch=0)
+
+
+def test_every_row_caches_the_max_model_len_asked_for_or_what_the_deepest_steps_need():
+    """--perf-max-model-len: every strategy's engine caches that many tokens where the timed
+    steps need fewer (12 chain steps of up to 3 tokens after a 300-token prompt need 512),
+    one length for the whole table; more than the shape allows is refused by name."""
+    from eagle_zoo import perf_steps
+
+    seen = []
+    real = perf_steps.strategy_engine
+
+    def spy(*args, **kw):
+        seen.append(args[7])  # max_model_len
+        return real(*args, **kw)
+    kw = dict(shape=TINY, k=2, dtype=torch.float32, device=torch.device("cpu"), steps=6)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(perf_steps, "strategy_engine", spy)
+        assert step_cost_table("tiny", max_model_len=3072, **kw)["max_model_len"] == 3072
+        assert seen == [3072, 3072]
+        seen.clear()
+        table = step_cost_table("tiny", max_model_len=256, **kw)
+        assert table["max_model_len"] == 512 and seen == [512, 512]
+    assert format_table(table).startswith("shape tiny, cpu, float32, batch 1, max_model_len 512;")
+    with pytest.raises(ValueError, match="--perf-max-model-len 8192 is over the shape's max_position_embeddings=4096"):
+        step_cost_table("tiny", max_model_len=8192, **kw)
 
 
 @pytest.mark.parametrize("strategy", ["plain", "chain", "tree"])
