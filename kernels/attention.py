@@ -79,7 +79,8 @@ def cache_attention_torch(q, k_cache, v_cache, slot_ids, cache_positions, kv_len
 # * Keys are cut into splits at absolute offsets s*SPLIT (SPLIT a constant, never chosen
 #   from B or the GPU's occupancy as adaptive flash-decoding does); each split is walked
 #   block by block (BLOCK_N keys, from its start) with an online softmax in fp32.
-# * Splits are merged by a second kernel in index order 0, 1, 2, ... sequentially.
+# * Splits are merged by a second kernel in index order 0, 1, 2, ... sequentially, up to
+#   the split holding the query's position where no mask is given (the later ones are empty).
 # * Every tile has the same shape (BLOCK_M query rows of one kv head, rows = (t, group
 #   head) flattened, padded) and the same num_warps, so each row's dot products and
 #   row reductions run the same instructions whichever tile or position it sits in.
@@ -107,17 +108,31 @@ def _attn_split_kernel(Q, K, V, SLOT, POS, MASK, ACC, M, L, BASE, ANC,
     mt = pid % n_mtiles
     kvh = (pid // n_mtiles) % n_kv
     b = pid // (n_mtiles * n_kv)
-    if TREE:  # one token per tile, its group heads in rows 0..G-1: a decode step's tile
-        rows = tl.arange(0, BLOCK_M)
-        row_ok = rows < G
-        t = mt + rows * 0
-        h = kvh * G + rows
-    else:
-        rows = mt * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_ok = rows < T * G
-        t = rows // G
-        h = kvh * G + rows % G
+    lo = s * SPLIT
+    rows = mt * BLOCK_M + tl.arange(0, BLOCK_M)  # (t, group head) flattened, BLOCK_M a tile
+    row_ok = rows < T * G
+    t = rows // G
+    h = kvh * G + rows % G
+    if TREE:
+        base = tl.load(BASE + b * sbb).to(tl.int32)
+        if lo + SPLIT > base:
+            # A split reaching the tree's columns: one node per tile, its group heads in rows
+            # 0..G-1 (a decode step's tile), walking its own ancestors (the loop below).
+            head = tl.arange(0, BLOCK_M)
+            row_ok = head < G
+            t = mt + head * 0
+            h = kvh * G + head
+        elif mt * BLOCK_M >= T * G:
+            # A split of history alone: every node sees the same keys, so its tiles take the
+            # nodes' rows together, as a verification's do; the row tiles past them are idle.
+            return
     pos = tl.load(POS + b * spb + t * spt, mask=row_ok, other=-1).to(tl.int32)
+    if not HAS_MASK:
+        if lo > tl.max(pos):
+            # No row sees a key of this split, and the merge reads no split past a row's
+            # position: nothing to compute or store (a captured graph's kv_len is the cache's
+            # length, so most splits of a short sequence end here).
+            return
     slot = tl.load(SLOT + b * ssb).to(tl.int64)
     dk = tl.arange(0, BLOCK_DK)
     dv = tl.arange(0, BLOCK_DV)
@@ -126,7 +141,6 @@ def _attn_split_kernel(Q, K, V, SLOT, POS, MASK, ACC, M, L, BASE, ANC,
     k_base = K + slot * sks + kvh * skh
     v_base = V + slot * svs + kvh * svh
 
-    lo = s * SPLIT
     hi = tl.minimum(lo + SPLIT, kv_len)
     if not HAS_MASK:  # skip blocks no row of the tile can see (exact no-ops, see above)
         hi = tl.minimum(hi, tl.max(pos) + 1)
@@ -137,8 +151,6 @@ def _attn_split_kernel(Q, K, V, SLOT, POS, MASK, ACC, M, L, BASE, ANC,
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-    if TREE:
-        base = tl.load(BASE + b * sbb).to(tl.int32)
     for n0 in range(lo, hi, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
         col_ok = cols < kv_len
@@ -186,8 +198,9 @@ def _attn_split_kernel(Q, K, V, SLOT, POS, MASK, ACC, M, L, BASE, ANC,
 
 
 @triton.jit(do_not_specialize=["n_split"])
-def _attn_merge_kernel(ACC, M, L, O, T, H, n_split, sob, sot, soh, sod,
-                       DV: tl.constexpr, BLOCK_DV: tl.constexpr, PDL: tl.constexpr):
+def _attn_merge_kernel(ACC, M, L, O, POS, T, H, n_split, sob, sot, soh, sod, spb, spt,
+                       DV: tl.constexpr, BLOCK_DV: tl.constexpr, SPLIT: tl.constexpr, BY_POSITION: tl.constexpr,
+                       PDL: tl.constexpr):
     if PDL:  # kernels/_triton.py: nothing of the kernels before is read until they are done
         gdc_wait()
         gdc_launch_dependents()
@@ -200,7 +213,14 @@ def _attn_merge_kernel(ACC, M, L, O, T, H, n_split, sob, sot, soh, sod,
     m = tl.full([], float("-inf"), tl.float32)
     l = tl.zeros([], tl.float32)
     acc = tl.zeros([BLOCK_DV], tl.float32)
-    for s in range(0, n_split):  # fixed order; an empty split (m=-inf, l=0, acc=0) is a no-op
+    last = n_split
+    if BY_POSITION:
+        # A query sees no key past its position, so the splits after the one holding it are
+        # empty: skipping them changes no bit, and the loop no longer grows with the cache
+        # length a captured graph's kv_len stands for.
+        pos = tl.load(POS + b * spb + t * spt).to(tl.int32)
+        last = tl.minimum(n_split, tl.maximum(pos, 0) // SPLIT + 1)
+    for s in range(0, last):  # fixed order; an empty split (m=-inf, l=0, acc=0) is a no-op
         ms = tl.load(M + pid * n_split + s)
         ls = tl.load(L + pid * n_split + s)
         accs = tl.load(ACC + (pid * n_split + s) * DV + dv, mask=dmask, other=0.0)
@@ -225,8 +245,9 @@ def cache_attention_triton(q, k_cache, v_cache, slot_ids, cache_positions, kv_le
     base + its depth, ancestors[b,t,d] the column (less base) of its ancestor at level d,
     itself at its depth (a verified tree: node numbers, node 0 the root at column base;
     entries past its depth are not read): node t attends to the history [0, base) and its
-    ancestors, walked in position order (see the kernel), one token per tile, so a node
-    gets the bits a decode step at its position would. attn_mask is then not given; groups
+    ancestors, walked in position order (see the kernel): a split reaching the tree's
+    columns takes one token per tile, a split of history alone the nodes' rows together (as a
+    verification's tiles do), so a node gets the bits a decode step at its position would. attn_mask is then not given; groups
     of more than 16 heads per kv head take the same keys as a mask (tree_visibility)."""
     _check(q, k_cache, v_cache, attn_mask, kv_len, tree)
     if split_size % block_n:
@@ -265,8 +286,9 @@ def cache_attention_triton(q, k_cache, v_cache, slot_ids, cache_positions, kv_le
         BLOCK_M=_BLOCK_M, BLOCK_N=block_n, SPLIT=split_size, num_warps=_NUM_WARPS, **pdl_launch(q),
     )
     _attn_merge_kernel[(B * T * H,)](
-        acc, m, l, out, T, H, n_split, *out.stride(),
-        DV=DV, BLOCK_DV=triton.next_power_of_2(DV), num_warps=1, **pdl_launch(q),
+        acc, m, l, out, cache_positions, T, H, n_split, *out.stride(), *cache_positions.stride(),
+        DV=DV, BLOCK_DV=triton.next_power_of_2(DV), SPLIT=split_size, BY_POSITION=attn_mask is None,
+        num_warps=1, **pdl_launch(q),
     )
     return out
 
