@@ -125,7 +125,7 @@ def add_arguments(p):
     perf.add_argument("--perf-max-model-len", type=int, default=1024,
                       help="max_model_len of the batch-1 and throughput tables' engines (default 1024); the "
                            "step-cost tables' caches hold at least this many tokens, more where their timed steps "
-                           "need them (captured graphs attend over the whole cache row)")
+                           "need them")
     perf.add_argument("--depth-schedule", default=None,
                       help='adaptive depth for an extra "adaptive" column of the throughput table: "auto" or a '
                            'JSON object like \'{"1": 3, "4": 1, "8": 0}\' (num_speculative_tokens_by_batch_size)')

@@ -274,15 +274,11 @@ def _warm_engine(target, head, strategy: str, k: int, tree: Optional[dict], dtyp
     from .engine.sampling_params import SamplingParams
 
     per_step = _tokens_a_step(strategy, k, tree)
-    needed = _steps_model_len(strategy, k, tree, steps)
+    max_model_len = max(_steps_model_len(strategy, k, tree, steps), max_model_len)
     limit = target.config.max_position_embeddings
-    if needed > limit:
-        raise ValueError(f"step costs: {steps} steps of up to {per_step} tokens need max_model_len={needed}, "
-                         f"over the shape's max_position_embeddings={limit}; give fewer --step-cost-steps")
-    if max_model_len > limit:
-        raise ValueError(f"step costs: --perf-max-model-len {max_model_len} is over the shape's "
-                         f"max_position_embeddings={limit}; give at most that")
-    max_model_len = max(needed, max_model_len)
+    if max_model_len > limit:  # step_cost_table refuses a --perf-max-model-len over it first
+        raise ValueError(f"step costs: {steps} steps need max_model_len={max_model_len}, over the shape's "
+                         f"max_position_embeddings={limit}; give fewer --step-cost-steps")
     engine = strategy_engine(target, head, strategy, k, tree, dtype, device, max_model_len, batch)
     vocab, rng = target.config.vocab_size, torch.Generator().manual_seed(1)
     params = SamplingParams(temperature=0, max_tokens=(32 + steps) * per_step, ignore_eos=True)
@@ -430,6 +426,9 @@ def step_cost_table(shape_name: str, *, shape: Optional[dict] = None, k: int = 3
         raise ValueError(f"step_cost_table: batch={batch}; a step serves 1 request or more")
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shape = shape or SHAPES[shape_name]
+    if max_model_len > shape["max_position_embeddings"]:
+        raise ValueError(f"step costs: --perf-max-model-len {max_model_len} is over the shape's "
+                         f"max_position_embeddings={shape['max_position_embeddings']}; give at most that")
     target = random_target(shape, dtype, device)
     head = random_eagle3_head(target, DRAFT_VOCAB.get(shape_name, shape["vocab_size"]), dtype)
     strategies = [("plain", {}), ("chain", {"k": k})] + ([("tree", {"tree": tree})] if tree else [])
