@@ -707,23 +707,23 @@ def patch_kernels_off():
 
 # --- tree passes in position order (EAGLE-2 trees get plain decoding's bits) ------------------
 
-def _tree_attention_problem(device, dtype=torch.float32):
-    """Two sequences, histories of 37 and 70 tokens, a 7-node tree each at columns
-    base..base+6 (node 0 the root), as tree_verify lays it out."""
+def _tree_attention_problem(device, dtype=torch.float32, bases=(37, 70)):
+    """Two sequences, histories of bases[0] and bases[1] tokens, a 7-node tree each at
+    columns base..base+6 (node 0 the root), as tree_verify lays it out."""
     from eagle_zoo.kernels.attention import tree_visibility
     from eagle_zoo.kernels.tree_select import build_tree
 
     g = torch.Generator().manual_seed(8)
     parents = torch.tensor([[-1, 0, 0, 1, 1, 3, 2], [-1, 0, 1, 0, 2, 4, 3]])
     depth, anc = build_tree(parents, 4)
-    base = torch.tensor([37, 70])
+    base = torch.tensor(bases)
     B, N = parents.shape
     positions = base.view(B, 1) + depth
     columns = base.view(B, 1) + torch.arange(N)
-    kv_len = 90
+    kv_len = max(bases) + 20
     mask = tree_visibility((positions, base, anc), kv_len)
     q = torch.randn(B, N, 6, 16, generator=g)
-    kc, vc = torch.randn(4, 96, 2, 16, generator=g), torch.randn(4, 96, 2, 16, generator=g)
+    kc, vc = torch.randn(4, kv_len + 6, 2, 16, generator=g), torch.randn(4, kv_len + 6, 2, 16, generator=g)
     slots = torch.tensor([3, 1])
     to = lambda t: t.to(device)  # noqa: E731
     return (to(q.to(dtype)), to(kc.to(dtype)), to(vc.to(dtype)), to(slots), to(columns), kv_len, to(mask),
@@ -732,10 +732,14 @@ def _tree_attention_problem(device, dtype=torch.float32):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_attention_tree_mode_matches_reference_and_plain_decoding_bits(device):
+    """Histories longer than a split (16 keys in the interpreter, 256 on the GPU), so that
+    the splits of history alone (the nodes' rows together in a tile) and the split reaching
+    the tree's columns (a node a tile) both count."""
     dev = _dev(device)
     kw = dict(split_size=16, block_n=16) if device == "interp" else {}
+    bases = (37, 70) if device == "interp" else (300, 600)
     for dtype in _dtypes(device):
-        q, kc, vc, slots, cols, kv_len, mask, tree, depth, anc = _tree_attention_problem(dev, dtype)
+        q, kc, vc, slots, cols, kv_len, mask, tree, depth, anc = _tree_attention_problem(dev, dtype, bases)
         out = cache_attention_triton(q, kc, vc, slots, cols, kv_len, 0.25, tree=tree, **kw)
         ref = cache_attention_torch(q, kc, vc, slots, cols, kv_len, 0.25, attn_mask=mask)
         # The CPU dispatcher takes the tree's keys through the reference with their mask: the
