@@ -10,6 +10,10 @@ set -u
 cd "$(dirname "$0")/../.."
 rev=${1:?usage: ab.sh REV CMD} cmd=${2:?usage: ab.sh REV CMD}
 rm -rf /tmp/ab-old && git -c safe.directory='*' worktree prune
+if ! git -c safe.directory='*' cat-file -e "$rev^{commit}" 2>/dev/null && [ -f .device/commits.bundle ]; then
+  # The machine's checkout predates REV: the commits the call carried (commits.sh).
+  git -c safe.directory='*' fetch -q .device/commits.bundle HEAD || exit 1
+fi
 git -c safe.directory='*' worktree add -f /tmp/ab-old "$rev" > /dev/null || exit 1
 for ROUND in 1 2; do
   for SIDE in old new; do
