@@ -8,13 +8,13 @@ on first use with torch's C++ extension loader (g++ with OpenMP; about 30 s, the
 cached); where it cannot be built or the CPU lacks AVX2, `available()` is False and
 callers keep torch's ops.
 
-    python -m eagle_zoo.kernels.cpu_decode [--bench] [--attention-against REV]
+    python -m eagle_zoo.kernels.cpu_decode [--bench] [--against REV]
         builds it now (`make` does, so the first decode step does not wait for the
         compiler) and says whether it is in use; --bench then times few_row_linear over
         SmolLM2's products and few_row_linear_int8 over its lm_head's shape at 1 to 4
-        rows (bench_products); --attention-against REV times cache_attention of this
-        tree's source and of commit REV's, built side by side, alternating in one process
-        (bench_attention)
+        rows (bench_products); --against REV times cache_attention and the products of
+        this tree's source and of commit REV's (built with REV's flags), side by side,
+        alternating in one process (bench_attention, bench_products)
 """
 from __future__ import annotations
 
