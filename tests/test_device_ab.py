@@ -53,6 +53,9 @@ def test_ab_takes_a_rev_the_checkout_lacks_from_the_carried_bundle(tmp_path):
                    env={**os.environ, "COMMITS": "2"})
     (machine / ".device").mkdir()
     shutil.copy(repo / ".device" / "commits.bundle", machine / ".device" / "commits.bundle")
-    run = _ab(machine, second)
+    try:
+        run = _ab(machine, second)
+    finally:
+        shutil.rmtree("/tmp/ab-old", ignore_errors=True)  # ab.sh's worktree of the old side
     assert run.returncode == 0, run.stderr
     assert run.stdout.split("\n") == ["old 1 second", "new 1 working tree", "old 2 second", "new 2 working tree", ""]
