@@ -246,9 +246,10 @@ def cache_attention_triton(q, k_cache, v_cache, slot_ids, cache_positions, kv_le
     itself at its depth (a verified tree: node numbers, node 0 the root at column base;
     entries past its depth are not read): node t attends to the history [0, base) and its
     ancestors, walked in position order (see the kernel): a split reaching the tree's
-    columns takes one token per tile, a split of history alone the nodes' rows together (as a
-    verification's tiles do), so a node gets the bits a decode step at its position would. attn_mask is then not given; groups
-    of more than 16 heads per kv head take the same keys as a mask (tree_visibility)."""
+    columns takes one token per tile, a split of history alone the nodes' rows together
+    (as a verification's tiles do), so a node gets the bits a decode step at its position
+    would. attn_mask is then not given; groups of more than 16 heads per kv head take the
+    same keys as a mask (tree_visibility)."""
     _check(q, k_cache, v_cache, attn_mask, kv_len, tree)
     if split_size % block_n:
         raise ValueError(f"cache_attention_triton: split_size {split_size} must be a multiple of block_n {block_n}")

@@ -506,4 +506,3 @@ def test_the_stack_in_one_call_is_the_layers_one_call_each(monkeypatch):
         (h1, aux1, c1), (h2, aux2, c2) = results
         assert torch.equal(h1, h2) and all(torch.equal(a, b) for a, b in zip(aux1, aux2)) and len(aux1) == 2
         assert all(torch.equal(a, b) for pair1, pair2 in zip(c1, c2) for a, b in zip(pair1, pair2))
-    model.cpu_stack_call = True

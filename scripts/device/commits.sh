@@ -8,5 +8,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p .device
-git bundle create .device/commits.bundle "HEAD~${COMMITS:-60}..HEAD" 2>/dev/null
+git bundle create -q .device/commits.bundle "HEAD~${COMMITS:-60}..HEAD"
 ls -la .device/commits.bundle
