@@ -428,12 +428,16 @@ class RunnerGraphStandIn:
 
 
 class StepGraphStandIn:
-    """Stands in for a whole-step CUDA graph (EngineCore.tree_step_graph, chain_step_graph)
-    on the CPU: records (name, T) of each call and runs the function a graph would capture
-    (its whole-row form) directly."""
+    """Stands in for a whole-step CUDA graph (EngineCore.tree_step_graph, chain_step_graph,
+    graphs.StepGraph) on the CPU: records (name, T) of each call and runs the function the
+    graph would capture (graphs.feeding_step of the step's whole-row form) directly, so it
+    feeds its next call through its inputs as the graph does."""
 
-    def __init__(self, fn, calls, name):
-        self.fn, self.calls, self.name = fn, calls, name
+    def __init__(self, fn, calls, name, scratch_slot, drafted=None):
+        from eagle_zoo.engine.graphs import feeding_step
+
+        self.fn = feeding_step(fn, scratch_slot, drafted)
+        self.calls, self.name = calls, name
 
     def eligible(self, input_ids):
         return True

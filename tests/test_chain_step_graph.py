@@ -57,7 +57,7 @@ def with_graph_stand_ins(llm, calls):
     assert engine.chain_step_graph is None  # the CPU engine has no graphs of its own
     assert engine.proposer.whole_step_graphable
     step = functools.partial(engine.proposer.greedy_chain_step, engine.greedy_target_pass)
-    engine.chain_step_graph = ef.StepGraphStandIn(step, calls, "chain step")
+    engine.chain_step_graph = ef.StepGraphStandIn(step, calls, "chain step", engine.runner.scratch_slot)
     return llm
 
 
@@ -88,7 +88,7 @@ def test_sampled_chain_steps_take_the_passes(setup):
     calls = []
     llm = with_graph_stand_ins(make_llm(target, heads["eagle3"], "eagle3", 3), calls)
     llm.engine.chain_step_graph = ef.StepGraphStandIn(lambda *a: pytest.fail("a sampled step was graphed"),
-                                                      calls, "chain step")
+                                                      calls, "chain step", llm.engine.runner.scratch_slot)
     outs = run(llm, prompts[:2], [SamplingParams(temperature=0.8, seed=3, max_tokens=6)] * 2)
     assert all(len(o) == 6 for o in outs)
     assert ("target", 4) in calls  # verification went through the target runner's own graph

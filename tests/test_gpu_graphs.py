@@ -95,6 +95,27 @@ def test_async_scheduling_with_graphs_gives_the_same_tokens(checkpoints, name):
     assert outs[0] == outs[1]
 
 
+@pytest.mark.parametrize("name", ["plain", "eagle3 k=3", "eagle3 tree"])
+def test_steps_launched_ahead_copy_nothing_into_their_graph(checkpoints, name, monkeypatch):
+    """A step graph leaves the next step's inputs in its own buffers (graphs.StepGraph): a
+    step launched ahead of the same batch copies none of its three inputs in; without
+    async scheduling every step's inputs come from the host and are copied."""
+    from eagle_zoo.engine import graphs
+
+    target, heads = checkpoints
+    spec = None if SPECS[name] is None else {"method": SPECS[name][0], "model": str(heads[SPECS[name][0]]),
+                                              **SPECS[name][1]}
+    held, real = [], graphs._holds
+    monkeypatch.setattr(graphs, "_holds", lambda buffer, t: held.append(real(buffer, t)) or held[-1])
+    for async_scheduling in (False, True):
+        held.clear()
+        llm = LLM(str(target), speculative_config=spec, device="cuda", dtype="float32", max_model_len=256,
+                  max_num_seqs=1, async_scheduling=async_scheduling)
+        prompt = ef.random_prompts((20,), cf.TINY["vocab_size"], seed=5)[0]
+        llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=96, ignore_eos=True))
+        assert held.count(True) >= 30 if async_scheduling else held.count(True) == 0
+
+
 @pytest.mark.parametrize("name", ["eagle k=3", "eagle3 k=3"])
 def test_greedy_chain_steps_replay_one_graph(checkpoints, name):
     """A greedy EAGLE chain step is EngineCore.chain_step_graph (drafting, target pass,

@@ -1153,3 +1153,66 @@ def test_chain_accept_greedy_dispatches_to_the_reference_on_cpu():
     args = _chain_problem("cpu")
     for g_, w_ in zip(chain_accept_greedy(*args), chain_accept_greedy_torch(*args)):
         assert torch.equal(g_, w_)
+
+
+# --- step_outputs (a step's read-back row and the next step's inputs) ---------------------
+
+from eagle_zoo.kernels.step_outputs import step_outputs, step_outputs_torch, step_outputs_triton  # noqa: E402
+
+
+def test_step_outputs_dispatches_to_the_reference_on_cpu():
+    tokens, accepted, base, slots, _ = _step_problem("cpu")
+    for g_, w_ in zip(step_outputs(tokens, accepted, 2, base, slots, 9),
+                      step_outputs_torch(tokens, accepted, 2, base, slots, 9)):
+        assert torch.equal(g_, w_)
+
+
+def _step_problem(device, B=6, T=4, seed=0):
+    """A step's emitted tokens (-1 past each row's accepted drafts), the last row a padding
+    row of scratch slot 9."""
+    g = torch.Generator().manual_seed(seed)
+    accepted = torch.randint(0, T, (B,), generator=g)
+    tokens = torch.randint(0, 50, (B, T), generator=g)
+    tokens = torch.where(torch.arange(T) <= accepted[:, None], tokens, -1)
+    base = torch.randint(0, 100, (B,), generator=g)
+    slots = torch.arange(B)
+    slots[-1] = 9
+    drafted = torch.randint(0, T, (B,), generator=g)
+    return [t.to(device) for t in (tokens, accepted, base, slots, drafted)]
+
+
+def test_step_outputs_reference_gives_the_row_the_last_token_and_the_next_length():
+    tokens, accepted, base, slots, drafted = _step_problem("cpu")
+    out, last, nxt = step_outputs_torch(tokens, accepted, 3, base, slots, 9)
+    for b in range(6):
+        a = int(accepted[b])
+        assert out[b].tolist() == tokens[b].tolist() + [a, 3]
+        assert last[b, 0].item() == tokens[b, a].item() != -1
+        assert nxt[b].item() == (0 if b == 5 else int(base[b]) + a + 1)  # the padding row stays at 0
+    out, _, _ = step_outputs_torch(tokens, accepted, drafted, base, slots, 9)
+    assert out[:, -1].tolist() == drafted.tolist()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("T", [1, 4, 7])
+def test_step_outputs_triton_matches_reference(device, T):
+    tokens, accepted, base, slots, drafted = _step_problem(_dev(device), T=T, seed=T)
+    for d in (T - 1, drafted):
+        got, want = step_outputs_triton(tokens, accepted, d, base, slots, 9), \
+            step_outputs_torch(tokens, accepted, d, base, slots, 9)
+        for g_, w_ in zip(got, want):
+            assert g_.dtype == w_.dtype and torch.equal(g_, w_)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_step_outputs_into_a_steps_own_inputs(device):
+    """A step graph's form: next_last and next_base written over column 0 of its own
+    input_ids and positions ([B, T] buffers, strided columns), which base is read from."""
+    tokens, accepted, base, slots, _ = _step_problem(_dev(device), T=3)
+    want = step_outputs_torch(tokens, accepted, 2, base, slots, 9)
+    ids = torch.zeros(6, 3, dtype=torch.long, device=tokens.device)
+    positions = base[:, None] + torch.arange(3, device=tokens.device)
+    out, last, nxt = step_outputs_triton(tokens, accepted, 2, positions[:, 0], slots, 9, into=(ids[:, :1], positions[:, 0]))
+    assert torch.equal(out, want[0]) and torch.equal(ids[:, :1], want[1]) and torch.equal(positions[:, 0], want[2])
+    assert last.data_ptr() == ids.data_ptr() and nxt.data_ptr() == positions.data_ptr()
+    assert torch.equal(positions[:, 1:], (base[:, None] + torch.arange(1, 3, device=tokens.device)))

@@ -268,8 +268,9 @@ def test_graph_mode_runs_the_greedy_tree_step_as_one_graph(models):
     calls = []
     for name, runner in (("target", llm.engine.runner), ("head", llm.engine.proposer.runner)):
         runner.graphed = ef.RunnerGraphStandIn(runner, name, calls)
-    llm.engine.tree_step_graph = ef.StepGraphStandIn(tree_verify.whole_row_greedy_step(llm.engine), calls,
-                                                     "tree step")
+    engine = llm.engine
+    engine.tree_step_graph = ef.StepGraphStandIn(tree_verify.whole_row_greedy_step(engine), calls, "tree step",
+                                                 engine.runner.scratch_slot, engine.proposer.total_tokens - 1)
     assert generate(llm, prompts, [greedy(n) for n in MAX_TOKENS]) == want
     prefill = sorted({n for n in LENGTHS if n <= 16})
     assert sorted({t for name, t in calls if name == "target"}) == prefill  # never the 9-node tree pass
@@ -286,7 +287,7 @@ def test_sampled_tree_steps_stay_eager_with_graphs(models):
     llm = make_llm(target, spec, 3)
     calls = []
     llm.engine.tree_step_graph = ef.StepGraphStandIn(lambda *a: pytest.fail("a sampled step was graphed"), calls,
-                                                     "tree step")
+                                                     "tree step", llm.engine.runner.scratch_slot)
     outs = generate(llm, prompts[:2], [SamplingParams(temperature=0.8, seed=3, max_tokens=6)] * 2)
     assert all(len(o) == 6 for o in outs) and not calls
 

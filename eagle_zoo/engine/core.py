@@ -36,7 +36,8 @@ import torch
 
 from . import logprobs as lp
 from .detokenizer import update_sequence_text
-from .graphs import GraphedForward
+from ..kernels.step_outputs import step_outputs
+from .graphs import StepGraph
 from .host_tensors import device_tensor
 from .metrics import SpecDecodingMetrics
 from .outputs import CompletionOutput, RequestOutput
@@ -124,7 +125,9 @@ class EngineCore:
         self.strategy = step_strategy(proposer)
         graphed = self.runner.graphed is not None
         # Greedy plain / chain / parallel steps: the target's pass, its lm_head and the
-        # greedy verification in one CUDA graph.
+        # greedy verification in one CUDA graph. Each whole-step graph here is a StepGraph
+        # (graphs.py): it leaves the next step's inputs in its own input buffers, so a step
+        # launched ahead of the same batch replays it with nothing copied in.
         self.greedy_target_graph = None
         # Greedy tree steps: drafting, the target's tree pass, acceptance, compaction and
         # the head's catch-up in one CUDA graph (tree_verify.whole_row_greedy_step); only
@@ -134,20 +137,19 @@ class EngineCore:
             if graphed and proposer.runner.graphed is not None:
                 from .tree_verify import whole_row_greedy_step
 
-                self.tree_step_graph = GraphedForward(whole_row_greedy_step(self), max_num_seqs,
-                                                      self.runner.scratch_slot, graph_pool)
+                self.tree_step_graph = StepGraph(whole_row_greedy_step(self), max_num_seqs, self.runner.scratch_slot,
+                                                 graph_pool, drafted=proposer.total_tokens - 1)
         elif graphed:
-            self.greedy_target_graph = GraphedForward(self.greedy_target_pass, max_num_seqs,
-                                                      self.runner.scratch_slot, graph_pool)
+            self.greedy_target_graph = StepGraph(self.greedy_target_pass, max_num_seqs, self.runner.scratch_slot,
+                                                 graph_pool)
         # Greedy EAGLE chain steps: drafting, the target's pass with greedy verification and
         # the catch-up in one CUDA graph (EagleProposer.greedy_chain_step), so the GPU runs
         # the step without eager kernels or idle gaps between graphs (BENCHMARKS.md, "Step
         # costs"); when the head's passes can be captured.
         self.chain_step_graph = None
         if graphed and self.strategy == "chain" and getattr(proposer, "whole_step_graphable", False):
-            self.chain_step_graph = GraphedForward(functools.partial(proposer.greedy_chain_step,
-                                                                     self.greedy_target_pass),
-                                                   max_num_seqs, self.runner.scratch_slot, graph_pool)
+            self.chain_step_graph = StepGraph(functools.partial(proposer.greedy_chain_step, self.greedy_target_pass),
+                                              max_num_seqs, self.runner.scratch_slot, graph_pool)
         self.scheduler = Scheduler(max_num_seqs)
         self.metrics = SpecDecodingMetrics(num_speculative_tokens=self.k)
         self.seed = seed
@@ -381,19 +383,19 @@ class EngineCore:
             return tree_verify.launch_tree_step(self, seqs, slots, base, last[:, 0], kv_len - (k + 1))
         return self._launch(seqs, k, slots, base, last, kv_len)
 
-    def launched_step(self, seqs: list[Sequence], k: int, tokens: torch.Tensor, accepted: torch.Tensor,
-                      drafted: Optional[torch.Tensor], slots: torch.Tensor, base: torch.Tensor,
-                      num_positions: Optional[int] = None, logprobs: Optional[torch.Tensor] = None,
-                      num_top: int = 0) -> LaunchedStep:
-        """The LaunchedStep of a step whose emitted tokens [B, k+1] (-1 padded), accepted
-        drafts [B] and drafted tokens [B] (None: k each) are queued on the device (and the
-        logprobs block of logprobs.pack, when a request of the step asked for logprobs)."""
-        if k == 0:  # a plain step (one token each, none drafted): views and one add, no gather
-            drafted, next_base, next_last = accepted, base + 1, tokens[:, :1]
-        else:
-            drafted = torch.full_like(accepted, k) if drafted is None else drafted
-            next_base, next_last = base + accepted + 1, tokens.gather(1, accepted.view(-1, 1))
-        out = torch.cat([tokens, accepted[:, None], drafted[:, None]], dim=1)
+    def step_outputs(self, tokens: torch.Tensor, accepted: torch.Tensor, drafted, base: torch.Tensor,
+                     slots: torch.Tensor) -> tuple:
+        """An eager step's (out, next_last, next_base) from its emitted tokens [B, k+1] (-1
+        padded), accepted drafts [B] and drafted tokens ([B], or the count every row drafted):
+        what a StepGraph computes inside its graph (kernels/step_outputs.py)."""
+        return step_outputs(tokens, accepted, drafted, base, slots, self.runner.scratch_slot)
+
+    def launched_step(self, seqs: list[Sequence], k: int, out: torch.Tensor, next_last: torch.Tensor,
+                      next_base: torch.Tensor, slots: torch.Tensor, num_positions: Optional[int] = None,
+                      logprobs: Optional[torch.Tensor] = None, num_top: int = 0) -> LaunchedStep:
+        """The LaunchedStep of a step queued on the device: out [B, k+3], next_last [B, 1]
+        and next_base [B] as step_outputs gives them (and the logprobs block of
+        logprobs.pack, when a request of the step asked for logprobs)."""
         step = LaunchedStep(seqs, k, out, slots, next_base, next_last,
                             num_positions=num_positions, logprobs=logprobs, num_top=num_top)
         if out.is_cuda:
@@ -417,8 +419,7 @@ class EngineCore:
         wants_logprobs = [s.params.logprobs for s in seqs if s.params.logprobs is not None]
         whole = self.chain_step_graph
         if k and whole is not None and sampling.plain_greedy and not wants_logprobs and whole.eligible(last):
-            tokens, accepted = whole(last, base.unsqueeze(1), slots, k)
-            return self.launched_step(seqs, k, tokens, accepted, None, slots, base)
+            return self.launched_step(seqs, k, *whole(last, base.unsqueeze(1), slots, k))
         # Copying every sequence's token list is O(length) per step: only for proposers
         # that read it (n-gram lookup, the draft model's last two tokens).
         reads = self.proposer is not None and (self.proposer.needs_token_history if k else
@@ -443,20 +444,20 @@ class EngineCore:
         if sampling.plain_greedy and not wants_logprobs and num_draft is None and graph is not None \
                 and graph.eligible(input_ids):
             # A plain step verifies [B, 0] drafts.
-            tokens, accepted, hidden, aux = graph(input_ids, positions, slots, drafts if k else input_ids[:, :0])
+            *outputs, hidden, aux = graph(input_ids, positions, slots, drafts if k else input_ids[:, :0])
+            tokens, accepted = outputs[0][:, :k + 1], outputs[0][:, k + 1]
         else:
             hidden, aux = self.runner.run(input_ids, positions, slots, kv_len, self.aux_layer_ids)
             logits = self.target.compute_logits(hidden)
             tokens, accepted = verify_drafts(logits, drafts, num_draft, sampling)
             if wants_logprobs:
                 block = lp.pack(logits, tokens, max(wants_logprobs))
+            outputs = (*self.step_outputs(tokens, accepted, k if num_draft is None else num_draft, base, slots), slots)
         if k:
             self.proposer.on_verify(batch, TargetOutput(input_ids, tokens, positions, hidden, aux), accepted)
         elif self.proposer is not None:  # a plain step (schedule K = 0, or no n-gram match)
             self.proposer.on_plain_step(batch, TargetOutput(input_ids, tokens, positions, hidden, aux))
-        drafted = None if num_draft is None else num_draft.to(accepted.dtype)
-        return self.launched_step(seqs, k, tokens, accepted, drafted, slots, base, logprobs=block,
-                                  num_top=max(wants_logprobs, default=0))
+        return self.launched_step(seqs, k, *outputs, logprobs=block, num_top=max(wants_logprobs, default=0))
 
     def greedy_target_pass(self, input_ids, positions, slots, drafts):
         """The target over [B, K+1] tokens (whole cache rows) and greedy verification of

@@ -13,10 +13,12 @@ from __future__ import annotations
 import bisect
 import gc
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from ..kernels.step_outputs import step_outputs
 
 DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 MAX_GRAPH_TOKENS = 16  # T above this (prefill) runs eagerly
@@ -67,6 +69,15 @@ class GraphedForward:
         return input_ids.shape[0] <= self.buckets[-1] and input_ids.shape[1] <= MAX_GRAPH_TOKENS
 
     def __call__(self, input_ids, positions, slot_ids, *args):
+        B = input_ids.shape[0]
+        graph, static_out, spec = self._load(input_ids, positions, slot_ids, args)
+        graph.replay()
+        # Non-tensor leaves (a forward that only writes state returns None) pass through.
+        return tree_unflatten([o[:B].clone() if torch.is_tensor(o) else o for o in static_out], spec)
+
+    def _load(self, input_ids, positions, slot_ids, args):
+        """The graph of this call's bucket and shapes (captured at its first call), with
+        the call's inputs copied into its static buffers; -> (graph, static outputs, spec)."""
         B, T = input_ids.shape
         bucket = self.buckets[bisect.bisect_left(self.buckets, B)]
         key = (bucket, T) + tuple(_signature(a) for a in args)
@@ -75,18 +86,18 @@ class GraphedForward:
             entry = self.graphs[key] = self._capture(bucket, T, args)
         graph, static_in, static_out, spec = entry
         ids, pos, slots, tensor_args = static_in
-        ids[:B].copy_(input_ids)
-        pos[:B].copy_(positions)
-        slots[:B].copy_(slot_ids)
-        if B < bucket:  # padding rows: write to the scratch slot, position 0
+        held = [_holds(ids, input_ids), _holds(pos, positions), _holds(slots, slot_ids)]
+        for dst, src, same in zip((ids, pos, slots), (input_ids, positions, slot_ids), held):
+            if not same:
+                dst[:B].copy_(src)
+        if B < bucket and not all(held):  # padding rows: write to the scratch slot, position 0
             ids[B:].zero_()
             pos[B:].zero_()
             slots[B:].fill_(self.scratch_slot)
         for dst, src in zip(tensor_args, (a for a in args if torch.is_tensor(a))):
-            dst[:B].copy_(src)
-        graph.replay()
-        # Non-tensor leaves (a forward that only writes state returns None) pass through.
-        return tree_unflatten([o[:B].clone() if torch.is_tensor(o) else o for o in static_out], spec)
+            if not _holds(dst, src):
+                dst[:B].copy_(src)
+        return graph, static_out, spec
 
     def _capture(self, bucket: int, T: int, args: tuple):
         ids = torch.zeros(bucket, T, dtype=torch.long, device="cuda")
@@ -121,6 +132,49 @@ def capture(forward: Callable[..., Any], args: tuple, pool: GraphPool):
         out = forward(*args)
     flat, spec = tree_flatten(out)
     return graph, flat, spec
+
+
+def feeding_step(forward: Callable[..., Any], scratch_slot: int, drafted: Optional[int] = None):
+    """The function a StepGraph captures: ``forward(input_ids [B, T], positions [B, T],
+    slots [B], *args) -> (tokens [B, K+1], accepted [B], *rest)``, a whole step, then
+    kernels/step_outputs.py writing the step's last emitted token and each sequence's next
+    cached length into column 0 of input_ids and positions themselves; -> (out [B, K+3],
+    next_last [B, 1], next_base [B], slots [B], *rest), out as step_outputs gives it with
+    ``drafted`` drafts a row (default K)."""
+    def step(input_ids, positions, slots, *args):
+        tokens, accepted, *rest = forward(input_ids, positions, slots, *args)
+        count = tokens.shape[1] - 1 if drafted is None else drafted
+        out, next_last, next_base = step_outputs(tokens, accepted, count, positions[:, 0], slots, scratch_slot,
+                                                 into=(input_ids[:, :1], positions[:, 0]))
+        return (out, next_last, next_base, slots, *rest)
+    return step
+
+
+class StepGraph(GraphedForward):
+    """A whole greedy decode step as one graph that feeds its next replay: feeding_step's
+    function captured, so each replay leaves the next one's inputs in its own static input
+    buffers. A call returns views of static buffers (not copies), valid until the graph's
+    next replay; every reader of them is queued on the stream before that (the engine
+    copies ``out`` to the host right behind the step). A call given those views as its
+    inputs (the next step of the same batch, launched ahead under async scheduling) copies
+    nothing in: the step costs its replay alone."""
+
+    def __init__(self, forward: Callable[..., Any], max_batch: int, scratch_slot: int, pool: GraphPool,
+                 drafted: Optional[int] = None):
+        super().__init__(feeding_step(forward, scratch_slot, drafted), max_batch, scratch_slot, pool)
+
+    def __call__(self, input_ids, positions, slot_ids, *args):
+        B = input_ids.shape[0]
+        graph, static_out, spec = self._load(input_ids, positions, slot_ids, args)
+        graph.replay()
+        return tree_unflatten([o[:B] if torch.is_tensor(o) else o for o in static_out], spec)
+
+
+def _holds(buffer: torch.Tensor, t: torch.Tensor) -> bool:
+    """Whether ``t`` is the first rows of the static ``buffer`` itself (a step graph's own
+    output fed back), so copying it in would change nothing."""
+    return (t.data_ptr() == buffer.data_ptr() and t.dim() == buffer.dim() and t.shape[1:] == buffer.shape[1:]
+            and t.stride() == buffer.stride())
 
 
 def _signature(arg) -> Any:

@@ -116,19 +116,19 @@ def launch_tree_step(engine, seqs, slots, base, last, max_base: int):
     eager forms' attention). -> the engine's LaunchedStep (read back by the engine)."""
     proposer, dev = engine.proposer, engine.device
     B = len(seqs)
-    sampling = SamplingBatch.from_sequences(seqs, dev)
-    if sampling.all_greedy:
-        graphed = engine.tree_step_graph
-        if graphed is not None and graphed.eligible(last.view(B, 1)):
-            tokens, accepted = graphed(last.view(B, 1), base.view(B, 1), slots)
-        else:
-            tokens, accepted = greedy_tree_step(engine, last, base, slots, max_base)
-    else:
-        tokens, accepted = _sampled_tree_step(engine, last, base, slots, max_base, sampling)
     # One draft of N - 1 tokens per sequence; per-position counts over the tree's levels.
     L, N = proposer.max_depth, proposer.total_tokens
-    return engine.launched_step(seqs, L, tokens, accepted, torch.full_like(accepted, N - 1), slots, base,
-                                num_positions=L)
+    sampling = SamplingBatch.from_sequences(seqs, dev)
+    graphed = engine.tree_step_graph
+    if sampling.all_greedy and graphed is not None and graphed.eligible(last.view(B, 1)):
+        outputs = graphed(last.view(B, 1), base.view(B, 1), slots)
+    else:
+        if sampling.all_greedy:
+            tokens, accepted = greedy_tree_step(engine, last, base, slots, max_base)
+        else:
+            tokens, accepted = _sampled_tree_step(engine, last, base, slots, max_base, sampling)
+        outputs = (*engine.step_outputs(tokens, accepted, N - 1, base, slots), slots)
+    return engine.launched_step(seqs, L, *outputs, num_positions=L)
 
 
 def _draft_and_verify(engine, last, base, slots, max_base):

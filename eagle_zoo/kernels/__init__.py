@@ -25,6 +25,7 @@ from .kv_cache import write_kv, write_kv_torch, write_kv_triton  # noqa: E402
 from .norm import rms_norm, rms_norm_torch, rms_norm_triton  # noqa: E402
 from .rope import (rope_angles, rope_angles_torch, rope_angles_triton, rope_neox, rope_neox_torch,  # noqa: E402
                    rope_neox_triton)
+from .step_outputs import step_outputs, step_outputs_torch, step_outputs_triton  # noqa: E402
 from .top_k import argmax_rows, argmax_rows_triton, log_softmax_top_k, log_softmax_top_k_torch, log_softmax_top_k_triton  # noqa: E402
 from .tree_expand import tree_expand, tree_expand_torch, tree_expand_triton  # noqa: E402
 from .tree_select import tree_select, tree_select_torch, tree_select_triton  # noqa: E402
