@@ -236,9 +236,14 @@ def _graph_replays(engine) -> dict:
     out = {}
     for name, owner in owners.items():
         for key, entry in (owner.graphs.items() if owner is not None else ()):
-            graph = entry[0]
+            graph, (ids, pos, _, _) = entry[0], entry[1]
+            # A step graph feeds its next replay (graphs.StepGraph): each round starts from the
+            # same inputs, so 20 replays advance its sequences 20 steps at most.
+            inputs = [(t, t.clone()) for t in (ids, pos)]
             times = []
             for _ in range(5):
+                for t, saved in inputs:
+                    t.copy_(saved)
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 torch.cuda.synchronize()
                 start.record()
