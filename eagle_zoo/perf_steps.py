@@ -223,6 +223,7 @@ def _device_profile(step, steps: int) -> dict:
             "top_kernels_us": {name: round(us / steps, 1) for name, us in top}}
 
 
+@torch.inference_mode()
 def _graph_replays(engine) -> dict:
     """Median microseconds of one replay of each graph the engine captured."""
     if engine.device.type != "cuda":

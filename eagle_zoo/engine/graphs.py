@@ -172,9 +172,10 @@ class StepGraph(GraphedForward):
 
 def _holds(buffer: torch.Tensor, t: torch.Tensor) -> bool:
     """Whether ``t`` is the first rows of the static ``buffer`` itself (a step graph's own
-    output fed back), so copying it in would change nothing."""
-    return (t.data_ptr() == buffer.data_ptr() and t.dim() == buffer.dim() and t.shape[1:] == buffer.shape[1:]
-            and t.stride() == buffer.stride())
+    output fed back), so copying it in would change nothing. Never for an empty ``t``,
+    whose data_ptr is 0 like an empty buffer's (its copy launches nothing anyway)."""
+    return (t.numel() > 0 and t.data_ptr() == buffer.data_ptr() and t.dim() == buffer.dim()
+            and t.shape[1:] == buffer.shape[1:] and t.stride() == buffer.stride())
 
 
 def _signature(arg) -> Any:
