@@ -79,8 +79,9 @@ def cache_attention_torch(q, k_cache, v_cache, slot_ids, cache_positions, kv_len
 # * Keys are cut into splits at absolute offsets s*SPLIT (SPLIT a constant, never chosen
 #   from B or the GPU's occupancy as adaptive flash-decoding does); each split is walked
 #   block by block (BLOCK_N keys, from its start) with an online softmax in fp32.
-# * Splits are merged by a second kernel in index order 0, 1, 2, ... sequentially, up to
-#   the split holding the query's position where no mask is given (the later ones are empty).
+# * Splits are merged by a second kernel in index order, _MERGE_CHUNK splits at a time
+#   (chunks at absolute offsets, each reduced in one fixed tree), up to the split holding
+#   the query's position where no mask is given (the later ones are empty).
 # * Every tile has the same shape (BLOCK_M query rows of one kv head, rows = (t, group
 #   head) flattened, padded) and the same num_warps, so each row's dot products and
 #   row reductions run the same instructions whichever tile or position it sits in.
@@ -89,7 +90,15 @@ def cache_attention_torch(q, k_cache, v_cache, slot_ids, cache_positions, kv_len
 #   the whole tile, extra masked blocks kept because another row needs them, and extra
 #   empty splits from a larger kv_len change no bit.
 # Not invariant across dtypes, head dims, SPLIT / BLOCK_* / num_warps, or GPU models.
-_BLOCK_M, _BLOCK_N, _SPLIT, _NUM_WARPS = 16, 64, 256, 4
+_BLOCK_M, _SPLIT, _NUM_WARPS, _MERGE_CHUNK = 16, 128, 4, 8
+
+
+def default_block_n(dtype: torch.dtype, dk: int, dv: int) -> int:
+    """Keys a split walks a block: a split of 128 in one block for 16-bit heads of up to 64
+    dims (SmolLM2's: the walk is the split kernel's critical path); else 64 (a block of 128
+    fp32 keys and values of 128 dims asks 272 KiB of shared memory, over an H100's 227 KiB;
+    16-bit heads of more than 64 dims were not timed with 128)."""
+    return 128 if dtype in (torch.float16, torch.bfloat16) and max(dk, dv) <= 64 else 64
 
 
 @triton.jit(do_not_specialize=["T", "n_split", "kv_len", "window", "n_levels", "spb"])
@@ -199,8 +208,8 @@ def _attn_split_kernel(Q, K, V, SLOT, POS, MASK, ACC, M, L, BASE, ANC,
 
 @triton.jit(do_not_specialize=["n_split"])
 def _attn_merge_kernel(ACC, M, L, O, POS, T, H, n_split, sob, sot, soh, sod, spb, spt,
-                       DV: tl.constexpr, BLOCK_DV: tl.constexpr, SPLIT: tl.constexpr, BY_POSITION: tl.constexpr,
-                       PDL: tl.constexpr):
+                       DV: tl.constexpr, BLOCK_DV: tl.constexpr, SPLIT: tl.constexpr, CHUNK: tl.constexpr,
+                       BY_POSITION: tl.constexpr, PDL: tl.constexpr):
     if PDL:  # kernels/_triton.py: nothing of the kernels before is read until they are done
         gdc_wait()
         gdc_launch_dependents()
@@ -220,16 +229,22 @@ def _attn_merge_kernel(ACC, M, L, O, POS, T, H, n_split, sob, sot, soh, sod, spb
         # length a captured graph's kv_len stands for.
         pos = tl.load(POS + b * spb + t * spt).to(tl.int32)
         last = tl.minimum(n_split, tl.maximum(pos, 0) // SPLIT + 1)
-    for s in range(0, last):  # fixed order; an empty split (m=-inf, l=0, acc=0) is a no-op
-        ms = tl.load(M + pid * n_split + s)
-        ls = tl.load(L + pid * n_split + s)
-        accs = tl.load(ACC + (pid * n_split + s) * DV + dv, mask=dmask, other=0.0)
-        m_new = tl.maximum(m, ms)
+    # CHUNK splits at a time, at absolute offsets (a fixed order): their partials are loaded
+    # together, not one dependent round trip a split. A split past `last`, or an empty one
+    # (m=-inf, l=0, acc=0), adds exact zeros.
+    for c0 in range(0, last, CHUNK):
+        s = c0 + tl.arange(0, CHUNK)
+        ok = s < last
+        ms = tl.load(M + pid * n_split + s, mask=ok, other=float("-inf"))
+        ls = tl.load(L + pid * n_split + s, mask=ok, other=0.0)
+        accs = tl.load(ACC + (pid * n_split + s)[:, None] * DV + dv[None, :], mask=ok[:, None] & dmask[None, :],
+                       other=0.0)
+        m_new = tl.maximum(m, tl.max(ms, 0))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         a = tl.exp2(m - m_use)
         w = tl.exp2(ms - m_use)
-        l = l * a + ls * w
-        acc = acc * a + accs * w
+        l = l * a + tl.sum(ls * w, 0)
+        acc = acc * a + tl.sum(accs * w[:, None], 0)
         m = m_new
     out = acc / tl.where(l > 0, l, 1.0)  # a query that saw no key: acc = 0 -> zeros
     tl.store(O + b * sob + t * sot + h * soh + dv * sod, out.to(O.dtype.element_ty), mask=dmask)
@@ -237,8 +252,9 @@ def _attn_merge_kernel(ACC, M, L, O, POS, T, H, n_split, sob, sot, soh, sod, spb
 
 def cache_attention_triton(q, k_cache, v_cache, slot_ids, cache_positions, kv_len, scale,
                            attn_mask=None, window=None, *, tree=None, split_size: int = _SPLIT,
-                           block_n: int = _BLOCK_N):
-    """Triton version; split_size / block_n are for tests (each value is its own fixed order).
+                           block_n: Optional[int] = None):
+    """Triton version; split_size / block_n (default: default_block_n) are for tests (each
+    value is its own fixed order).
 
     tree = (positions [B,T], base [B], ancestors [B,T,L]) for an EAGLE-2 tree pass whose
     node t sits at cache column cache_positions[b,t] with rope position positions[b,t] =
@@ -251,6 +267,7 @@ def cache_attention_triton(q, k_cache, v_cache, slot_ids, cache_positions, kv_le
     would. attn_mask is then not given; groups of more than 16 heads per kv head take the
     same keys as a mask (tree_visibility)."""
     _check(q, k_cache, v_cache, attn_mask, kv_len, tree)
+    block_n = block_n or default_block_n(q.dtype, q.shape[-1], v_cache.shape[-1])
     if split_size % block_n:
         raise ValueError(f"cache_attention_triton: split_size {split_size} must be a multiple of block_n {block_n}")
     B, T, H, DK = q.shape
@@ -288,7 +305,7 @@ def cache_attention_triton(q, k_cache, v_cache, slot_ids, cache_positions, kv_le
     )
     _attn_merge_kernel[(B * T * H,)](
         acc, m, l, out, cache_positions, T, H, n_split, *out.stride(), *cache_positions.stride(),
-        DV=DV, BLOCK_DV=triton.next_power_of_2(DV), SPLIT=split_size, BY_POSITION=attn_mask is None,
+        DV=DV, BLOCK_DV=triton.next_power_of_2(DV), SPLIT=split_size, CHUNK=_MERGE_CHUNK, BY_POSITION=attn_mask is None,
         num_warps=1, **pdl_launch(q),
     )
     return out

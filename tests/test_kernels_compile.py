@@ -82,8 +82,11 @@ def hopper(monkeypatch):
     def compile_for_hopper(self, *args, grid, warmup, **kwargs):
         signature, constexprs = _signature(self, args, kwargs)
         options = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
-        triton.compile(ASTSource(self, signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
-                       options=options)
+        kernel = triton.compile(ASTSource(self, signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
+                                options=options)
+        # What a launch would refuse (OutOfResources): more shared memory than an H100 has.
+        assert kernel.metadata.shared <= HOPPER_SHARED_BYTES, \
+            f"{self.__name__} {constexprs}: {kernel.metadata.shared} bytes of shared memory"
         compiled.append(self.__name__)
 
     monkeypatch.setattr(JITFunction, "run", compile_for_hopper)
@@ -95,6 +98,7 @@ def hopper(monkeypatch):
 
 
 DTYPES = [torch.bfloat16, torch.float32]  # the GPU engine's (fp32: the IEEE products)
+HOPPER_SHARED_BYTES = 232448  # an H100's shared memory a block may use (227 KiB)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -103,6 +107,9 @@ def test_the_cache_kernels_compile(hopper, dtype):
     for case in ({}, {"window": 8}, {"tree": True}):  # causal, a sliding window, an explicit mask
         q, kc, vc, slots, pos, mask = tk._attn_problem("cpu", dtype=dtype, tree=case.get("tree", False))
         cache_attention_triton(q, kc, vc, slots, pos, 40, 0.3, attn_mask=mask, window=case.get("window"))
+    for dims in (64, 128):  # SmolLM2's heads and 8B-sized ones: their blocks of keys (default_block_n)
+        q, kc, vc, slots, pos, _ = tk._attn_problem("cpu", dtype=dtype, dk=dims, dv=dims)
+        cache_attention_triton(q, kc, vc, slots, pos, 40, 0.3)
     q, kc, vc, slots, cols, kv_len, _, tree = tk._tree_attention_problem("cpu", dtype)[:8]
     cache_attention_triton(q, kc, vc, slots, cols, kv_len, 0.25, tree=tree)
     assert set(hopper) == {"_write_kv_kernel", "_attn_split_kernel", "_attn_merge_kernel"}
