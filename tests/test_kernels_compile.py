@@ -25,6 +25,7 @@ from eagle_zoo.kernels._triton import HAS_TRITON
 from eagle_zoo.kernels.linear import fused_linear_triton
 from eagle_zoo.kernels.norm import rms_norm_pair_triton
 from eagle_zoo.kernels.qkv_rope import qkv_rope_write_kv_triton
+from eagle_zoo.kernels.step_outputs import step_outputs_triton
 
 
 def _can_compile_for_hopper() -> bool:
@@ -155,5 +156,8 @@ def test_the_drafting_and_acceptance_kernels_compile(hopper):
     argmax, drafts, num_draft = tk._chain_problem("cpu")
     chain_accept_greedy_triton(argmax, drafts, num_draft)
     chain_accept_greedy_triton(argmax[:, :1], drafts[:, :0])  # a plain step
+    tokens, accepted, base, slots, drafted = tk._step_problem("cpu")
+    for d in (3, drafted):  # a chain's or tree's count, an n-gram step's per-row counts
+        step_outputs_triton(tokens, accepted, d, base, slots, 9)
     assert set(hopper) == {"_top_k_part_kernel", "_top_k_merge_kernel", "_tree_expand_kernel", "_tree_select_kernel", "_tree_accept_kernel",
-                           "_chain_accept_kernel"}
+                           "_chain_accept_kernel", "_step_outputs_kernel"}
