@@ -6,7 +6,9 @@ forward is captured once into a CUDA graph over static input/output buffers; lat
 calls copy their inputs in, replay, and read the outputs out. Graphs attend over
 the whole preallocated cache row (kv_len = max_len, masked by position), so one
 graph serves every sequence length. Batches are padded up to the bucket with
-sequences that write into a scratch cache slot nobody reads.
+sequences that write into a scratch cache slot nobody reads. A whole decode step's
+graph (StepGraph) instead writes the next step's inputs over its own input buffers and
+hands out views of its outputs, so the next step of the same batch copies nothing.
 """
 from __future__ import annotations
 
