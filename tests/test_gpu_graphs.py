@@ -113,7 +113,10 @@ def test_steps_launched_ahead_copy_nothing_into_their_graph(checkpoints, name, m
                   max_num_seqs=1, async_scheduling=async_scheduling)
         prompt = ef.random_prompts((20,), cf.TINY["vocab_size"], seed=5)[0]
         llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=96, ignore_eos=True))
-        assert held.count(True) >= 30 if async_scheduling else held.count(True) == 0
+        if async_scheduling:
+            assert held.count(True) >= 30  # three inputs a step, ~95 steps launched ahead
+        else:
+            assert True not in held
 
 
 @pytest.mark.parametrize("name", ["eagle k=3", "eagle3 k=3"])
