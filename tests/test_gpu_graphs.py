@@ -114,7 +114,7 @@ def test_steps_launched_ahead_copy_nothing_into_their_graph(checkpoints, name, m
         prompt = ef.random_prompts((20,), cf.TINY["vocab_size"], seed=5)[0]
         llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=96, ignore_eos=True))
         if async_scheduling:
-            assert held.count(True) >= 30  # three inputs a step, a step launched ahead for most of 96 tokens
+            assert held.count(True) >= 30  # three inputs held for each step launched ahead: 24 to 95 steps
         else:
             assert True not in held
 
