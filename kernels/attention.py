@@ -229,9 +229,10 @@ def _attn_merge_kernel(ACC, M, L, O, POS, T, H, n_split, sob, sot, soh, sod, spb
         # length a captured graph's kv_len stands for.
         pos = tl.load(POS + b * spb + t * spt).to(tl.int32)
         last = tl.minimum(n_split, tl.maximum(pos, 0) // SPLIT + 1)
-    # CHUNK splits at a time, at absolute offsets (a fixed order): their partials are loaded
-    # together, not one dependent round trip a split. A split past `last`, or an empty one
-    # (m=-inf, l=0, acc=0), adds exact zeros.
+    # CHUNK splits at a time, at absolute offsets (a fixed order), their partials loaded
+    # together, for long rows, where 128-key splits are many (not timed on its own:
+    # BENCHMARKS.md's step costs time the 128-key change as a whole, at a few splits). A
+    # split past `last`, or an empty one (m=-inf, l=0, acc=0), adds exact zeros.
     for c0 in range(0, last, CHUNK):
         s = c0 + tl.arange(0, CHUNK)
         ok = s < last

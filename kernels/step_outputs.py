@@ -25,12 +25,9 @@ from ._triton import gdc_launch_dependents, gdc_wait, pdl_launch, triton, tl, us
 MAX_TOKENS = 1024  # T + 2 in one program's registers
 
 
-def _drafted_column(drafted, accepted: torch.Tensor) -> torch.Tensor:
-    return drafted.to(accepted.dtype) if torch.is_tensor(drafted) else torch.full_like(accepted, drafted)
-
-
 def step_outputs_torch(tokens, accepted, drafted, base, slots, scratch_slot: int, into=None):
-    out = torch.cat([tokens, accepted[:, None], _drafted_column(drafted, accepted)[:, None]], dim=1)
+    drafted = drafted.to(accepted.dtype) if torch.is_tensor(drafted) else torch.full_like(accepted, drafted)
+    out = torch.cat([tokens, accepted[:, None], drafted[:, None]], dim=1)
     next_last = tokens.gather(1, accepted.view(-1, 1))
     next_base = torch.where(slots == scratch_slot, 0, base + accepted + 1)
     if into is not None:

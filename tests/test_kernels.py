@@ -732,7 +732,7 @@ def _tree_attention_problem(device, dtype=torch.float32, bases=(37, 70)):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_attention_tree_mode_matches_reference_and_plain_decoding_bits(device):
-    """Histories longer than a split (16 keys in the interpreter, 256 on the GPU), so that
+    """Histories longer than a split (16 keys in the interpreter, 128 on the GPU), so that
     the splits of history alone (the nodes' rows together in a tile) and the split reaching
     the tree's columns (a node a tile) both count."""
     dev = _dev(device)
@@ -1160,13 +1160,6 @@ def test_chain_accept_greedy_dispatches_to_the_reference_on_cpu():
 from eagle_zoo.kernels.step_outputs import step_outputs, step_outputs_torch, step_outputs_triton  # noqa: E402
 
 
-def test_step_outputs_dispatches_to_the_reference_on_cpu():
-    tokens, accepted, base, slots, _ = _step_problem("cpu")
-    for g_, w_ in zip(step_outputs(tokens, accepted, 2, base, slots, 9),
-                      step_outputs_torch(tokens, accepted, 2, base, slots, 9)):
-        assert torch.equal(g_, w_)
-
-
 def _step_problem(device, B=6, T=4, seed=0):
     """A step's emitted tokens (-1 past each row's accepted drafts), the last row a padding
     row of scratch slot 9."""
@@ -1212,7 +1205,15 @@ def test_step_outputs_into_a_steps_own_inputs(device):
     want = step_outputs_torch(tokens, accepted, 2, base, slots, 9)
     ids = torch.zeros(6, 3, dtype=torch.long, device=tokens.device)
     positions = base[:, None] + torch.arange(3, device=tokens.device)
-    out, last, nxt = step_outputs_triton(tokens, accepted, 2, positions[:, 0], slots, 9, into=(ids[:, :1], positions[:, 0]))
+    out, last, nxt = step_outputs_triton(tokens, accepted, 2, positions[:, 0], slots, 9,
+                                         into=(ids[:, :1], positions[:, 0]))
     assert torch.equal(out, want[0]) and torch.equal(ids[:, :1], want[1]) and torch.equal(positions[:, 0], want[2])
     assert last.data_ptr() == ids.data_ptr() and nxt.data_ptr() == positions.data_ptr()
     assert torch.equal(positions[:, 1:], (base[:, None] + torch.arange(1, 3, device=tokens.device)))
+
+
+def test_step_outputs_dispatches_to_the_reference_on_cpu():
+    tokens, accepted, base, slots, _ = _step_problem("cpu")
+    for g_, w_ in zip(step_outputs(tokens, accepted, 2, base, slots, 9),
+                      step_outputs_torch(tokens, accepted, 2, base, slots, 9)):
+        assert torch.equal(g_, w_)

@@ -70,12 +70,17 @@ class GraphedForward:
     def eligible(self, input_ids: torch.Tensor) -> bool:
         return input_ids.shape[0] <= self.buckets[-1] and input_ids.shape[1] <= MAX_GRAPH_TOKENS
 
+    # A call's outputs: copies of the static ones, which the next replay overwrites
+    # (StepGraph hands out the static buffers themselves).
+    returns_views = False
+
     def __call__(self, input_ids, positions, slot_ids, *args):
         B = input_ids.shape[0]
         graph, static_out, spec = self._load(input_ids, positions, slot_ids, args)
         graph.replay()
         # Non-tensor leaves (a forward that only writes state returns None) pass through.
-        return tree_unflatten([o[:B].clone() if torch.is_tensor(o) else o for o in static_out], spec)
+        return tree_unflatten([(o[:B] if self.returns_views else o[:B].clone()) if torch.is_tensor(o) else o
+                               for o in static_out], spec)
 
     def _load(self, input_ids, positions, slot_ids, args):
         """The graph of this call's bucket and shapes (captured at its first call), with
@@ -161,15 +166,11 @@ class StepGraph(GraphedForward):
     inputs (the next step of the same batch, launched ahead under async scheduling) copies
     nothing in: the step costs its replay alone."""
 
+    returns_views = True
+
     def __init__(self, forward: Callable[..., Any], max_batch: int, scratch_slot: int, pool: GraphPool,
                  drafted: Optional[int] = None):
         super().__init__(feeding_step(forward, scratch_slot, drafted), max_batch, scratch_slot, pool)
-
-    def __call__(self, input_ids, positions, slot_ids, *args):
-        B = input_ids.shape[0]
-        graph, static_out, spec = self._load(input_ids, positions, slot_ids, args)
-        graph.replay()
-        return tree_unflatten([o[:B] if torch.is_tensor(o) else o for o in static_out], spec)
 
 
 def _holds(buffer: torch.Tensor, t: torch.Tensor) -> bool:
