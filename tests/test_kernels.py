@@ -1001,7 +1001,8 @@ from eagle_zoo.kernels import tree_select, tree_select_torch, tree_select_triton
 def _candidates(B, k, rounds, seed=0):
     """Candidates as TreeEagleProposer.propose_tree numbers them: the root's k children,
     then each round's k * k children of k expanded candidates of the level before; scores
-    add log-probs in bf16 steps (ties), some -inf (outside a draft vocabulary)."""
+    add log-probs in bf16 steps (ties), some -inf (outside a draft vocabulary); the roots'
+    tokens last."""
     g = torch.Generator().manual_seed(seed)
     scores, parents = [], []
     for _ in range(B):
@@ -1020,12 +1021,13 @@ def _candidates(B, k, rounds, seed=0):
                     sc.append(sc[p_] + lp[c].item()), par.append(p_), level.append(c)
         scores.append(sc), parents.append(par)
     tokens = torch.randint(0, 5000, (B, len(scores[0])), generator=g)
-    return torch.tensor(scores), tokens, torch.tensor(parents)
+    return torch.tensor(scores), tokens, torch.tensor(parents), torch.randint(0, 5000, (B,), generator=g)
 
 
 def test_tree_select_reference_keeps_the_best_candidates_with_their_ancestors():
-    scores, tokens, parents = _candidates(3, 3, 2)
-    node_tokens, node_parents, depth, anc = tree_select_torch(scores, tokens, parents, 9, 3)
+    scores, tokens, parents, root = _candidates(3, 3, 2)
+    node_tokens, node_parents, depth, anc = tree_select_torch(scores, tokens, parents, root, 9, 3)
+    assert node_tokens[:, 0].tolist() == root.tolist() and node_parents[:, 0].tolist() == [-1] * 3
     for b in range(3):
         row = scores[b].tolist()
         kept = sorted(sorted(range(len(row)), key=lambda c: (-row[c], c))[:8])
@@ -1047,9 +1049,9 @@ def test_tree_select_triton_matches_reference(device, k, rounds, total, max_dept
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_tree_select_triton_refuses_more_nodes_than_candidates(device):
-    scores, tokens, parents = [t.to(_dev(device)) for t in _candidates(1, 2, 1)]
+    args = [t.to(_dev(device)) for t in _candidates(1, 2, 1)]
     with pytest.raises(ValueError, match="7 draft nodes of 6 candidates"):
-        tree_select_triton(scores, tokens, parents, 8, 2)
+        tree_select_triton(*args, 8, 2)
 
 
 def test_tree_select_dispatches_to_the_reference_on_cpu():
@@ -1069,9 +1071,10 @@ def _accept_problem(device, seed=0):
     from eagle_zoo.kernels.tree_select import tree_select_torch
 
     g = torch.Generator().manual_seed(seed)
-    scores, tokens, parents = _candidates(8, 4, 3, seed=seed)
+    scores, tokens, parents, _ = _candidates(8, 4, 3, seed=seed)
     distinct = torch.arange(tokens.shape[1]).expand_as(tokens)  # siblings hold distinct tokens, as top-k gives
-    node_tokens, node_parents, depth, anc = tree_select_torch(scores, distinct, parents, 20, 4)
+    node_tokens, node_parents, depth, anc = tree_select_torch(scores, distinct, parents, torch.zeros(8, dtype=torch.long),
+                                                              20, 4)
     argmax = torch.randint(0, tokens.shape[1], node_tokens.shape, generator=g)
     for b in range(8):  # row b: the target agrees along one leaf's path up to depth b % 5
         leaf = int(depth[b].argmax())
@@ -1217,3 +1220,53 @@ def test_step_outputs_dispatches_to_the_reference_on_cpu():
     for g_, w_ in zip(step_outputs(tokens, accepted, 2, base, slots, 9),
                       step_outputs_torch(tokens, accepted, 2, base, slots, 9)):
         assert torch.equal(g_, w_)
+
+
+# --- tree_compact (a tree step's accepted path moved into chain order) ---------------------
+
+from eagle_zoo.kernels.tree_compact import tree_compact, tree_compact_torch, tree_compact_triton  # noqa: E402
+
+
+def _compact_problem(device, dtype=torch.float32, G=6, n_kv=3, d=5):
+    """Caches of G layer-and-k/v rows and three sequences: one whose level-1 node (2) sits
+    where level 2 is written, one whose path is already in place (nothing accepted), one
+    in a scratch-like last slot with a deep path."""
+    g = torch.Generator().manual_seed(5)
+    caches = torch.randn(G, 4, 24, n_kv, d, generator=g).to(device, dtype)
+    slots = torch.tensor([1, 0, 3], device=device)
+    base = torch.tensor([2, 4, 9], device=device)
+    path = torch.tensor([[0, 2, 5, 3], [0, 1, 2, 3], [0, 3, 7, 11]], device=device)
+    return caches, slots, base, path
+
+
+def test_tree_compact_reference_moves_each_level_into_place():
+    caches, slots, base, path = _compact_problem("cpu")
+    before = caches.clone()
+    tree_compact_torch(caches, slots, base, path)
+    want = before.clone()
+    for b in range(3):
+        s, c = int(slots[b]), int(base[b])
+        for lvl in range(1, 4):
+            want[:, s, c + lvl] = before[:, s, c + int(path[b, lvl])]  # every source read before the writes
+    assert torch.equal(caches, want)
+    assert not torch.equal(caches, before)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tree_compact_triton_matches_reference(device, dtype):
+    caches, slots, base, path = _compact_problem(_dev(device), dtype)
+    want = caches.clone()
+    tree_compact_torch(want, slots, base, path)
+    # slots and base as strided columns, as a step graph holds them
+    wide = torch.stack([slots, base], dim=1)
+    tree_compact_triton(caches, wide[:, 0], wide[:, 1], path)
+    assert torch.equal(caches, want)
+
+
+def test_tree_compact_dispatches_to_the_reference_on_cpu():
+    caches, slots, base, path = _compact_problem("cpu")
+    want = caches.clone()
+    tree_compact_torch(want, slots, base, path)
+    tree_compact(caches, slots, base, path)
+    assert torch.equal(caches, want)

@@ -26,6 +26,7 @@ from eagle_zoo.kernels.linear import fused_linear_triton
 from eagle_zoo.kernels.norm import rms_norm_pair_triton
 from eagle_zoo.kernels.qkv_rope import qkv_rope_write_kv_triton
 from eagle_zoo.kernels.step_outputs import step_outputs_triton
+from eagle_zoo.kernels.tree_compact import tree_compact_triton
 
 
 def _can_compile_for_hopper() -> bool:
@@ -150,8 +151,7 @@ def test_the_drafting_and_acceptance_kernels_compile(hopper):
     log_softmax_top_k_triton(torch.randn(1, 6, 49152).bfloat16(), 6)
     argmax_rows_triton(torch.randn(4, 49152).bfloat16())  # the target's greedy tokens
     tree_expand_triton(*tk._expand_problem("cpu", k=6, H=576, W=3), first=6, level=1)
-    scores, tokens, parents = tk._candidates(2, 6, 3)
-    tree_select_triton(scores, tokens, parents, 30, 4)
+    tree_select_triton(*tk._candidates(2, 6, 3), 30, 4)
     tree_accept_greedy_triton(*tk._accept_problem("cpu"))
     argmax, drafts, num_draft = tk._chain_problem("cpu")
     chain_accept_greedy_triton(argmax, drafts, num_draft)
@@ -159,5 +159,8 @@ def test_the_drafting_and_acceptance_kernels_compile(hopper):
     tokens, accepted, base, slots, drafted = tk._step_problem("cpu")
     for d in (3, drafted):  # a chain's or tree's count, an n-gram step's per-row counts
         step_outputs_triton(tokens, accepted, d, base, slots, 9)
-    assert set(hopper) == {"_top_k_part_kernel", "_top_k_merge_kernel", "_tree_expand_kernel", "_tree_select_kernel", "_tree_accept_kernel",
-                           "_chain_accept_kernel", "_step_outputs_kernel"}
+    for dtype in DTYPES:
+        tree_compact_triton(*tk._compact_problem("cpu", dtype))
+    tree_compact_triton(*tk._compact_problem("cpu", torch.bfloat16, n_kv=8, d=128))  # an 8B-shaped cache column
+    assert set(hopper) == {"_top_k_part_kernel", "_top_k_merge_kernel", "_tree_expand_kernel", "_tree_select_kernel",
+                           "_tree_accept_kernel", "_chain_accept_kernel", "_step_outputs_kernel", "_tree_compact_kernel"}

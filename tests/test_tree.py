@@ -107,8 +107,9 @@ def test_select_tree(case):
     n = 2 if case == "fewer_than_top_k" else 7
     kept = brute_select(scores, parents, n)
     assert all(parents[c] in kept or parents[c] == -1 for c in kept)  # ancestor-closed
-    tree = select_tree(torch.tensor([scores]), torch.tensor([tokens]), torch.tensor([parents]), n + 1, 2)
-    assert tree.tokens[0, 1:].tolist() == [tokens[c] for c in kept]
+    tree = select_tree(torch.tensor([scores]), torch.tensor([tokens]), torch.tensor([parents]), torch.tensor([77]),
+                       n + 1, 2)
+    assert tree.tokens[0].tolist() == [77] + [tokens[c] for c in kept]
     want_parents = [-1] + [0 if parents[c] == -1 else kept.index(parents[c]) + 1 for c in kept]
     assert tree.parents[0].tolist() == want_parents
     assert tree.depth[0].tolist() == [len(p) - 1 for p in brute_paths(want_parents)]

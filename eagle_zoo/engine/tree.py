@@ -31,7 +31,7 @@ from ..kernels.tree_select import tree_select
 class TreeDraft:
     """One dynamic tree per sequence, N = total_tokens nodes, L = the deepest level allowed.
 
-    tokens    [B, N]      node tokens (node 0: placeholder for the root, filled by the caller)
+    tokens    [B, N]      node tokens (node 0: the root, the sequence's last token)
     parents   [B, N]      parent node index; -1 for the root
     depth     [B, N]      level of each node (root 0)
     ancestors [B, N, L+1] ancestors[b, i, d] = the node at level d on the root->i path
@@ -54,13 +54,13 @@ class TreeDraft:
         return self.ancestors.shape[2] - 1
 
 
-def select_tree(scores: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
+def select_tree(scores: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, root: torch.Tensor,
                 total_tokens: int, max_depth: int) -> TreeDraft:
     """The tree of the best ``total_tokens - 1`` candidates (kernels/tree_select.py).
 
     scores, tokens [B, M]: candidate cumulative scores and tokens; parents [B, M]: the
-    parent's candidate number, -1 for the root's children. Requires
+    parent's candidate number, -1 for the root's children; root [B]: the root's token. Requires
     total_tokens - 1 <= M and that no kept candidate is deeper than max_depth."""
     if total_tokens - 1 > scores.shape[1]:
         raise ValueError(f"select_tree: {total_tokens - 1} draft nodes asked for but only {scores.shape[1]} candidates")
-    return TreeDraft(*tree_select(scores, tokens, parents, total_tokens, max_depth))
+    return TreeDraft(*tree_select(scores, tokens, parents, root, total_tokens, max_depth))

@@ -64,11 +64,14 @@ class TreeEagleProposer(EagleProposer):
         self._first_ancestors = torch.arange(k, **on).view(k, 1).expand(k, R).contiguous()  # round 0: itself
         self._first_parents = torch.cat([torch.full((k,), -1, **on)]  # the root's children, then theirs
                                         + [torch.arange(k, **on).repeat_interleave(k)] * (R > 0))
+        self.node_offsets = torch.arange(self.total_tokens, **on)  # a tree's cache columns, less base
+        self._path_offsets = torch.arange(self.max_depth + 1, **on)  # the catch-up's positions, less base
 
     @torch.inference_mode()
-    def propose_tree(self, slots: torch.Tensor, base: torch.Tensor, max_base: int | None) -> TreeDraft:
+    def propose_tree(self, slots: torch.Tensor, base: torch.Tensor, root: torch.Tensor,
+                     max_base: int | None) -> TreeDraft:
         """One tree per sequence; base [B] is each sequence's root position (its number of
-        cached tokens), max_base its maximum (a host int), or None for the whole-row form
+        cached tokens), root [B] its token (the last one, not yet cached), max_base its maximum (a host int), or None for the whole-row form
         a CUDA graph captures (tree_verify.py)."""
         k, R = self.top_k, self.rounds
         B = slots.shape[0]
@@ -97,7 +100,7 @@ class TreeEagleProposer(EagleProposer):
                 scores, tokens, child_parents, node_hidden, ancestors = tree_expand(
                     cum, child_tokens, h, ancestors, first, level=r + 1)
                 cand_parents.append(child_parents)
-        return select_tree(torch.cat(cand_scores, 1), torch.cat(cand_tokens, 1), torch.cat(cand_parents, 1),
+        return select_tree(torch.cat(cand_scores, 1), torch.cat(cand_tokens, 1), torch.cat(cand_parents, 1), root,
                            self.total_tokens, self.max_depth)
 
     @torch.inference_mode()
@@ -114,7 +117,7 @@ class TreeEagleProposer(EagleProposer):
             feats = self.head.combine_hidden_states(streams.gather(1, idx.expand(B, T, streams.shape[-1])))
         else:
             feats = hidden.gather(1, idx.expand(B, T, hidden.shape[-1]))
-        positions = base.view(B, 1) + torch.arange(T, device=base.device)
+        positions = base.view(B, 1) + self._path_offsets
         # Fixed width: positions past the accepted ones get garbage, overwritten next step.
         h = self.runner.run(out_tokens.clamp(min=0), positions, slots, None if max_base is None else max_base + T,
                             feats)

@@ -14,6 +14,7 @@ import torch
 
 from ..kernels.top_k import argmax_rows
 from ..kernels.tree_accept import emit_path, tree_accept_greedy
+from ..kernels.tree_compact import tree_compact
 from .sampler import apply_sampling_params, draw, sample_from_probs
 from .tree import TreeDraft
 from .verify import SamplingBatch
@@ -94,19 +95,15 @@ def accept_sampled(probs: torch.Tensor, tree: TreeDraft, width: int, uniforms: t
 
 def compact_kv(kv_caches, slots: torch.Tensor, base: torch.Tensor, path: torch.Tensor) -> None:
     """Move the k/v of the path's node at level d (column base + path[d]) to column base + d,
-    d = 1..L, in every layer's cache. A node's index is at least its level, so no source
-    is overwritten before it is read (and the gather copies first anyway)."""
-    B, T = path.shape
-    src = base.view(B, 1) + path[:, 1:]
-    dst = base.view(B, 1) + torch.arange(1, T, device=path.device)
-    rows = slots.view(B, 1).expand(B, T - 1)
+    d = 1..L, in every layer's cache (kernels/tree_compact.py): one launch for the engine's
+    stacked caches, two a layer for caches of different shapes."""
     stacked = getattr(kv_caches, "stacked", None)
-    if stacked is not None:  # every layer's k and v in one gather and one scatter
-        stacked[:, :, rows, dst] = stacked[:, :, rows, src]
+    if stacked is not None:
+        tree_compact(stacked.flatten(0, 1), slots, base, path)
         return
     for k_cache, v_cache in kv_caches:
-        k_cache[rows, dst] = k_cache[rows, src]
-        v_cache[rows, dst] = v_cache[rows, src]
+        for cache in (k_cache, v_cache):
+            tree_compact(cache.unsqueeze(0), slots, base, path)
 
 
 @torch.inference_mode()
@@ -134,8 +131,7 @@ def launch_tree_step(engine, seqs, slots, base, last, max_base: int):
 def _draft_and_verify(engine, last, base, slots, max_base):
     """Draft the trees and run the target over every node. max_base None: the whole-row
     form (kv_len = the caches' length, masks over it), which a CUDA graph captures."""
-    tree = engine.proposer.propose_tree(slots, base, max_base)
-    tree.tokens[:, 0] = last
+    tree = engine.proposer.propose_tree(slots, base, last, max_base)
     return (tree, *target_tree_pass(engine, tree, base, slots, max_base))
 
 
@@ -146,7 +142,7 @@ def target_tree_pass(engine, tree, base, slots, max_base):
     B = slots.shape[0]
     N = tree.num_nodes
     positions = base.view(B, 1) + tree.depth
-    columns = base.view(B, 1) + torch.arange(N, device=slots.device)
+    columns = base.view(B, 1) + engine.proposer.node_offsets
     # Each node's keys walked in position order (kernels/attention.py): plain decoding's bf16 bits.
     hidden, aux = runner.run(tree.tokens, positions, slots, None if max_base is None else max_base + N,
                              engine.aux_layer_ids, cache_positions=columns,

@@ -162,15 +162,14 @@ def main() -> None:
                                                                *inputs), dev)
         else:
             proposer = engine.proposer
-            drafted = proposer.propose_tree(slots, base, None)
-            drafted.tokens[:, 0] = last
+            drafted = proposer.propose_tree(slots, base, last, None)
             hidden, aux, logits = tree_verify.target_tree_pass(engine, drafted, base, slots, None)
 
             def finish():
                 tokens, accepted, path = tree_verify.accept_greedy(logits.argmax(-1), drafted)
                 return tree_verify.finish_tree_step(engine, drafted, slots, base, None, tokens, accepted, path,
                                                     hidden, aux)
-            row(config, "draft", lambda: proposer.propose_tree(slots, base, None), dev)
+            row(config, "draft", lambda: proposer.propose_tree(slots, base, last, None), dev)
             row(config, "verify", lambda: tree_verify.target_tree_pass(engine, drafted, base, slots, None), dev)
             row(config, "finish", finish, dev)
             step = tree_verify.whole_row_greedy_step(engine)
