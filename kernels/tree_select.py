@@ -1,10 +1,11 @@
 """An EAGLE-2 tree from its drafted candidates, in one launch.
 
-tree_select(scores, tokens, parents, total_tokens, max_depth) -> (tokens, parents, depth,
-ancestors), the tensors of eagle_zoo/engine/tree.py's TreeDraft: the best
+tree_select(scores, tokens, parents, root, total_tokens, max_depth) -> (tokens, parents,
+depth, ancestors), the tensors of eagle_zoo/engine/tree.py's TreeDraft: the best
 total_tokens - 1 of M candidates (largest cumulative score first, ties to the lower
-candidate number) become nodes 1.. in candidate order under the root, node 0. scores,
-tokens, parents [B, M]; parents holds candidate numbers, -1 for the root's children.
+candidate number) become nodes 1.. in candidate order under the root, node 0, whose
+token is root [B]. scores, tokens, parents [B, M]; parents holds candidate numbers, -1
+for the root's children.
 Why: torch takes ~30 small kernels for the selection and the tree's shape tensors (a
 sort, scatters, a gather per level, stacks, comparisons), once per tree step.
 
@@ -40,7 +41,7 @@ def build_tree(parents: torch.Tensor, max_depth: int) -> tuple[torch.Tensor, tor
     return depth, torch.where(level <= depth.unsqueeze(-1), ancestors, torch.full_like(ancestors, -1))
 
 
-def tree_select_torch(scores, tokens, parents, total_tokens: int, max_depth: int):
+def tree_select_torch(scores, tokens, parents, root, total_tokens: int, max_depth: int):
     B, M = scores.shape
     n = total_tokens - 1
     device = scores.device
@@ -50,14 +51,13 @@ def tree_select_torch(scores, tokens, parents, total_tokens: int, max_depth: int
     cand_parent = parents.gather(1, chosen)
     node_parent = torch.where(cand_parent < 0, torch.zeros_like(cand_parent),
                               node_of.gather(1, cand_parent.clamp(min=0)))
-    root = torch.full((B, 1), -1, dtype=torch.long, device=device)
-    node_parents = torch.cat([root, node_parent], dim=1)
-    node_tokens = torch.cat([torch.zeros_like(root), tokens.gather(1, chosen)], dim=1)
+    node_parents = torch.cat([torch.full((B, 1), -1, dtype=torch.long, device=device), node_parent], dim=1)
+    node_tokens = torch.cat([root.view(B, 1).to(tokens.dtype), tokens.gather(1, chosen)], dim=1)
     return (node_tokens, node_parents, *build_tree(node_parents, max_depth))
 
 
 @triton.jit
-def _tree_select_kernel(SC, TOK, PAR, KEYS, NODE_OF, T_OUT, P_OUT, D_OUT, A_OUT, s_sc, s_tok, s_par, M, N,
+def _tree_select_kernel(SC, TOK, PAR, ROOT, KEYS, NODE_OF, T_OUT, P_OUT, D_OUT, A_OUT, s_sc, s_tok, s_par, s_root, M, N,
                         MP: tl.constexpr, NP: tl.constexpr, L: tl.constexpr, JB: tl.constexpr, PDL: tl.constexpr):
     if PDL:  # kernels/_triton.py: the candidates are the kernels before's output
         gdc_wait()
@@ -80,7 +80,7 @@ def _tree_select_kernel(SC, TOK, PAR, KEYS, NODE_OF, T_OUT, P_OUT, D_OUT, A_OUT,
     parent_node = tl.load(NODE_OF + b * MP + tl.maximum(par, 0), mask=kept & (par >= 0), other=0)
     tl.store(T_OUT + b * N + node, tl.load(TOK + b * s_tok + c, mask=kept), mask=kept)
     tl.store(P_OUT + b * N + node, parent_node.to(tl.int64), mask=kept)
-    tl.store(T_OUT + b * N, 0)
+    tl.store(T_OUT + b * N, tl.load(ROOT + b * s_root).to(T_OUT.dtype.element_ty))
     tl.store(P_OUT + b * N, -1)
     tl.debug_barrier()  # the node parents are walked below
     v = tl.arange(0, NP)
@@ -104,7 +104,7 @@ def _tree_select_kernel(SC, TOK, PAR, KEYS, NODE_OF, T_OUT, P_OUT, D_OUT, A_OUT,
         tl.store(A_OUT + (b * N + v) * (L + 1) + d, anc, mask=live)
 
 
-def tree_select_triton(scores, tokens, parents, total_tokens: int, max_depth: int):
+def tree_select_triton(scores, tokens, parents, root, total_tokens: int, max_depth: int):
     B, M = scores.shape
     N = total_tokens
     if not 2 <= N <= M + 1 or M > MAX_CANDIDATES:
@@ -119,16 +119,16 @@ def tree_select_triton(scores, tokens, parents, total_tokens: int, max_depth: in
     out_d = torch.empty(B, N, dtype=torch.long, device=device)
     out_a = torch.empty(B, N, max_depth + 1, dtype=torch.long, device=device)
     if B:
-        _tree_select_kernel[(B,)](scores, tokens, parents, keys, node_of, out_t, out_p, out_d, out_a,
-                                  scores.stride(0), tokens.stride(0), parents.stride(0), M, N,
+        _tree_select_kernel[(B,)](scores, tokens, parents, root, keys, node_of, out_t, out_p, out_d, out_a,
+                                  scores.stride(0), tokens.stride(0), parents.stride(0), root.stride(0), M, N,
                                   MP=MP, NP=NP, L=max_depth, JB=min(MP, RANK_BLOCK), num_warps=8 if MP >= 128 else 4,
                                   **pdl_launch(scores))
     return out_t, out_p, out_d, out_a
 
 
-def tree_select(scores, tokens, parents, total_tokens: int, max_depth: int):
+def tree_select(scores, tokens, parents, root, total_tokens: int, max_depth: int):
     """Triton on CUDA for rows of unit stride and at most MAX_CANDIDATES candidates; the
     reference otherwise."""
-    ok = (use_triton(scores, tokens, parents) and scores.stride(1) == 1 and tokens.stride(1) == 1
+    ok = (use_triton(scores, tokens, parents, root) and scores.stride(1) == 1 and tokens.stride(1) == 1
           and parents.stride(1) == 1 and scores.shape[1] <= MAX_CANDIDATES)
-    return (tree_select_triton if ok else tree_select_torch)(scores, tokens, parents, total_tokens, max_depth)
+    return (tree_select_triton if ok else tree_select_torch)(scores, tokens, parents, root, total_tokens, max_depth)
