@@ -264,14 +264,14 @@ def _tokens_a_step(strategy: str, k: int, tree: Optional[dict]) -> int:
 
 def _steps_model_len(strategy: str, k: int, tree: Optional[dict], steps: int) -> int:
     """The max_model_len a request needs to outlive ``steps`` more steps of ``strategy``
-    (_warm_engine), in multiples of 256: 30 steps of warm-up, the ones asked for and two
+    (warm_engine), in multiples of 256: 30 steps of warm-up, the ones asked for and two
     that async scheduling may launch ahead, each at the most tokens a step can add, so no
     step count or tree depth outgrows the cache."""
     per_step = _tokens_a_step(strategy, k, tree)
     return -(-(PROMPT_TOKENS + (32 + steps) * per_step + per_step) // 256) * 256
 
 
-def _warm_engine(target, head, strategy: str, k: int, tree: Optional[dict], dtype, device, steps: int,
+def warm_engine(target, head, strategy: str, k: int, tree: Optional[dict], dtype, device, steps: int,
                  batch: int = 1, max_model_len: int = 0):
     """An engine of ``strategy`` serving ``batch`` greedy requests (random prompts of
     PROMPT_TOKENS tokens) that outlive ``steps`` more engine steps, after their prefills,
@@ -296,7 +296,7 @@ def _warm_engine(target, head, strategy: str, k: int, tree: Optional[dict], dtyp
     return engine, seqs
 
 
-def _finish(engine, seqs) -> None:
+def finish_engine(engine, seqs) -> None:
     """Abort the requests and run the engine dry (its step launched ahead included)."""
     for seq in seqs:
         engine.abort(seq.request_id)
@@ -309,14 +309,14 @@ def host_profile(target, head, strategy: str, *, k: int = 3, tree: Optional[dict
     """Where the host's time of ``steps`` engine steps of one strategy, serving ``batch``
     requests, goes: cProfile's table of the ``top`` functions by own time
     (scripts/device/step_profile.py --host)."""
-    engine, seqs = _warm_engine(target, head, strategy, k, tree, dtype, device, steps, batch)
+    engine, seqs = warm_engine(target, head, strategy, k, tree, dtype, device, steps, batch)
 
     def run():
         for _ in range(steps):
             engine.step()
         _sync(device)
     table = _cprofile_table(run, top)
-    _finish(engine, seqs)
+    finish_engine(engine, seqs)
     return table
 
 
@@ -389,8 +389,8 @@ def measure_strategy(target, head, strategy: str, *, k: int = 3, tree: Optional[
                      dtype: torch.dtype, device: torch.device, steps: int = 200, batch: int = 1,
                      max_model_len: int = 0) -> dict:
     """One strategy's row: engine-step wall, host and device time, syncs and graphs (module
-    doc); tokens_per_step is a request's mean; max_model_len as _warm_engine's."""
-    engine, seqs = _warm_engine(target, head, strategy, k, tree, dtype, device, 2 * steps, batch,  # timed, profiled
+    doc); tokens_per_step is a request's mean; max_model_len as warm_engine's."""
+    engine, seqs = warm_engine(target, head, strategy, k, tree, dtype, device, 2 * steps, batch,  # timed, profiled
                                 max_model_len)
 
     def tokens() -> int:
@@ -412,7 +412,7 @@ def measure_strategy(target, head, strategy: str, *, k: int = 3, tree: Optional[
     if device.type == "cuda":
         row.update(_device_profile(engine.step, steps))
     row["graphs_us"] = _graph_replays(engine)
-    _finish(engine, seqs)
+    finish_engine(engine, seqs)
     del engine
     if device.type == "cuda":
         torch.cuda.empty_cache()
