@@ -1325,3 +1325,35 @@ def test_scatter_row_dispatches_to_the_reference_on_cpu():
     scatter_row_torch(want, slots, src, index)
     scatter_row(dst, slots, src, index)
     assert torch.equal(dst, want)
+
+
+# --- embedding (token ids to rows of a table) ----------------------------------------------
+
+from eagle_zoo.kernels.embedding import embedding, embedding_torch, embedding_triton  # noqa: E402
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,H", [(torch.bfloat16, 576), (torch.float32, 100)])
+def test_embedding_triton_matches_reference(device, dtype, H):
+    g = torch.Generator().manual_seed(8)
+    weight = torch.randn(300, H, generator=g).to(_dev(device), dtype)
+    ids = torch.randint(0, 300, (3, 7), generator=g).to(weight.device)
+    ids[0, 0], ids[2, 6] = 0, 299  # the table's first and last rows
+    assert torch.equal(embedding_triton(ids, weight), embedding_torch(ids, weight))
+    column = torch.stack([ids[:, 0], ids[:, 1]], dim=1)[:, :1]  # a strided [B, 1] column, as a step graph holds ids
+    assert torch.equal(embedding_triton(column, weight), weight[column])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_embedding_triton_gives_zeros_for_ids_outside_the_table(device):
+    weight = torch.randn(10, 8).to(_dev(device))
+    out = embedding_triton(torch.tensor([[3, -1, 10]], device=weight.device), weight)
+    assert torch.equal(out[0, 0], weight[3]) and not out[0, 1:].any()
+
+
+def test_embedding_dispatches_to_the_reference_on_cpu():
+    weight = torch.randn(10, 8)
+    ids = torch.tensor([[1, 9], [0, 4]])
+    assert torch.equal(embedding(ids, weight), F.embedding(ids, weight))
+    with pytest.raises(IndexError):
+        embedding(torch.tensor([10]), weight)

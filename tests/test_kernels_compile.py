@@ -26,6 +26,7 @@ from eagle_zoo.kernels.linear import fused_linear_triton
 from eagle_zoo.kernels.norm import rms_norm_pair_triton
 from eagle_zoo.kernels.qkv_rope import qkv_rope_write_kv_triton
 from eagle_zoo.kernels.step_outputs import step_outputs_triton
+from eagle_zoo.kernels.embedding import embedding_triton
 from eagle_zoo.kernels.scatter_row import scatter_row_triton
 from eagle_zoo.kernels.tree_compact import tree_compact_triton
 
@@ -127,8 +128,9 @@ def test_the_layer_op_kernels_compile(hopper, dtype):
     silu_and_mul_triton(x)
     rope_neox_triton(*tk._rope_problem("cpu", dtype))
     rope_angles_triton(torch.tensor([[5, 9]]), torch.rand(32), 0.5)
+    embedding_triton(torch.tensor([[5, 9]]), torch.randn(12, 96).to(dtype))
     assert set(hopper) == {"_rms_norm_kernel", "_rms_norm_pair_kernel", "_silu_and_mul_kernel", "_rope_neox_kernel",
-                           "_rope_angles_kernel"}
+                           "_rope_angles_kernel", "_embedding_kernel"}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
