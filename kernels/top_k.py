@@ -5,10 +5,10 @@ log_softmax_top_k(x, k, offsets=None, add=None) -> (scores [..., k] fp32, ids [.
 the k largest entries of x's last dim in descending order, ties to the lower index, with
 log_softmax(x.float()) at each, plus add[...] (fp32, one value a row: an EAGLE-2 node's
 cumulative score, so its children's come out cumulative) when given; ids + offsets[ids]
-when offsets (a draft-to-target id map, [V] int64) is given. Why: an EAGLE-2 tree step takes the top k of the draft head's
-distribution once a level, and an EAGLE-3 chain its top 1 once a draft; torch's
-log_softmax, radix top-k and id map are several kernels a level, the top-k alone ~200 us
-of a SmolLM2-shaped tree step (6, 3, 30) on an H100.
+when offsets (a draft-to-target id map, [V] int64) is given. Why: an EAGLE-2 tree step
+takes the top k of the draft head's distribution once a level, and an EAGLE-3 chain its
+top 1 once a draft; torch's log_softmax, radix top-k and id map are several kernels a
+level, the top-k alone ~200 us of a SmolLM2-shaped tree step (6, 3, 30) on an H100.
 
 argmax_rows(x, offsets=None) -> ids [...] int64: the first maximum of x's last dim, as
 torch.argmax (NaN aside: a NaN with its sign bit clear ranks above +inf, one with it set

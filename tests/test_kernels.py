@@ -1280,12 +1280,17 @@ def test_tree_compact_triton_matches_reference(device, dtype):
     assert torch.equal(caches, want)
 
 
+def _dispatches_in_place_to_the_reference(dispatcher, reference, args):
+    """An in-place kernel's dispatcher on CPU tensors writes what its reference writes
+    into args[0]."""
+    want = args[0].clone()
+    reference(want, *args[1:])
+    dispatcher(*args)
+    assert torch.equal(args[0], want)
+
+
 def test_tree_compact_dispatches_to_the_reference_on_cpu():
-    caches, slots, base, path = _compact_problem("cpu")
-    want = caches.clone()
-    tree_compact_torch(want, slots, base, path)
-    tree_compact(caches, slots, base, path)
-    assert torch.equal(caches, want)
+    _dispatches_in_place_to_the_reference(tree_compact, tree_compact_torch, _compact_problem("cpu"))
 
 
 # --- scatter_row (a catch-up's output at each sequence's last accepted position) ------------
@@ -1320,11 +1325,7 @@ def test_scatter_row_triton_matches_reference(device, dtype, H):
 
 
 def test_scatter_row_dispatches_to_the_reference_on_cpu():
-    dst, slots, src, index = _scatter_problem("cpu")
-    want = dst.clone()
-    scatter_row_torch(want, slots, src, index)
-    scatter_row(dst, slots, src, index)
-    assert torch.equal(dst, want)
+    _dispatches_in_place_to_the_reference(scatter_row, scatter_row_torch, _scatter_problem("cpu"))
 
 
 # --- embedding (token ids to rows of a table) ----------------------------------------------

@@ -72,8 +72,9 @@ class TreeEagleProposer(EagleProposer):
     def propose_tree(self, slots: torch.Tensor, base: torch.Tensor, root: torch.Tensor,
                      max_base: int | None) -> TreeDraft:
         """One tree per sequence; base [B] is each sequence's root position (its number of
-        cached tokens), root [B] its token (the last one, not yet cached), max_base its maximum (a host int), or None for the whole-row form
-        a CUDA graph captures (tree_verify.py)."""
+        cached tokens), root [B] its token (the last one, not yet cached), max_base its
+        maximum (a host int), or None for the whole-row form a CUDA graph captures
+        (tree_verify.py)."""
         k, R = self.top_k, self.rounds
         B = slots.shape[0]
         hidden = self.next_hidden[slots]

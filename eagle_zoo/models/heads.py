@@ -345,4 +345,4 @@ class Eagle3Head(_HeadBase):
 
     def draft_top_k(self, h: torch.Tensor, k: int,
                     parent_scores: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-        return log_softmax_top_k(self.compute_draft_logits(h), k, self.d2t, parent_scores)
+        return log_softmax_top_k(self.compute_draft_logits(h), k, self.d2t, add=parent_scores)
