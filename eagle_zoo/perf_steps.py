@@ -54,6 +54,9 @@ SHAPES = {
 # published EAGLE-3 heads (32,000 of 128,256).
 DRAFT_VOCAB = {"smollm2": 12000, "8b": 32000}
 PROMPT_TOKENS = 300
+# The EAGLE-2 tree the device scripts time and check (top k 6, depth 3, 30 nodes: the
+# step-cost tables' `--tree 6,3,30`).
+PROFILE_TREE = {"top_k": 6, "depth": 3, "total_tokens": 30}
 
 
 def random_target(shape: dict, dtype: torch.dtype, device: torch.device, seed: int = 0):

@@ -1073,8 +1073,8 @@ def _accept_problem(device, seed=0):
     g = torch.Generator().manual_seed(seed)
     scores, tokens, parents, _ = _candidates(8, 4, 3, seed=seed)
     distinct = torch.arange(tokens.shape[1]).expand_as(tokens)  # siblings hold distinct tokens, as top-k gives
-    node_tokens, node_parents, depth, anc = tree_select_torch(scores, distinct, parents, torch.zeros(8, dtype=torch.long),
-                                                              20, 4)
+    root = torch.zeros(8, dtype=torch.long)
+    node_tokens, node_parents, depth, anc = tree_select_torch(scores, distinct, parents, root, 20, 4)
     argmax = torch.randint(0, tokens.shape[1], node_tokens.shape, generator=g)
     for b in range(8):  # row b: the target agrees along one leaf's path up to depth b % 5
         leaf = int(depth[b].argmax())

@@ -163,4 +163,5 @@ def test_the_drafting_and_acceptance_kernels_compile(hopper):
         tree_compact_triton(*tk._compact_problem("cpu", dtype))
     tree_compact_triton(*tk._compact_problem("cpu", torch.bfloat16, n_kv=8, d=128))  # an 8B-shaped cache column
     assert set(hopper) == {"_top_k_part_kernel", "_top_k_merge_kernel", "_tree_expand_kernel", "_tree_select_kernel",
-                           "_tree_accept_kernel", "_chain_accept_kernel", "_step_outputs_kernel", "_tree_compact_kernel"}
+                           "_tree_accept_kernel", "_chain_accept_kernel", "_step_outputs_kernel",
+                           "_tree_compact_kernel"}

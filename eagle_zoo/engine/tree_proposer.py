@@ -64,8 +64,6 @@ class TreeEagleProposer(EagleProposer):
         self._first_ancestors = torch.arange(k, **on).view(k, 1).expand(k, R).contiguous()  # round 0: itself
         self._first_parents = torch.cat([torch.full((k,), -1, **on)]  # the root's children, then theirs
                                         + [torch.arange(k, **on).repeat_interleave(k)] * (R > 0))
-        self.node_offsets = torch.arange(self.total_tokens, **on)  # a tree's cache columns, less base
-        self._path_offsets = torch.arange(self.max_depth + 1, **on)  # the catch-up's positions, less base
 
     @torch.inference_mode()
     def propose_tree(self, slots: torch.Tensor, base: torch.Tensor, root: torch.Tensor,
@@ -118,7 +116,7 @@ class TreeEagleProposer(EagleProposer):
             feats = self.head.combine_hidden_states(streams.gather(1, idx.expand(B, T, streams.shape[-1])))
         else:
             feats = hidden.gather(1, idx.expand(B, T, hidden.shape[-1]))
-        positions = base.view(B, 1) + self._path_offsets
+        positions = self.step_positions(base.view(B, 1), T - 1)
         # Fixed width: positions past the accepted ones get garbage, overwritten next step.
         h = self.runner.run(out_tokens.clamp(min=0), positions, slots, None if max_base is None else max_base + T,
                             feats)

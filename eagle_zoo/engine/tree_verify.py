@@ -142,7 +142,7 @@ def target_tree_pass(engine, tree, base, slots, max_base):
     B = slots.shape[0]
     N = tree.num_nodes
     positions = base.view(B, 1) + tree.depth
-    columns = base.view(B, 1) + engine.proposer.node_offsets
+    columns = engine.proposer.step_positions(base.view(B, 1), N - 1)  # node i at column base + i
     # Each node's keys walked in position order (kernels/attention.py): plain decoding's bf16 bits.
     hidden, aux = runner.run(tree.tokens, positions, slots, None if max_base is None else max_base + N,
                              engine.aux_layer_ids, cache_positions=columns,

@@ -16,8 +16,7 @@ import torch
 from eagle_zoo import perf_steps
 from eagle_zoo.engine.sampling_params import SamplingParams
 
-TREE = {"top_k": 6, "depth": 3, "total_tokens": 30}
-CASES = [("chain", None, 16), ("tree", TREE, 1), ("chain", None, 1)]  # strategy, tree, batch
+CASES = [("chain", None, 16), ("tree", perf_steps.PROFILE_TREE, 1), ("chain", None, 1)]  # strategy, tree, batch
 
 
 def decode(target, head, strategy, tree, batch, prompts, tokens, device, dtype) -> list[list[int]]:

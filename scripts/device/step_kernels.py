@@ -19,8 +19,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from eagle_zoo import perf_steps
 
-TREE = {"top_k": 6, "depth": 3, "total_tokens": 30}
-STRATEGIES = {"plain": {}, "chain": {"k": 3}, "tree": {"tree": TREE}}
+STRATEGIES = {"plain": {}, "chain": {"k": 3}, "tree": {"tree": perf_steps.PROFILE_TREE}}
 
 
 def step_graph(engine, strategy: str):

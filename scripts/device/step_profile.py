@@ -34,10 +34,9 @@ import torch
 from eagle_zoo.engine.core import EngineCore
 from eagle_zoo.engine.graphs import GraphPool
 from eagle_zoo.engine.sampling_params import SamplingParams
-from eagle_zoo.perf_steps import DRAFT_VOCAB, SHAPES, copy_bandwidth, host_profile, prefill_profile, \
+from eagle_zoo.perf_steps import DRAFT_VOCAB, PROFILE_TREE, SHAPES, copy_bandwidth, host_profile, prefill_profile, \
     random_eagle3_head, random_target
 
-TREE = {"top_k": 6, "depth": 3, "total_tokens": 30}
 
 
 def cuda_ms(fn, reps: int, rounds: int = 5) -> float:
@@ -126,7 +125,7 @@ def main() -> None:
 
     if args.host:  # where the host time of a step goes (Python functions, by own time)
         head = random_eagle3_head(model, DRAFT_VOCAB[args.shape], dtype)
-        print(host_profile(model, head, args.strategy, k=3, tree=TREE,
+        print(host_profile(model, head, args.strategy, k=3, tree=PROFILE_TREE,
                            dtype=dtype, device=dev, steps=100, top=30, batch=args.batch))
     if args.no_profiler:
         return
@@ -154,7 +153,7 @@ def main() -> None:
 def print_prefill(model, args, dtype, dev) -> None:
     head = random_eagle3_head(model, DRAFT_VOCAB[args.shape], dtype)
     try:
-        r = prefill_profile(model, head, args.strategy, prompt_tokens=args.prefill, k=3, tree=TREE, dtype=dtype,
+        r = prefill_profile(model, head, args.strategy, prompt_tokens=args.prefill, k=3, tree=PROFILE_TREE, dtype=dtype,
                             device=dev, top=40)
     except ValueError as exc:
         raise SystemExit(f"--prefill {args.prefill}: {exc}") from None
