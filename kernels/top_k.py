@@ -1,13 +1,14 @@
 """The k largest entries of each row with their log-softmax values, and each row's argmax,
 in two launches whatever the row's length.
 
-log_softmax_top_k(x, k, offsets=None) -> (scores [..., k] fp32, ids [..., k] int64):
+log_softmax_top_k(x, k, offsets=None, add=None) -> (scores [..., k] fp32, ids [..., k] int64):
 the k largest entries of x's last dim in descending order, ties to the lower index, with
-log_softmax(x.float()) at each; ids + offsets[ids] when offsets (a draft-to-target id map,
-[V] int64) is given. Why: an EAGLE-2 tree step takes the top k of the draft head's
-distribution once a level, and an EAGLE-3 chain its top 1 once a draft; torch's
-log_softmax, radix top-k and id map are several kernels a level, the top-k alone ~200 us
-of a SmolLM2-shaped tree step (6, 3, 30) on an H100.
+log_softmax(x.float()) at each, plus add[...] (fp32, one value a row: an EAGLE-2 node's
+cumulative score, so its children's come out cumulative) when given; ids + offsets[ids]
+when offsets (a draft-to-target id map, [V] int64) is given. Why: an EAGLE-2 tree step
+takes the top k of the draft head's distribution once a level, and an EAGLE-3 chain its
+top 1 once a draft; torch's log_softmax, radix top-k and id map are several kernels a
+level, the top-k alone ~200 us of a SmolLM2-shaped tree step (6, 3, 30) on an H100.
 
 argmax_rows(x, offsets=None) -> ids [...] int64: the first maximum of x's last dim, as
 torch.argmax (NaN aside: a NaN with its sign bit clear ranks above +inf, one with it set
@@ -44,10 +45,13 @@ def stable_top(x: torch.Tensor, n: int) -> torch.Tensor:
     return torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :n]
 
 
-def log_softmax_top_k_torch(x: torch.Tensor, k: int, offsets: Optional[torch.Tensor] = None):
+def log_softmax_top_k_torch(x: torch.Tensor, k: int, offsets: Optional[torch.Tensor] = None,
+                            add: Optional[torch.Tensor] = None):
     xf = x.float()
     ids = stable_top(xf, k)
     scores = torch.log_softmax(xf, dim=-1).gather(-1, ids)
+    if add is not None:
+        scores = scores + add.unsqueeze(-1)
     return scores, ids if offsets is None else ids + offsets[ids]
 
 
@@ -96,8 +100,9 @@ def _top_k_part_kernel(X, PM, PS, PK, sx, V, n_parts, K: tl.constexpr, SCORES: t
 
 
 @triton.jit
-def _top_k_merge_kernel(X, OFF, PM, PS, PK, S, I, sx, n_parts, K: tl.constexpr, PARTS: tl.constexpr,
-                        KEYS: tl.constexpr, SCORES: tl.constexpr, HAS_OFF: tl.constexpr, PDL: tl.constexpr):
+def _top_k_merge_kernel(X, OFF, ADD, PM, PS, PK, S, I, sx, n_parts, K: tl.constexpr, PARTS: tl.constexpr,
+                        KEYS: tl.constexpr, SCORES: tl.constexpr, HAS_OFF: tl.constexpr, HAS_ADD: tl.constexpr,
+                        PDL: tl.constexpr):
     # Program row: the parts' keys -> the row's k largest, largest first; SCORES: the
     # normaliser from the parts' maxima and sums, and each entry's log-softmax value.
     if PDL:  # kernels/_triton.py: the parts are the kernel before's output
@@ -111,6 +116,8 @@ def _top_k_merge_kernel(X, OFF, PM, PS, PK, S, I, sx, n_parts, K: tl.constexpr, 
         ps = tl.load(PS + row * n_parts + p, mask=p < n_parts, other=0.0)
         m = tl.max(pm, axis=0)
         norm = m + tl.log(tl.sum(tl.where(pm == m, ps, ps * tl.exp(pm - m)), axis=0))
+        if HAS_ADD:
+            add = tl.load(ADD + row)
     j = tl.arange(0, KEYS)
     key = tl.load(PK + row * n_parts * K + j, mask=j < n_parts * K, other=empty)
     for i in tl.static_range(K):
@@ -119,15 +126,19 @@ def _top_k_merge_kernel(X, OFF, PM, PS, PK, S, I, sx, n_parts, K: tl.constexpr, 
         col = key_column(top)
         if SCORES:
             value = tl.load(X + row * sx + col).to(tl.float32)
-            tl.store(S + row * K + i, value - norm)
+            if HAS_ADD:  # the log-softmax value rounded first, as the reference adds it
+                tl.store(S + row * K + i, (value - norm) + add)
+            else:
+                tl.store(S + row * K + i, value - norm)
         if HAS_OFF:
             col += tl.load(OFF + col)
         tl.store(I + row * K + i, col)
 
 
 def _top_k_launch(x: torch.Tensor, k: int, offsets: Optional[torch.Tensor], scores: bool,
-                  block: int = BLOCK, num_warps: int = NUM_WARPS):
-    """The two launches over x's rows -> (scores [rows, k] fp32 or None, ids [rows, k])."""
+                  block: int = BLOCK, num_warps: int = NUM_WARPS, add: Optional[torch.Tensor] = None):
+    """The two launches over x's rows -> (scores [rows, k] fp32 or None, ids [rows, k]);
+    add: fp32, one value a row, contiguous."""
     V = x.shape[-1]
     rows = x.reshape(-1, V)
     R = rows.shape[0]
@@ -142,28 +153,34 @@ def _top_k_launch(x: torch.Tensor, k: int, offsets: Optional[torch.Tensor], scor
         pdl = pdl_launch(x)
         _top_k_part_kernel[(R, n_parts)](rows, pm, ps, keys, rows.stride(0), V, n_parts, K=k, SCORES=scores,
                                          BLOCK=block, num_warps=num_warps, **pdl)
-        _top_k_merge_kernel[(R,)](rows, offsets if offsets is not None else ids, pm, ps, keys,
-                                  out if scores else ids, ids, rows.stride(0), n_parts, K=k,
+        _top_k_merge_kernel[(R,)](rows, offsets if offsets is not None else ids, add if add is not None else pm,
+                                  pm, ps, keys, out if scores else ids, ids, rows.stride(0), n_parts, K=k,
                                   PARTS=triton.next_power_of_2(n_parts), KEYS=triton.next_power_of_2(n_parts * k),
-                                  SCORES=scores, HAS_OFF=offsets is not None, num_warps=1, **pdl)
+                                  SCORES=scores, HAS_OFF=offsets is not None, HAS_ADD=add is not None,
+                                  num_warps=1, **pdl)
     return out, ids
 
 
-def log_softmax_top_k_triton(x: torch.Tensor, k: int, offsets: Optional[torch.Tensor] = None, *,
-                             block: int = BLOCK, num_warps: int = NUM_WARPS):
+def log_softmax_top_k_triton(x: torch.Tensor, k: int, offsets: Optional[torch.Tensor] = None,
+                             add: Optional[torch.Tensor] = None, *, block: int = BLOCK, num_warps: int = NUM_WARPS):
     """Triton version; block / num_warps (a part's entries and warps) are for the bench."""
     V = x.shape[-1]
     if not 1 <= k <= min(V, MAX_K):
         raise ValueError(f"log_softmax_top_k_triton: k = {k}, not in 1 .. min(row length {V}, {MAX_K})")
-    scores, ids = _top_k_launch(x, k, offsets, True, block, num_warps)
+    if add is not None and (add.shape != x.shape[:-1] or add.dtype != torch.float32):
+        raise ValueError(f"log_softmax_top_k_triton: add of shape {tuple(add.shape)} and {add.dtype}; give one "
+                         f"float32 value a row, shape {tuple(x.shape[:-1])}")
+    scores, ids = _top_k_launch(x, k, offsets, True, block, num_warps,
+                                None if add is None else add.contiguous().view(-1))
     return scores.view(*x.shape[:-1], k), ids.view(*x.shape[:-1], k)
 
 
-def log_softmax_top_k(x: torch.Tensor, k: int, offsets: Optional[torch.Tensor] = None):
+def log_softmax_top_k(x: torch.Tensor, k: int, offsets: Optional[torch.Tensor] = None,
+                      add: Optional[torch.Tensor] = None):
     """Triton on CUDA for rows of unit stride and k <= MAX_K; the reference otherwise."""
     if use_triton(x) and x.stride(-1) == 1 and 1 <= k <= min(x.shape[-1], MAX_K):
-        return log_softmax_top_k_triton(x, k, offsets)
-    return log_softmax_top_k_torch(x, k, offsets)
+        return log_softmax_top_k_triton(x, k, offsets, add)
+    return log_softmax_top_k_torch(x, k, offsets, add)
 
 
 def argmax_rows_triton(x: torch.Tensor, offsets: Optional[torch.Tensor] = None, *, block: int = BLOCK,

@@ -882,6 +882,22 @@ def test_log_softmax_top_k_triton_matches_reference(device, V, k, dtype, block):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_log_softmax_top_k_adds_each_rows_parent_score(device):
+    """An EAGLE-2 round's children (engine/tree_proposer.py): each row's scores plus its
+    parent's score, the bits of adding it after the launch, as the reference does."""
+    x = _top_k_rows(12000, torch.bfloat16, _dev(device))
+    add = -torch.rand(x.shape[:-1], generator=torch.Generator().manual_seed(2)).to(x.device) * 5
+    scores, ids = log_softmax_top_k_triton(x, 6)
+    got_scores, got_ids = log_softmax_top_k_triton(x, 6, add=add)
+    assert torch.equal(got_ids, ids) and torch.equal(got_scores, scores + add.unsqueeze(-1))
+    want_scores, want_ids = log_softmax_top_k_torch(x, 6, add=add)
+    assert torch.equal(want_scores, log_softmax_top_k_torch(x, 6)[0] + add.unsqueeze(-1))
+    torch.testing.assert_close(got_scores, want_scores, rtol=0, atol=2e-6 * want_scores.abs().max().item())
+    with pytest.raises(ValueError, match="one float32 value a row"):
+        log_softmax_top_k_triton(x, 6, add=add[..., :1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_log_softmax_top_1_is_argmax_with_its_id_mapped(device):
     """The top 1 through the id map is argmax's first maximum, mapped, ties and -inf
     included: log_softmax_top_k and argmax_rows (Eagle3Head.draft_argmax) agree."""
@@ -1264,9 +1280,81 @@ def test_tree_compact_triton_matches_reference(device, dtype):
     assert torch.equal(caches, want)
 
 
+def _dispatches_in_place_to_the_reference(dispatcher, reference, args):
+    """An in-place kernel's dispatcher on CPU tensors writes what its reference writes
+    into args[0]."""
+    want = args[0].clone()
+    reference(want, *args[1:])
+    dispatcher(*args)
+    assert torch.equal(args[0], want)
+
+
 def test_tree_compact_dispatches_to_the_reference_on_cpu():
-    caches, slots, base, path = _compact_problem("cpu")
-    want = caches.clone()
-    tree_compact_torch(want, slots, base, path)
-    tree_compact(caches, slots, base, path)
-    assert torch.equal(caches, want)
+    _dispatches_in_place_to_the_reference(tree_compact, tree_compact_torch, _compact_problem("cpu"))
+
+
+# --- scatter_row (a catch-up's output at each sequence's last accepted position) ------------
+
+from eagle_zoo.kernels.scatter_row import scatter_row, scatter_row_torch, scatter_row_triton  # noqa: E402
+
+
+def _scatter_problem(device, dtype=torch.bfloat16, H=576):
+    g = torch.Generator().manual_seed(7)
+    dst = torch.randn(6, H, generator=g).to(device, dtype)
+    src = torch.randn(3, 5, H, generator=g).to(device, dtype)
+    return dst, torch.tensor([4, 0, 2], device=device), src, torch.tensor([2, 0, 4], device=device)
+
+
+def test_scatter_row_reference_stores_each_sequences_row_at_its_slot():
+    dst, slots, src, index = _scatter_problem("cpu")
+    before = dst.clone()
+    scatter_row_torch(dst, slots, src, index)
+    for b, (s, t) in enumerate(zip(slots.tolist(), index.tolist())):
+        assert torch.equal(dst[s], src[b, t])
+    assert torch.equal(dst[[1, 3, 5]], before[[1, 3, 5]])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,H", [(torch.bfloat16, 576), (torch.float32, 100)])
+def test_scatter_row_triton_matches_reference(device, dtype, H):
+    dst, slots, src, index = _scatter_problem(_dev(device), dtype, H)
+    want = dst.clone()
+    scatter_row_torch(want, slots, src, index)
+    scatter_row_triton(dst, slots, src, index.view(-1, 1)[:, 0])  # the chain's [B, 1] counts, viewed
+    assert torch.equal(dst, want)
+
+
+def test_scatter_row_dispatches_to_the_reference_on_cpu():
+    _dispatches_in_place_to_the_reference(scatter_row, scatter_row_torch, _scatter_problem("cpu"))
+
+
+# --- embedding (token ids to rows of a table) ----------------------------------------------
+
+from eagle_zoo.kernels.embedding import embedding, embedding_torch, embedding_triton  # noqa: E402
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,H", [(torch.bfloat16, 576), (torch.float32, 100)])
+def test_embedding_triton_matches_reference(device, dtype, H):
+    g = torch.Generator().manual_seed(8)
+    weight = torch.randn(300, H, generator=g).to(_dev(device), dtype)
+    ids = torch.randint(0, 300, (3, 7), generator=g).to(weight.device)
+    ids[0, 0], ids[2, 6] = 0, 299  # the table's first and last rows
+    assert torch.equal(embedding_triton(ids, weight), embedding_torch(ids, weight))
+    column = torch.stack([ids[:, 0], ids[:, 1]], dim=1)[:, :1]  # a strided [B, 1] column, as a step graph holds ids
+    assert torch.equal(embedding_triton(column, weight), weight[column])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_embedding_triton_gives_zeros_for_ids_outside_the_table(device):
+    weight = torch.randn(10, 8).to(_dev(device))
+    out = embedding_triton(torch.tensor([[3, -1, 10]], device=weight.device), weight)
+    assert torch.equal(out[0, 0], weight[3]) and not out[0, 1:].any()
+
+
+def test_embedding_dispatches_to_the_reference_on_cpu():
+    weight = torch.randn(10, 8)
+    ids = torch.tensor([[1, 9], [0, 4]])
+    assert torch.equal(embedding(ids, weight), F.embedding(ids, weight))
+    with pytest.raises(IndexError):
+        embedding(torch.tensor([10]), weight)

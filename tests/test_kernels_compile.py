@@ -26,6 +26,8 @@ from eagle_zoo.kernels.linear import fused_linear_triton
 from eagle_zoo.kernels.norm import rms_norm_pair_triton
 from eagle_zoo.kernels.qkv_rope import qkv_rope_write_kv_triton
 from eagle_zoo.kernels.step_outputs import step_outputs_triton
+from eagle_zoo.kernels.embedding import embedding_triton
+from eagle_zoo.kernels.scatter_row import scatter_row_triton
 from eagle_zoo.kernels.tree_compact import tree_compact_triton
 
 
@@ -126,8 +128,9 @@ def test_the_layer_op_kernels_compile(hopper, dtype):
     silu_and_mul_triton(x)
     rope_neox_triton(*tk._rope_problem("cpu", dtype))
     rope_angles_triton(torch.tensor([[5, 9]]), torch.rand(32), 0.5)
+    embedding_triton(torch.tensor([[5, 9]]), torch.randn(12, 96).to(dtype))
     assert set(hopper) == {"_rms_norm_kernel", "_rms_norm_pair_kernel", "_silu_and_mul_kernel", "_rope_neox_kernel",
-                           "_rope_angles_kernel"}
+                           "_rope_angles_kernel", "_embedding_kernel"}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -149,6 +152,7 @@ def test_the_drafting_and_acceptance_kernels_compile(hopper):
     # bf16 logits as the heads' lm_heads give them on the GPU: an EAGLE-3 draft vocabulary, a full one
     log_softmax_top_k_triton(torch.randn(3, 6, 12000).bfloat16(), 6, torch.zeros(12000, dtype=torch.long))
     log_softmax_top_k_triton(torch.randn(1, 6, 49152).bfloat16(), 6)
+    log_softmax_top_k_triton(torch.randn(1, 6, 12000).bfloat16(), 6, add=torch.zeros(1, 6))  # a tree round's children
     argmax_rows_triton(torch.randn(4, 49152).bfloat16())  # the target's greedy tokens
     tree_expand_triton(*tk._expand_problem("cpu", k=6, H=576, W=3), first=6, level=1)
     tree_select_triton(*tk._candidates(2, 6, 3), 30, 4)
@@ -162,6 +166,8 @@ def test_the_drafting_and_acceptance_kernels_compile(hopper):
     for dtype in DTYPES:
         tree_compact_triton(*tk._compact_problem("cpu", dtype))
     tree_compact_triton(*tk._compact_problem("cpu", torch.bfloat16, n_kv=8, d=128))  # an 8B-shaped cache column
+    for dtype, H in ((torch.bfloat16, 576), (torch.bfloat16, 4096), (torch.float32, 576)):
+        scatter_row_triton(*tk._scatter_problem("cpu", dtype, H))
     assert set(hopper) == {"_top_k_part_kernel", "_top_k_merge_kernel", "_tree_expand_kernel", "_tree_select_kernel",
-                           "_tree_accept_kernel", "_chain_accept_kernel", "_step_outputs_kernel",
-                           "_tree_compact_kernel"}
+                           "_tree_accept_kernel", "_chain_accept_kernel", "_step_outputs_kernel", "_tree_compact_kernel",
+                           "_scatter_row_kernel"}

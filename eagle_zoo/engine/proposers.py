@@ -26,6 +26,7 @@ from typing import Optional
 import torch
 
 from ..hookspecs import hookimpl
+from ..kernels.scatter_row import scatter_row
 from ..specs import ProposerSpec
 from .drafter_batch import catch_up_unpadded
 from .graphs import GraphedForward
@@ -213,7 +214,7 @@ class EagleProposer(Proposer):
         or its aux residual streams (EAGLE-3). Device work only (one graph on CUDA; kv_len
         as in _draft_chain)."""
         h = self.runner.run(tokens.clamp(min=0), positions, slots, kv_len, self._combine(inputs))
-        self.next_hidden[slots] = h.gather(1, num_accepted.view(-1, 1, 1).expand(-1, 1, h.shape[-1]))[:, 0]
+        scatter_row(self.next_hidden, slots, h, num_accepted.view(-1))
 
     @torch.inference_mode()
     def on_plain_step(self, batch: StepBatch, out: TargetOutput) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from .proposers import EagleProposer
+from ..kernels.scatter_row import scatter_row
 from ..kernels.tree_expand import tree_expand
 from .tree import TreeDraft, select_tree
 
@@ -90,8 +91,8 @@ class TreeEagleProposer(EagleProposer):
             pos = positions[:, r:r + 1].expand(B, k)
             h = self.runner.run(tokens, pos, slots, kv_len, node_hidden, cache_positions=columns[:, r],
                                 tree_keys=(pos, base, ancestors))
-            child_scores, child_tokens = self.head.draft_top_k(h, k)  # [B, k, k]
-            cum = (scores.unsqueeze(-1) + child_scores).flatten(1)  # [B, k*k]
+            child_scores, child_tokens = self.head.draft_top_k(h, k, parent_scores=scores)  # [B, k, k]
+            cum = child_scores.flatten(1)  # [B, k*k], cumulative
             cand_scores.append(cum)
             cand_tokens.append(child_tokens.flatten(1))
             if r + 1 < R:  # the k best children are expanded next, with their parents' state
@@ -120,7 +121,7 @@ class TreeEagleProposer(EagleProposer):
         # Fixed width: positions past the accepted ones get garbage, overwritten next step.
         h = self.runner.run(out_tokens.clamp(min=0), positions, slots, None if max_base is None else max_base + T,
                             feats)
-        self.next_hidden[slots] = h.gather(1, num_accepted.view(B, 1, 1).expand(B, 1, h.shape[-1]))[:, 0]
+        scatter_row(self.next_hidden, slots, h, num_accepted)
 
 
 def _short_windows(model, max_len: int) -> list[str]:

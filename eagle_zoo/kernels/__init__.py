@@ -21,8 +21,10 @@ if not (_HERE / "linear.py").is_file():  # source tree or editable install
 from .activation import silu_and_mul, silu_and_mul_torch, silu_and_mul_triton  # noqa: E402
 from .attention import cache_attention, cache_attention_torch, cache_attention_triton  # noqa: E402
 from .chain_accept import chain_accept_greedy, chain_accept_greedy_torch, chain_accept_greedy_triton  # noqa: E402
+from .embedding import embedding, embedding_torch, embedding_triton  # noqa: E402
 from .kv_cache import write_kv, write_kv_torch, write_kv_triton  # noqa: E402
 from .norm import rms_norm, rms_norm_torch, rms_norm_triton  # noqa: E402
+from .scatter_row import scatter_row, scatter_row_torch, scatter_row_triton  # noqa: E402
 from .rope import (rope_angles, rope_angles_torch, rope_angles_triton, rope_neox, rope_neox_torch,  # noqa: E402
                    rope_neox_triton)
 from .step_outputs import step_outputs, step_outputs_torch, step_outputs_triton  # noqa: E402
@@ -35,9 +37,11 @@ from .tree_compact import tree_compact, tree_compact_torch, tree_compact_triton 
 __all__ = [
     "cache_attention", "cache_attention_torch", "cache_attention_triton",
     "chain_accept_greedy", "chain_accept_greedy_torch", "chain_accept_greedy_triton",
+    "embedding", "embedding_torch", "embedding_triton",
     "write_kv", "write_kv_torch", "write_kv_triton",
     "rms_norm", "rms_norm_torch", "rms_norm_triton",
     "silu_and_mul", "silu_and_mul_torch", "silu_and_mul_triton",
+    "scatter_row", "scatter_row_torch", "scatter_row_triton",
     "rope_angles", "rope_angles_torch", "rope_angles_triton", "rope_neox", "rope_neox_torch", "rope_neox_triton",
     "argmax_rows", "argmax_rows_triton", "log_softmax_top_k", "log_softmax_top_k_torch", "log_softmax_top_k_triton",
     "tree_expand", "tree_expand_torch", "tree_expand_triton",

@@ -19,6 +19,7 @@ from torch import nn
 from eagle_zoo.kernels import cpu_decode
 from eagle_zoo.kernels._triton import needs_autograd
 from eagle_zoo.kernels.activation import silu_and_mul, silu_and_mul_torch
+from eagle_zoo.kernels.embedding import embedding
 from eagle_zoo.kernels.linear import fused_linear_triton, use_linear_kernel
 from eagle_zoo.kernels.norm import rms_norm, rms_norm_torch
 from eagle_zoo.kernels.rope import rope_angles, rope_neox_triton, rotate_qk_torch, signed_angles, use_rope_kernel
@@ -444,7 +445,7 @@ class VocabParallelEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.embedding(ids, self.weight)
+            return embedding(ids, self.weight)
         local = ids - self.start
         inside = (local >= 0) & (local < self.per_rank)
         out = F.embedding(local.clamp(0, self.per_rank - 1), self.weight) * inside.unsqueeze(-1)
