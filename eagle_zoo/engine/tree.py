@@ -38,12 +38,16 @@ class TreeDraft:
                           (itself at d = depth[b, i]); -1 for d > depth[b, i]. A leaf's
                           row is the official code's "retrieve indices" path; the
                           keys of node i's attention (kernels/attention.py tree mode).
+    columns   [B, N]      cache column of each node in the step, base + i (the target's
+                          pass writes node i there; compaction moves the accepted path to
+                          the first ones, where the head's catch-up runs)
     """
 
     tokens: torch.Tensor
     parents: torch.Tensor
     depth: torch.Tensor
     ancestors: torch.Tensor
+    columns: torch.Tensor
 
     @property
     def num_nodes(self) -> int:
@@ -55,12 +59,14 @@ class TreeDraft:
 
 
 def select_tree(scores: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, root: torch.Tensor,
-                total_tokens: int, max_depth: int) -> TreeDraft:
+                columns: torch.Tensor, max_depth: int) -> TreeDraft:
     """The tree of the best ``total_tokens - 1`` candidates (kernels/tree_select.py).
 
     scores, tokens [B, M]: candidate cumulative scores and tokens; parents [B, M]: the
-    parent's candidate number, -1 for the root's children; root [B]: the root's token. Requires
+    parent's candidate number, -1 for the root's children; root [B]: the root's token;
+    columns [B, total_tokens]: the nodes' cache columns (TreeDraft). Requires
     total_tokens - 1 <= M and that no kept candidate is deeper than max_depth."""
+    total_tokens = columns.shape[1]
     if total_tokens - 1 > scores.shape[1]:
         raise ValueError(f"select_tree: {total_tokens - 1} draft nodes asked for but only {scores.shape[1]} candidates")
-    return TreeDraft(*tree_select(scores, tokens, parents, root, total_tokens, max_depth))
+    return TreeDraft(*tree_select(scores, tokens, parents, root, total_tokens, max_depth), columns)

@@ -60,8 +60,11 @@ class TreeEagleProposer(EagleProposer):
         # What every tree step starts from, made once (not a kernel a step each):
         k, R = self.top_k, self.rounds
         on = dict(dtype=torch.long, device=device)
-        self._scratch_columns = torch.arange(k, **on) + k * torch.arange(R, **on).view(R, 1)  # [R, k], less base
-        self._rounds = torch.arange(R, **on)
+        # A step's cache columns and rope positions, less base, for one add a step: the
+        # drafting scratch columns [R, k], the drafting rounds' positions [R], the tree's
+        # node columns [N] (the target's pass; their first max_depth + 1 are the catch-up's).
+        self._step_offsets = torch.cat([torch.arange(R * k, **on), torch.arange(R, **on),
+                                        torch.arange(self.total_tokens, **on)])
         self._first_ancestors = torch.arange(k, **on).view(k, 1).expand(k, R).contiguous()  # round 0: itself
         self._first_parents = torch.cat([torch.full((k,), -1, **on)]  # the root's children, then theirs
                                         + [torch.arange(k, **on).repeat_interleave(k)] * (R > 0))
@@ -84,8 +87,10 @@ class TreeEagleProposer(EagleProposer):
         # ancestors[b, j, r]: scratch column (less base) of expanded node j's ancestor of
         # round r, its own at its round; the rows move with the nodes (tree_expand).
         ancestors = self._first_ancestors.expand(B, k, R)
-        columns = base.view(B, 1, 1) + self._scratch_columns  # [B, R, k]
-        positions = base.view(B, 1) + self._rounds  # [B, R]
+        at = base.view(B, 1) + self._step_offsets
+        columns = at[:, :R * k].view(B, R, k)
+        positions = at[:, R * k:R * k + R]
+        node_columns = at[:, R * k + R:]
         kv_len = None if max_base is None else max_base + R * k
         for r in range(R):
             pos = positions[:, r:r + 1].expand(B, k)
@@ -101,15 +106,17 @@ class TreeEagleProposer(EagleProposer):
                     cum, child_tokens, h, ancestors, first, level=r + 1)
                 cand_parents.append(child_parents)
         return select_tree(torch.cat(cand_scores, 1), torch.cat(cand_tokens, 1), torch.cat(cand_parents, 1), root,
-                           self.total_tokens, self.max_depth)
+                           node_columns, self.max_depth)
 
     @torch.inference_mode()
-    def on_tree_verify(self, slots: torch.Tensor, base: torch.Tensor, max_base: int | None, path: torch.Tensor,
+    def on_tree_verify(self, slots: torch.Tensor, columns: torch.Tensor, max_base: int | None, path: torch.Tensor,
                        out_tokens: torch.Tensor, num_accepted: torch.Tensor, hidden: torch.Tensor,
                        aux: list[torch.Tensor]) -> None:
-        """Catch up on the accepted path. path [B, L+1]: node index at each level (any valid
-        node past the accepted depth); out_tokens [B, L+1]: the emitted tokens (-1 after);
-        max_base None: the whole-row form (propose_tree)."""
+        """Catch up on the accepted path. columns [B, N]: the tree's node columns (TreeDraft),
+        base + i, whose first L+1 are the path's positions after compaction; path [B, L+1]:
+        node index at each level (any valid node past the accepted depth); out_tokens
+        [B, L+1]: the emitted tokens (-1 after); max_base None: the whole-row form
+        (propose_tree)."""
         B, T = path.shape
         idx = path.unsqueeze(-1)
         if self.method == "eagle3":  # the streams side by side, then the path's rows: two launches, not four
@@ -117,7 +124,7 @@ class TreeEagleProposer(EagleProposer):
             feats = self.head.combine_hidden_states(streams.gather(1, idx.expand(B, T, streams.shape[-1])))
         else:
             feats = hidden.gather(1, idx.expand(B, T, hidden.shape[-1]))
-        positions = self.step_positions(base.view(B, 1), T - 1)
+        positions = columns[:, :T]
         # Fixed width: positions past the accepted ones get garbage, overwritten next step.
         h = self.runner.run(out_tokens.clamp(min=0), positions, slots, None if max_base is None else max_base + T,
                             feats)

@@ -142,10 +142,9 @@ def target_tree_pass(engine, tree, base, slots, max_base):
     B = slots.shape[0]
     N = tree.num_nodes
     positions = base.view(B, 1) + tree.depth
-    columns = engine.proposer.step_positions(base.view(B, 1), N - 1)  # node i at column base + i
     # Each node's keys walked in position order (kernels/attention.py): plain decoding's bf16 bits.
     hidden, aux = runner.run(tree.tokens, positions, slots, None if max_base is None else max_base + N,
-                             engine.aux_layer_ids, cache_positions=columns,
+                             engine.aux_layer_ids, cache_positions=tree.columns,
                              tree_keys=(positions, base, tree.ancestors))
     return hidden, aux, engine.target.compute_logits(hidden)
 
@@ -155,7 +154,7 @@ def finish_tree_step(engine, tree, slots, base, max_base, tokens, accepted, path
     """Compact the target's cache onto the accepted path, catch the head up; returns
     (emitted tokens [B, L+1], -1 padded; accepted drafts [B])."""
     compact_kv(engine.runner.kv_caches, slots, base, path)
-    engine.proposer.on_tree_verify(slots, base, max_base, path, tokens, accepted, hidden, aux)
+    engine.proposer.on_tree_verify(slots, tree.columns, max_base, path, tokens, accepted, hidden, aux)
     return tokens, accepted
 
 
