@@ -101,9 +101,9 @@ def default_block_n(dtype: torch.dtype, dk: int, dv: int) -> int:
     return 128 if dtype in (torch.float16, torch.bfloat16) and max(dk, dv) <= 64 else 64
 
 
-@triton.jit(do_not_specialize=["T", "n_split", "kv_len", "window", "n_levels", "spb"])
+@triton.jit(do_not_specialize=["T", "n_split", "kv_len", "window", "n_levels", "tree_splits", "spb"])
 def _attn_split_kernel(Q, K, V, SLOT, POS, MASK, ACC, M, L, BASE, ANC,
-                       T, H, G, n_kv, n_mtiles, n_split, kv_len, window, scale_log2e, n_levels,
+                       T, H, G, n_kv, n_mtiles, n_split, kv_len, window, scale_log2e, n_levels, tree_splits,
                        sqb, sqt, sqh, sqd, sks, skl, skh, skd, svs, svl, svh, svd,
                        ssb, spb, spt, smb, smt, sml, sbb, sab, sat, sal,
                        HAS_MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, TREE: tl.constexpr, IEEE: tl.constexpr,
@@ -112,29 +112,51 @@ def _attn_split_kernel(Q, K, V, SLOT, POS, MASK, ACC, M, L, BASE, ANC,
     if PDL:  # kernels/_triton.py: nothing of the kernels before is read until they are done
         gdc_wait()
         gdc_launch_dependents()
-    pid = tl.program_id(0)  # (b, kv head, row tile)
-    s = tl.program_id(1)    # key split
-    mt = pid % n_mtiles
-    kvh = (pid // n_mtiles) % n_kv
-    b = pid // (n_mtiles * n_kv)
-    lo = s * SPLIT
-    rows = mt * BLOCK_M + tl.arange(0, BLOCK_M)  # (t, group head) flattened, BLOCK_M a tile
-    row_ok = rows < T * G
-    t = rows // G
-    h = kvh * G + rows % G
     if TREE:
+        # Grid (b x kv head, history programs then node programs). A split of history alone
+        # (below base): every node sees the same keys, so its row tiles (n_mtiles) take the
+        # nodes' rows together, as a verification's do. A split reaching the tree's columns:
+        # one program per node and split (tree_splits: the most a node's path can reach),
+        # its group heads in rows 0..G-1 (a decode step's tile), walking its own ancestors
+        # (the loop below). So no program is launched for a (tile, split) pair that has
+        # nothing to do, where one program per node and split took T x n_split.
+        pid = tl.program_id(0)
+        kvh = pid % n_kv
+        b = pid // n_kv
         base = tl.load(BASE + b * sbb).to(tl.int32)
-        if lo + SPLIT > base:
-            # A split reaching the tree's columns: one node per tile, its group heads in rows
-            # 0..G-1 (a decode step's tile), walking its own ancestors (the loop below).
+        j = tl.program_id(1)
+        n_hist = n_mtiles * n_split
+        if j < n_hist:
+            mt = j % n_mtiles
+            s = j // n_mtiles
+            lo = s * SPLIT
+            if lo + SPLIT > base:  # a node program's split
+                return
+            rows = mt * BLOCK_M + tl.arange(0, BLOCK_M)  # (t, group head) flattened
+            row_ok = rows < T * G
+            t = rows // G
+            h = kvh * G + rows % G
+        else:
+            mt = (j - n_hist) // tree_splits  # the node
+            s = base // SPLIT + (j - n_hist) % tree_splits
+            if s >= n_split:  # past the keys (a padding row's garbage base): no partials to write
+                return
+            lo = s * SPLIT
             head = tl.arange(0, BLOCK_M)
             row_ok = head < G
             t = mt + head * 0
             h = kvh * G + head
-        elif mt * BLOCK_M >= T * G:
-            # A split of history alone: every node sees the same keys, so its tiles take the
-            # nodes' rows together, as a verification's do; the row tiles past them are idle.
-            return
+    else:
+        pid = tl.program_id(0)  # (b, kv head, row tile)
+        s = tl.program_id(1)    # key split
+        mt = pid % n_mtiles
+        kvh = (pid // n_mtiles) % n_kv
+        b = pid // (n_mtiles * n_kv)
+        lo = s * SPLIT
+        rows = mt * BLOCK_M + tl.arange(0, BLOCK_M)  # (t, group head) flattened, BLOCK_M a tile
+        row_ok = rows < T * G
+        t = rows // G
+        h = kvh * G + rows % G
     pos = tl.load(POS + b * spb + t * spt, mask=row_ok, other=-1).to(tl.int32)
     if not HAS_MASK:
         if lo > tl.max(pos):
@@ -283,20 +305,26 @@ def cache_attention_triton(q, k_cache, v_cache, slot_ids, cache_positions, kv_le
     m = torch.empty(B, T, H, n_split, device=q.device, dtype=torch.float32)
     l = torch.empty_like(m)
     use_tree = tree is not None and G <= _BLOCK_M
-    n_mtiles = T if use_tree else triton.cdiv(T * G, _BLOCK_M)
+    n_mtiles = triton.cdiv(T * G, _BLOCK_M)
+    grid = (B * n_kv * n_mtiles, n_split)
     if use_tree:
         cache_positions, base, anc = tree  # visibility by position, keys through the ancestors
+        # A node's keys past the history, base .. base + its depth (< anc's levels), reach
+        # at most this many splits.
+        tree_splits = triton.cdiv(anc.shape[-1] - 1, split_size) + 1
+        grid = (B * n_kv, n_mtiles * n_split + T * tree_splits)
     else:
+        tree_splits = 0
         if tree is not None:
             attn_mask = tree_visibility(tree, kv_len)
         base, anc = slot_ids, cache_positions.unsqueeze(-1)  # dummies when unused
     mask = attn_mask.view(torch.uint8) if attn_mask is not None else cache_positions  # dummy when unused
     msk_strides = mask.stride() if attn_mask is not None else (0, 0, 0)
-    _attn_split_kernel[(B * n_kv * n_mtiles, n_split)](
+    _attn_split_kernel[grid](
         q, k_cache, v_cache, slot_ids, cache_positions, mask, acc, m, l, base, anc,
         T, H, G, n_kv, n_mtiles, n_split, kv_len, 0 if window is None else int(window),
         float(scale) * 1.4426950408889634,  # log2(e): exp2 instead of exp
-        anc.shape[-1],
+        anc.shape[-1], tree_splits,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), slot_ids.stride(0), *cache_positions.stride(),
         *msk_strides, base.stride(0), *anc.stride(),
         HAS_MASK=attn_mask is not None, HAS_WINDOW=window is not None, TREE=use_tree,

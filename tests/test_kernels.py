@@ -707,9 +707,10 @@ def patch_kernels_off():
 
 # --- tree passes in position order (EAGLE-2 trees get plain decoding's bits) ------------------
 
-def _tree_attention_problem(device, dtype=torch.float32, bases=(37, 70)):
+def _tree_attention_problem(device, dtype=torch.float32, bases=(37, 46)):
     """Two sequences, histories of bases[0] and bases[1] tokens, a 7-node tree each at
-    columns base..base+6 (node 0 the root), as tree_verify lays it out."""
+    columns base..base+6 (node 0 the root), as tree_verify lays it out; depths up to 3 and
+    4 (positions base..base+4)."""
     from eagle_zoo.kernels.attention import tree_visibility
     from eagle_zoo.kernels.tree_select import build_tree
 
@@ -734,10 +735,12 @@ def _tree_attention_problem(device, dtype=torch.float32, bases=(37, 70)):
 def test_attention_tree_mode_matches_reference_and_plain_decoding_bits(device):
     """Histories longer than a split (16 keys in the interpreter, 128 on the GPU), so that
     the splits of history alone (the nodes' rows together in a tile) and the split reaching
-    the tree's columns (a node a tile) both count."""
+    the tree's columns (a node a tile) both count; the second sequence's deeper nodes'
+    positions cross into the next split (46 + 2 = 48 = 3 x 16; 382 + 2 = 384 = 3 x 128), so
+    a node's path reaches two splits."""
     dev = _dev(device)
     kw = dict(split_size=16, block_n=16) if device == "interp" else {}
-    bases = (37, 70) if device == "interp" else (300, 600)
+    bases = (37, 46) if device == "interp" else (300, 382)
     for dtype in _dtypes(device):
         q, kc, vc, slots, cols, kv_len, mask, tree, depth, anc = _tree_attention_problem(dev, dtype, bases)
         out = cache_attention_triton(q, kc, vc, slots, cols, kv_len, 0.25, tree=tree, **kw)
