@@ -1,11 +1,14 @@
 """The k largest entries of each row with their log-softmax values, and each row's argmax,
 in two launches whatever the row's length.
 
-log_softmax_top_k(x, k, offsets=None, add=None) -> (scores [..., k] fp32, ids [..., k] int64):
-the k largest entries of x's last dim in descending order, ties to the lower index, with
-log_softmax(x.float()) at each, plus add[...] (fp32, one value a row: an EAGLE-2 node's
-cumulative score, so its children's come out cumulative) when given; ids + offsets[ids]
-when offsets (a draft-to-target id map, [V] int64) is given. Why: an EAGLE-2 tree step
+log_softmax_top_k(x, k, offsets=None, add=None, out=None) -> (scores [..., k] fp32, ids
+[..., k] int64): the k largest entries of x's last dim in descending order, ties to the
+lower index, with log_softmax(x.float()) at each, plus add[...] (fp32, one value a row: an
+EAGLE-2 node's cumulative score, so its children's come out cumulative) when given; ids +
+offsets[ids] when offsets (a draft-to-target id map, [V] int64) is given; written into
+out = (scores, ids) when given, views of up to two leading dims with any strides but a
+unit last one (an EAGLE-2 tree's candidate rows, each level a slice of them, so that no
+copy or cat gathers the levels: eagle_zoo/engine/tree_proposer.py). Why: an EAGLE-2 tree step
 takes the top k of the draft head's distribution once a level, and an EAGLE-3 chain its
 top 1 once a draft; torch's log_softmax, radix top-k and id map are several kernels a
 level, the top-k alone ~200 us of a SmolLM2-shaped tree step (6, 3, 30) on an H100.
@@ -46,13 +49,19 @@ def stable_top(x: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def log_softmax_top_k_torch(x: torch.Tensor, k: int, offsets: Optional[torch.Tensor] = None,
-                            add: Optional[torch.Tensor] = None):
+                            add: Optional[torch.Tensor] = None, out=None):
     xf = x.float()
     ids = stable_top(xf, k)
     scores = torch.log_softmax(xf, dim=-1).gather(-1, ids)
     if add is not None:
         scores = scores + add.unsqueeze(-1)
-    return scores, ids if offsets is None else ids + offsets[ids]
+    ids = ids if offsets is None else ids + offsets[ids]
+    if out is None:
+        return scores, ids
+    _out_layout(out, x.shape[:-1], k)
+    out[0].copy_(scores)
+    out[1].copy_(ids)
+    return out
 
 
 @triton.jit
@@ -100,15 +109,17 @@ def _top_k_part_kernel(X, PM, PS, PK, sx, V, n_parts, K: tl.constexpr, SCORES: t
 
 
 @triton.jit
-def _top_k_merge_kernel(X, OFF, ADD, PM, PS, PK, S, I, sx, n_parts, K: tl.constexpr, PARTS: tl.constexpr,
-                        KEYS: tl.constexpr, SCORES: tl.constexpr, HAS_OFF: tl.constexpr, HAS_ADD: tl.constexpr,
-                        PDL: tl.constexpr):
+def _top_k_merge_kernel(X, OFF, ADD, PM, PS, PK, S, I, sx, n_parts, inner, s_outer, s_inner, K: tl.constexpr,
+                        PARTS: tl.constexpr, KEYS: tl.constexpr, SCORES: tl.constexpr, HAS_OFF: tl.constexpr,
+                        HAS_ADD: tl.constexpr, PDL: tl.constexpr):
     # Program row: the parts' keys -> the row's k largest, largest first; SCORES: the
     # normaliser from the parts' maxima and sums, and each entry's log-softmax value.
+    # Row r's outputs start at (r // inner) * s_outer + (r % inner) * s_inner (_out_layout).
     if PDL:  # kernels/_triton.py: the parts are the kernel before's output
         gdc_wait()
         gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
+    o = (row // inner) * s_outer + (row % inner) * s_inner
     empty = -9223372036854775807 - 1  # int64 min: below every entry's key
     if SCORES:
         p = tl.arange(0, PARTS)
@@ -127,23 +138,50 @@ def _top_k_merge_kernel(X, OFF, ADD, PM, PS, PK, S, I, sx, n_parts, K: tl.conste
         if SCORES:
             value = tl.load(X + row * sx + col).to(tl.float32)
             if HAS_ADD:  # the log-softmax value rounded first, as the reference adds it
-                tl.store(S + row * K + i, (value - norm) + add)
+                tl.store(S + o + i, (value - norm) + add)
             else:
-                tl.store(S + row * K + i, value - norm)
+                tl.store(S + o + i, value - norm)
         if HAS_OFF:
             col += tl.load(OFF + col)
-        tl.store(I + row * K + i, col)
+        tl.store(I + o + i, col)
+
+
+def _out_layout(out, lead: torch.Size, k: int) -> tuple[int, int, int]:
+    """(inner, s_outer, s_inner) of log_softmax_top_k's out = (scores, ids), each of shape
+    lead + (k,): row r of the lead dims flattened starts at (r // inner) * s_outer +
+    (r % inner) * s_inner. Raises ValueError for what the kernel cannot address."""
+    scores, ids = out
+    want = (*lead, k)
+    if tuple(scores.shape) != want or tuple(ids.shape) != want:
+        raise ValueError(f"log_softmax_top_k: out of shapes {tuple(scores.shape)} and {tuple(ids.shape)}; "
+                         f"give (scores, ids) of shape {want}")
+    if scores.dtype != torch.float32 or ids.dtype != torch.long:
+        raise ValueError(f"log_softmax_top_k: out of {scores.dtype} and {ids.dtype}; give float32 scores "
+                         f"and int64 ids")
+    if len(want) > 3 or scores.stride() != ids.stride() or scores.stride(-1) != 1:
+        raise ValueError(f"log_softmax_top_k: out of strides {scores.stride()} and {ids.stride()}; give views "
+                         f"of at most two leading dims with the same strides, the last one 1")
+    if len(want) == 3:
+        return want[1], scores.stride(0), scores.stride(1)
+    return 1, scores.stride(0) if len(want) == 2 else k, 0
 
 
 def _top_k_launch(x: torch.Tensor, k: int, offsets: Optional[torch.Tensor], scores: bool,
-                  block: int = BLOCK, num_warps: int = NUM_WARPS, add: Optional[torch.Tensor] = None):
+                  block: int = BLOCK, num_warps: int = NUM_WARPS, add: Optional[torch.Tensor] = None,
+                  into=None):
     """The two launches over x's rows -> (scores [rows, k] fp32 or None, ids [rows, k]);
-    add: fp32, one value a row, contiguous."""
+    add: fp32, one value a row, contiguous; into: log_softmax_top_k's out (then returned
+    as it is)."""
     V = x.shape[-1]
     rows = x.reshape(-1, V)
     R = rows.shape[0]
-    ids = torch.empty(R, k, dtype=torch.long, device=x.device)
-    out = torch.empty(R, k, dtype=torch.float32, device=x.device) if scores else None
+    if into is None:
+        ids = torch.empty(R, k, dtype=torch.long, device=x.device)
+        out = torch.empty(R, k, dtype=torch.float32, device=x.device) if scores else None
+        layout = (1, k, 0)
+    else:
+        out, ids = into
+        layout = _out_layout(into, x.shape[:-1], k)
     if R:
         block = min(block, triton.next_power_of_2(V))
         n_parts = triton.cdiv(V, block)
@@ -154,7 +192,7 @@ def _top_k_launch(x: torch.Tensor, k: int, offsets: Optional[torch.Tensor], scor
         _top_k_part_kernel[(R, n_parts)](rows, pm, ps, keys, rows.stride(0), V, n_parts, K=k, SCORES=scores,
                                          BLOCK=block, num_warps=num_warps, **pdl)
         _top_k_merge_kernel[(R,)](rows, offsets if offsets is not None else ids, add if add is not None else pm,
-                                  pm, ps, keys, out if scores else ids, ids, rows.stride(0), n_parts, K=k,
+                                  pm, ps, keys, out if scores else ids, ids, rows.stride(0), n_parts, *layout, K=k,
                                   PARTS=triton.next_power_of_2(n_parts), KEYS=triton.next_power_of_2(n_parts * k),
                                   SCORES=scores, HAS_OFF=offsets is not None, HAS_ADD=add is not None,
                                   num_warps=1, **pdl)
@@ -162,7 +200,8 @@ def _top_k_launch(x: torch.Tensor, k: int, offsets: Optional[torch.Tensor], scor
 
 
 def log_softmax_top_k_triton(x: torch.Tensor, k: int, offsets: Optional[torch.Tensor] = None,
-                             add: Optional[torch.Tensor] = None, *, block: int = BLOCK, num_warps: int = NUM_WARPS):
+                             add: Optional[torch.Tensor] = None, out=None, *, block: int = BLOCK,
+                             num_warps: int = NUM_WARPS):
     """Triton version; block / num_warps (a part's entries and warps) are for the bench."""
     V = x.shape[-1]
     if not 1 <= k <= min(V, MAX_K):
@@ -171,16 +210,18 @@ def log_softmax_top_k_triton(x: torch.Tensor, k: int, offsets: Optional[torch.Te
         raise ValueError(f"log_softmax_top_k_triton: add of shape {tuple(add.shape)} and {add.dtype}; give one "
                          f"float32 value a row, shape {tuple(x.shape[:-1])}")
     scores, ids = _top_k_launch(x, k, offsets, True, block, num_warps,
-                                None if add is None else add.contiguous().view(-1))
+                                None if add is None else add.contiguous().view(-1), out)
+    if out is not None:
+        return out
     return scores.view(*x.shape[:-1], k), ids.view(*x.shape[:-1], k)
 
 
 def log_softmax_top_k(x: torch.Tensor, k: int, offsets: Optional[torch.Tensor] = None,
-                      add: Optional[torch.Tensor] = None):
+                      add: Optional[torch.Tensor] = None, out=None):
     """Triton on CUDA for rows of unit stride and k <= MAX_K; the reference otherwise."""
     if use_triton(x) and x.stride(-1) == 1 and 1 <= k <= min(x.shape[-1], MAX_K):
-        return log_softmax_top_k_triton(x, k, offsets, add)
-    return log_softmax_top_k_torch(x, k, offsets, add)
+        return log_softmax_top_k_triton(x, k, offsets, add, out)
+    return log_softmax_top_k_torch(x, k, offsets, add, out)
 
 
 def argmax_rows_triton(x: torch.Tensor, offsets: Optional[torch.Tensor] = None, *, block: int = BLOCK,

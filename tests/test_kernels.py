@@ -908,6 +908,33 @@ def test_log_softmax_top_k_adds_each_rows_parent_score(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_log_softmax_top_k_writes_into_slices_of_candidate_rows(device):
+    """out = (scores, ids): an EAGLE-2 tree's levels written in place into its candidate
+    rows (engine/tree_proposer.py), a [B, k] slice for one row a sequence and a [B, k, k]
+    view of a slice for k rows a sequence; what the slices do not cover is left alone."""
+    dev = _dev(device)
+    x = _top_k_rows(12000, torch.bfloat16, dev)  # [2, 3, V]: 2 sequences, 3 rows each
+    add = -torch.rand(2, 3, generator=torch.Generator().manual_seed(2)).to(dev)
+    offsets = torch.arange(12000, device=dev) % 7
+    for fn in (log_softmax_top_k_torch, log_softmax_top_k, log_softmax_top_k_triton):
+        scores = torch.full((2, 4 + 9 + 3), 7.0, device=dev)
+        ids = torch.full((2, 16), -7, dtype=torch.long, device=dev)
+        got = fn(x[:, 0], 4, offsets, None, (scores[:, :4], ids[:, :4]))
+        assert got[0].data_ptr() == scores.data_ptr()
+        want = fn(x[:, 0], 4, offsets)  # the same function's own result
+        assert torch.equal(scores[:, :4], want[0]) and torch.equal(ids[:, :4], want[1])
+        fn(x, 3, offsets, add, (scores[:, 4:13].view(2, 3, 3), ids[:, 4:13].view(2, 3, 3)))
+        want = fn(x, 3, offsets, add)
+        assert torch.equal(scores[:, 4:13].view(2, 3, 3), want[0]) and torch.equal(ids[:, 4:13].view(2, 3, 3), want[1])
+        assert (scores[:, 13:] == 7.0).all() and (ids[:, 13:] == -7).all()
+    for bad, match in (((scores[:, :3], ids[:, :3]), "shapes"), ((scores[:, :4].double(), ids[:, :4]), "float32"),
+                       ((scores[:, :8:2], ids[:, :8:2]), "strides")):
+        for fn in (log_softmax_top_k_torch, log_softmax_top_k_triton):
+            with pytest.raises(ValueError, match=match):
+                fn(x[:, 0], 4, out=bad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_log_softmax_top_1_is_argmax_with_its_id_mapped(device):
     """The top 1 through the id map is argmax's first maximum, mapped, ties and -inf
     included: log_softmax_top_k and argmax_rows (Eagle3Head.draft_argmax) agree."""
@@ -966,22 +993,23 @@ def _expand_problem(device, B=3, k=4, H=70, W=12, seed=0):
         cum[0, 5] = cum[0, 2] = cum[0].max()  # a tie for first place, the higher index first
         cum[1, :3] = float("-inf")
         cum[2, 1], cum[2, 4] = -0.0, 0.0
-    tokens = torch.randint(0, 1000, (B, k, k), generator=g)
+    tokens = torch.randint(0, 1000, (B, k * k + 5), generator=g)
     wide = torch.randn(B, k, H + 6, generator=g).to(torch.bfloat16)
     ancestors = torch.randint(0, 100, (B, k, W), generator=g)
-    return [t.to(device) for t in (cum, tokens, wide[..., 3:H + 3], ancestors)]  # hidden: strided rows
+    # tokens and hidden: strided rows (the candidate rows' slice, the head's output slice)
+    return [t.to(device) for t in (cum, tokens[:, 2:2 + k * k], wide[..., 3:H + 3], ancestors)]
 
 
 def test_tree_expand_reference_matches_its_definition():
     cum, tokens, hidden, ancestors = _expand_problem("cpu")
-    B, k = tokens.shape[:2]
+    B, k = hidden.shape[:2]
     scores, toks, child_parents, node_hidden, anc = tree_expand_torch(cum, tokens, hidden, ancestors, first=7,
                                                                       level=5)
     for b in range(B):
         row = cum[b].tolist()
         pick = sorted(range(k * k), key=lambda i: (-row[i], i))[:k]
         assert scores[b].tolist() == [row[i] for i in pick]
-        assert toks[b].tolist() == [tokens[b].flatten()[i].item() for i in pick]
+        assert toks[b].tolist() == [tokens[b, i].item() for i in pick]
         assert child_parents[b].tolist() == [7 + i for i in pick for _ in range(k)]
         assert torch.equal(node_hidden[b], hidden[b, [i // k for i in pick]])
         for j, i in enumerate(pick):
@@ -1001,6 +1029,12 @@ def test_tree_expand_triton_matches_reference(device, k, H, W):
             want = tree_expand_torch(*case, first=11, level=level)
             for g_, w_ in zip(got, want):
                 assert g_.dtype == w_.dtype and torch.equal(g_, w_)
+    # The parents written into a slice of the candidate rows, nothing else of them touched.
+    rows = torch.full((args[0].shape[0], 3 + k * k + 4), -5, dtype=torch.long, device=args[0].device)
+    got = tree_expand_triton(*args, first=11, level=0, parents_out=rows[:, 3:3 + k * k])
+    want = tree_expand_torch(*args, first=11, level=0)
+    assert got[2].data_ptr() == rows[:, 3:].data_ptr() and torch.equal(rows[:, 3:3 + k * k], want[2])
+    assert (rows[:, :3] == -5).all() and (rows[:, 3 + k * k:] == -5).all()
 
 
 @pytest.mark.parametrize("device", DEVICES)

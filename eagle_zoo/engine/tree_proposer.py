@@ -66,8 +66,8 @@ class TreeEagleProposer(EagleProposer):
         self._step_offsets = torch.cat([torch.arange(R * k, **on), torch.arange(R, **on),
                                         torch.arange(self.total_tokens, **on)])
         self._first_ancestors = torch.arange(k, **on).view(k, 1).expand(k, R).contiguous()  # round 0: itself
-        self._first_parents = torch.cat([torch.full((k,), -1, **on)]  # the root's children, then theirs
-                                        + [torch.arange(k, **on).repeat_interleave(k)] * (R > 0))
+        self.num_candidates = k + R * k * k  # the root's k children, then k * k a round
+        self._parents: dict[int, torch.Tensor] = {}  # candidate_parents
 
     @torch.inference_mode()
     def propose_tree(self, slots: torch.Tensor, base: torch.Tensor, root: torch.Tensor,
@@ -80,9 +80,13 @@ class TreeEagleProposer(EagleProposer):
         B = slots.shape[0]
         hidden = self.next_hidden[slots]
         H = hidden.shape[-1]
-        scores, tokens = self.head.draft_top_k(hidden, k)  # level 1
-        cand_scores, cand_tokens = [scores], [tokens]
-        cand_parents = [self._first_parents.expand(B, -1)]  # levels 1 and 2
+        # The candidates' rows, each level written in place by the kernel that makes it
+        # (no cat gathers them for the selection).
+        on = dict(device=hidden.device)
+        cand_scores = torch.empty(B, self.num_candidates, dtype=torch.float32, **on)
+        cand_tokens = torch.empty(B, self.num_candidates, dtype=torch.long, **on)
+        cand_parents = self.candidate_parents(B)
+        scores, tokens = self.head.draft_top_k(hidden, k, out=(cand_scores[:, :k], cand_tokens[:, :k]))  # level 1
         node_hidden = hidden.unsqueeze(1).expand(B, k, H)
         # ancestors[b, j, r]: scratch column (less base) of expanded node j's ancestor of
         # round r, its own at its round; the rows move with the nodes (tree_expand).
@@ -96,17 +100,29 @@ class TreeEagleProposer(EagleProposer):
             pos = positions[:, r:r + 1].expand(B, k)
             h = self.runner.run(tokens, pos, slots, kv_len, node_hidden, cache_positions=columns[:, r],
                                 tree_keys=(pos, base, ancestors))
-            child_scores, child_tokens = self.head.draft_top_k(h, k, parent_scores=scores)  # [B, k, k]
-            cum = child_scores.flatten(1)  # [B, k*k], cumulative
-            cand_scores.append(cum)
-            cand_tokens.append(child_tokens.flatten(1))
+            first = k + r * k * k  # candidate number of this round's first child
+            cum, child_tokens = cand_scores[:, first:first + k * k], cand_tokens[:, first:first + k * k]
+            self.head.draft_top_k(h, k, parent_scores=scores, out=(cum.view(B, k, k), child_tokens.view(B, k, k)))
             if r + 1 < R:  # the k best children are expanded next, with their parents' state
-                first = k + r * k * k  # candidate number of this round's first child
-                scores, tokens, child_parents, node_hidden, ancestors = tree_expand(
-                    cum, child_tokens, h, ancestors, first, level=r + 1)
-                cand_parents.append(child_parents)
-        return select_tree(torch.cat(cand_scores, 1), torch.cat(cand_tokens, 1), torch.cat(cand_parents, 1), root,
-                           node_columns, self.max_depth)
+                scores, tokens, _, node_hidden, ancestors = tree_expand(
+                    cum, child_tokens, h, ancestors, first, level=r + 1,
+                    parents_out=cand_parents[:, first + k * k:first + 2 * k * k])
+        return select_tree(cand_scores, cand_tokens, cand_parents, root, node_columns, self.max_depth)
+
+    def candidate_parents(self, B: int) -> torch.Tensor:
+        """[B, num_candidates]: each candidate's parent candidate, for B sequences. The
+        first two levels' are the same every step (-1 for the root's children, then j for
+        the j-th node's k children), made once per batch size (the first call is a graph's
+        warm-up, outside its capture); tree_expand writes the later rounds' in place."""
+        parents = self._parents.get(B)
+        if parents is None:
+            k, R = self.top_k, self.rounds
+            on = dict(dtype=torch.long, device=self.next_hidden.device)  # device ops only: capturable
+            parents = self._parents[B] = torch.zeros(B, self.num_candidates, **on)
+            parents[:, :k] = -1
+            if R > 0:
+                parents[:, k:k + k * k] = torch.arange(k * k, **on) // k
+        return parents
 
     @torch.inference_mode()
     def on_tree_verify(self, slots: torch.Tensor, columns: torch.Tensor, max_base: int | None, path: torch.Tensor,

@@ -134,13 +134,14 @@ class _HeadBase(nn.Module):
         """The greedy draft token (target vocabulary ids) at each position of h."""
         return argmax_rows(self.compute_logits(h))
 
-    def draft_top_k(self, h: torch.Tensor, k: int,
-                    parent_scores: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def draft_top_k(self, h: torch.Tensor, k: int, parent_scores: Optional[torch.Tensor] = None,
+                    out=None) -> tuple[torch.Tensor, torch.Tensor]:
         """(log-probs in fp32, target vocabulary ids) of the k most likely draft tokens,
         most likely first, ties to the lower id; with parent_scores (fp32, one a position of
         h) the log-probs plus the position's parent score: an EAGLE-2 tree's cumulative
-        scores, in the same launch."""
-        return log_softmax_top_k(self.compute_logits(h), k, add=parent_scores)
+        scores, in the same launch; written into out = (scores, ids) when given
+        (kernels/top_k.py's log_softmax_top_k)."""
+        return log_softmax_top_k(self.compute_logits(h), k, add=parent_scores, out=out)
 
 
 class EagleHead(_HeadBase):
@@ -343,6 +344,6 @@ class Eagle3Head(_HeadBase):
         # On CUDA two launches (kernels/top_k.py) where torch takes an argmax, a gather and an add
         return argmax_rows(self.compute_draft_logits(h), self.d2t)
 
-    def draft_top_k(self, h: torch.Tensor, k: int,
-                    parent_scores: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-        return log_softmax_top_k(self.compute_draft_logits(h), k, self.d2t, add=parent_scores)
+    def draft_top_k(self, h: torch.Tensor, k: int, parent_scores: Optional[torch.Tensor] = None,
+                    out=None) -> tuple[torch.Tensor, torch.Tensor]:
+        return log_softmax_top_k(self.compute_draft_logits(h), k, self.d2t, add=parent_scores, out=out)
