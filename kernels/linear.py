@@ -180,12 +180,9 @@ def tile_config(n: int, k: int) -> dict:
     """BLOCK_N, BLOCK_K, num_warps, num_stages for a weight of n rows and k columns: from
     the weight's shape only (batch invariance). Picked by timing tilings on the H200:
     narrow tiles for the narrow matrices of small models, so that enough programs share
-    the weight reads; wide ones for a large vocabulary; between them (an EAGLE-3 head's
-    draft vocabulary of 12,000 rows) tiles that still spread the rows over every SM."""
-    if n > 16384:
-        return dict(BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3)
+    the weight reads; wide ones for a large vocabulary."""
     if n > 4096:
-        return dict(BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=3)
+        return dict(BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3)
     if k >= 1024:
         return dict(BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=3)
     return dict(BLOCK_N=16, BLOCK_K=128, num_warps=2, num_stages=4)
