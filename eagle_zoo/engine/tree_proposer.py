@@ -112,8 +112,8 @@ class TreeEagleProposer(EagleProposer):
     def candidate_parents(self, B: int) -> torch.Tensor:
         """[B, num_candidates]: each candidate's parent candidate, for B sequences. The
         first two levels' are the same every step (-1 for the root's children, then j for
-        the j-th node's k children), made once per batch size (the first call is a graph's
-        warm-up, outside its capture); tree_expand writes the later rounds' in place."""
+        the j-th node's k children), made once per batch size, by device ops (a first call
+        inside a graph capture works too); tree_expand writes the later rounds' in place."""
         parents = self._parents.get(B)
         if parents is None:
             k, R = self.top_k, self.rounds
