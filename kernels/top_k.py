@@ -39,6 +39,7 @@ import torch
 from ._triton import gdc_launch_dependents, gdc_wait, pdl_launch, triton, tl, use_triton
 
 MAX_K = 16  # a part's running top k lives in registers
+Pair = tuple[torch.Tensor, torch.Tensor]  # (scores, ids)
 BLOCK, NUM_WARPS = 1024, 4  # entries of a part and its program's warps
 
 
@@ -49,7 +50,7 @@ def stable_top(x: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def log_softmax_top_k_torch(x: torch.Tensor, k: int, offsets: Optional[torch.Tensor] = None,
-                            add: Optional[torch.Tensor] = None, out=None):
+                            add: Optional[torch.Tensor] = None, out: Optional[Pair] = None):
     xf = x.float()
     ids = stable_top(xf, k)
     scores = torch.log_softmax(xf, dim=-1).gather(-1, ids)
@@ -146,7 +147,7 @@ def _top_k_merge_kernel(X, OFF, ADD, PM, PS, PK, S, I, sx, n_parts, inner, s_out
         tl.store(I + o + i, col)
 
 
-def _out_layout(out, lead: torch.Size, k: int) -> tuple[int, int, int]:
+def _out_layout(out: Pair, lead: torch.Size, k: int) -> tuple[int, int, int]:
     """(inner, s_outer, s_inner) of log_softmax_top_k's out = (scores, ids), each of shape
     lead + (k,): row r of the lead dims flattened starts at (r // inner) * s_outer +
     (r % inner) * s_inner. Raises ValueError for what the kernel cannot address."""
@@ -168,7 +169,7 @@ def _out_layout(out, lead: torch.Size, k: int) -> tuple[int, int, int]:
 
 def _top_k_launch(x: torch.Tensor, k: int, offsets: Optional[torch.Tensor], scores: bool,
                   block: int = BLOCK, num_warps: int = NUM_WARPS, add: Optional[torch.Tensor] = None,
-                  into=None):
+                  into: Optional[Pair] = None):
     """The two launches over x's rows -> (scores [rows, k] fp32 or None, ids [rows, k]);
     add: fp32, one value a row, contiguous; into: log_softmax_top_k's out (then returned
     as it is)."""
@@ -200,7 +201,7 @@ def _top_k_launch(x: torch.Tensor, k: int, offsets: Optional[torch.Tensor], scor
 
 
 def log_softmax_top_k_triton(x: torch.Tensor, k: int, offsets: Optional[torch.Tensor] = None,
-                             add: Optional[torch.Tensor] = None, out=None, *, block: int = BLOCK,
+                             add: Optional[torch.Tensor] = None, out: Optional[Pair] = None, *, block: int = BLOCK,
                              num_warps: int = NUM_WARPS):
     """Triton version; block / num_warps (a part's entries and warps) are for the bench."""
     V = x.shape[-1]
@@ -217,7 +218,7 @@ def log_softmax_top_k_triton(x: torch.Tensor, k: int, offsets: Optional[torch.Te
 
 
 def log_softmax_top_k(x: torch.Tensor, k: int, offsets: Optional[torch.Tensor] = None,
-                      add: Optional[torch.Tensor] = None, out=None):
+                      add: Optional[torch.Tensor] = None, out: Optional[Pair] = None):
     """Triton on CUDA for rows of unit stride and k <= MAX_K; the reference otherwise."""
     if use_triton(x) and x.stride(-1) == 1 and 1 <= k <= min(x.shape[-1], MAX_K):
         return log_softmax_top_k_triton(x, k, offsets, add, out)

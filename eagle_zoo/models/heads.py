@@ -135,7 +135,7 @@ class _HeadBase(nn.Module):
         return argmax_rows(self.compute_logits(h))
 
     def draft_top_k(self, h: torch.Tensor, k: int, parent_scores: Optional[torch.Tensor] = None,
-                    out=None) -> tuple[torch.Tensor, torch.Tensor]:
+                    out: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(log-probs in fp32, target vocabulary ids) of the k most likely draft tokens,
         most likely first, ties to the lower id; with parent_scores (fp32, one a position of
         h) the log-probs plus the position's parent score: an EAGLE-2 tree's cumulative
@@ -345,5 +345,5 @@ class Eagle3Head(_HeadBase):
         return argmax_rows(self.compute_draft_logits(h), self.d2t)
 
     def draft_top_k(self, h: torch.Tensor, k: int, parent_scores: Optional[torch.Tensor] = None,
-                    out=None) -> tuple[torch.Tensor, torch.Tensor]:
+                    out: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> tuple[torch.Tensor, torch.Tensor]:
         return log_softmax_top_k(self.compute_draft_logits(h), k, self.d2t, add=parent_scores, out=out)
