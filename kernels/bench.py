@@ -1,6 +1,6 @@
 """`python -m eagle_zoo.kernels.bench` (CUDA): GPU time of the attention, KV-write, linear and
 top-k / argmax kernels against their torch paths, replayed from CUDA graphs as the engine
-runs them, plus batch-invariance sweeps."""
+runs them, the linear kernel's tilings, plus batch-invariance sweeps."""
 from __future__ import annotations
 
 import torch
@@ -77,6 +77,7 @@ def main() -> None:
         print(f"write_kv bf16 B={B} T={T}: triton {t1:.1f}  torch {t2:.1f}")
 
     _linear_rows(dev, bf16)
+    _tile_rows(dev, bf16)
     _top_k_rows(dev, bf16)
 
 
@@ -113,6 +114,32 @@ def _linear_rows(dev, dtype) -> None:
                 x[r:r + 1], w, **{a: (v[r:r + 1] if a == "residual" else v) for a, v in kw.items()})[0])
                 for r in range(M))
             print(f"{line}  cuBLAS {t2:6.1f}  rows differing alone: {differ}")
+
+
+# Tilings (BLOCK_N, BLOCK_K, num_warps, num_stages) against tile_config's own, for the draft
+# vocabulary's product and gate_up: its wide and narrow ones and those between.
+TILE_CHOICES = [(128, 128, 8, 3), (64, 128, 8, 3), (64, 128, 4, 3), (32, 128, 4, 3), (32, 128, 2, 4),
+                (16, 128, 2, 4)]
+
+
+def _tile_rows(dev, dtype) -> None:
+    """fused_linear's kernel (with its norm prologue) at each tiling of TILE_CHOICES
+    (tile_config's marked *), at the rows of a chain's draft (1), a tree round's (6) and a
+    tree's target pass or drafts at batch 5 (31)."""
+    from .linear import tile_config
+
+    for name, n, k, gated in (("draft lm_head", 12000, 576, False), ("gate_up", 3072, 576, True)):
+        w = torch.randn(n, k, device=dev, dtype=dtype) * k ** -0.5
+        nw = torch.rand(k, device=dev, dtype=dtype) + 0.5
+        own = tile_config(n, k)
+        for bn, bk, warps, stages in TILE_CHOICES:
+            tile = dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
+            line = f"tile {name:13s} {n:5d}x{k} {bn:3d}/{bk}/{warps}/{stages}{'*' if tile == own else ' '}:"
+            for M in (1, 6, 31):
+                x = torch.randn(M, k, device=dev, dtype=dtype)
+                t = graphed_us(lambda: fused_linear_triton(x, w, norm_weight=nw, eps=1e-5, gated=gated, tile=tile))
+                line += f"  M={M:2d} {t:6.2f}"
+            print(line)
 
 
 # (what, rows, row length, k): an EAGLE-3 chain's greedy drafts at batch 1 and 16, an

@@ -190,9 +190,10 @@ def tile_config(n: int, k: int) -> dict:
 
 def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
                         norm_weight: Optional[torch.Tensor] = None, eps: float = 1e-6, gated: bool = False,
-                        residual: Optional[torch.Tensor] = None, block_m: Optional[int] = None) -> torch.Tensor:
-    """The kernel; block_m: rows a program takes (default row_block's; kernels/bench.py
-    times others)."""
+                        residual: Optional[torch.Tensor] = None, block_m: Optional[int] = None,
+                        tile: Optional[dict] = None) -> torch.Tensor:
+    """The kernel; block_m: rows a program takes (default row_block's), tile: tile_config's
+    dict (default tile_config's); kernels/bench.py times others of both."""
     K = x.shape[-1]
     rows = x.reshape(-1, K)
     M = rows.shape[0]
@@ -200,7 +201,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[to
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     res = residual.reshape(-1, N) if residual is not None else out
     if M:
-        cfg = tile_config(weight.shape[0], K)
+        cfg = tile or tile_config(weight.shape[0], K)
         block_m = block_m or row_block(M, weight.shape[0])
         grid = (triton.cdiv(M, block_m), triton.cdiv(N, cfg["BLOCK_N"]))
         _linear_kernel[grid](

@@ -435,6 +435,22 @@ def test_fused_linear_triton_matches_reference(device, case):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_fused_linear_triton_takes_the_tiling_it_is_given(device):
+    """tile= (kernels/bench.py times tilings against tile_config's): another tiling of the
+    wide case's weight, masks at both edges, computes the same product. In the interpreter
+    (numpy's dot a BLOCK_K step) half the BLOCK_K gives other bits than the default's: the
+    tiling is taken, not ignored; a GPU's fp32 FMA chain may give the same bits."""
+    x, w, kw = _linear_problem(_dev(device), torch.float32, 5, "wide")
+    own = fused_linear_triton(x, w, **kw)
+    for tile in (dict(BLOCK_N=32, BLOCK_K=64, num_warps=2, num_stages=2),
+                 dict(BLOCK_N=16, BLOCK_K=128, num_warps=2, num_stages=4)):
+        out = fused_linear_triton(x, w, **kw, tile=tile)
+        torch.testing.assert_close(out, fused_linear_torch(x, w, **kw), rtol=1e-5, atol=1e-5)
+        if tile["BLOCK_K"] == 64 and device == "interp":
+            assert not torch.equal(out, own)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", ["norm_gated", "residual", "bias", "wide"])
 def test_fused_linear_triton_is_batch_invariant(device, case):
     """A row gives the same bits alone (plain decoding) as among 37, 60 or 130 rows (a
