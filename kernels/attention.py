@@ -119,7 +119,7 @@ def _attn_split_kernel(Q, K, V, SLOT, POS, MASK, ACC, M, L, BASE, ANC,
         # one program per node and split (tree_splits: the most a node's path can reach),
         # its group heads in rows 0..G-1 (a decode step's tile), walking its own ancestors
         # (the loop below). So no program is launched for a (tile, split) pair that has
-        # nothing to do, where one program per node and split took T x n_split.
+        # nothing to do: T x n_split of them for a graph's whole cache row.
         pid = tl.program_id(0)
         kvh = pid % n_kv
         b = pid // n_kv
