@@ -27,6 +27,10 @@ except ImportError:  # the torch references still work
 
     triton = tl = _Stub()
 
+# The widest row (values) a kernel that copies whole rows holds in one program's registers
+# (embedding.py, scatter_row.py, tree_compact.py); wider rows take the torch reference.
+MAX_ROW = 16384
+
 # Programmatic dependent launch (PDL, Hopper and later): a kernel launched with it may be
 # scheduled while the kernel before it still runs; it must call gdc_wait() before touching
 # anything that kernel (or any earlier one) writes. Every kernel below that takes a PDL

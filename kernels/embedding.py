@@ -13,9 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._triton import gdc_launch_dependents, gdc_wait, pdl_launch, triton, tl, use_triton
-
-MAX_ROW = 16384  # a row in one program's registers
+from ._triton import MAX_ROW, gdc_launch_dependents, gdc_wait, pdl_launch, triton, tl, use_triton
 
 
 def embedding_torch(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

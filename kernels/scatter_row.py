@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import gdc_launch_dependents, gdc_wait, pdl_launch, triton, tl, use_triton
-
-MAX_ROW = 16384  # a row in one program's registers
+from ._triton import MAX_ROW, gdc_launch_dependents, gdc_wait, pdl_launch, triton, tl, use_triton
 
 
 def scatter_row_torch(dst: torch.Tensor, slots: torch.Tensor, src: torch.Tensor, index: torch.Tensor) -> None:

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import gdc_launch_dependents, gdc_wait, pdl_launch, triton, tl, use_triton
-
-MAX_ROW = 16384  # n_kv * d of one cache column, in one program's registers
+from ._triton import MAX_ROW, gdc_launch_dependents, gdc_wait, pdl_launch, triton, tl, use_triton
 
 
 def tree_compact_torch(caches: torch.Tensor, slots: torch.Tensor, base: torch.Tensor, path: torch.Tensor) -> None:

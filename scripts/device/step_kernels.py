@@ -83,7 +83,7 @@ def main() -> None:
     head = perf_steps.random_eagle3_head(target, perf_steps.DRAFT_VOCAB.get(args.shape, shape["vocab_size"]), dtype)
     for strategy, kw in STRATEGIES.items():
         engine, seqs = perf_steps.warm_engine(target, head, strategy, kw.get("k", 3), kw.get("tree"), dtype, dev,
-                                              100, 1, 1280)
+                                              steps=100, batch=1, max_model_len=1280)
         graph, ids, pos = step_graph(engine, strategy)
         report(strategy, timeline(graph, [ids, pos], args.replays), args.replays)
         perf_steps.finish_engine(engine, seqs)

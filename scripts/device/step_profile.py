@@ -38,7 +38,6 @@ from eagle_zoo.perf_steps import DRAFT_VOCAB, PROFILE_TREE, SHAPES, copy_bandwid
     random_eagle3_head, random_target
 
 
-
 def cuda_ms(fn, reps: int, rounds: int = 5) -> float:
     times = []
     for _ in range(rounds):
