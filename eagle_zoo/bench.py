@@ -109,7 +109,11 @@ def add_arguments(p):
                         "The speed-up is reported next to the record's, not checked")
     p.add_argument("--rtol", type=float, default=DEFAULT_RTOL)
     perf = p.add_argument_group("speed tables (--perf, see eagle_zoo/perf.py)")
-    perf.add_argument("--perf", action="store_true", help="run the speed tables instead of the acceptance benchmark")
+    perf.add_argument("--perf", action="store_true",
+                      help="run the speed tables instead of the acceptance benchmark, on the prompts --dataset, "
+                           "--num-prompts and --per-category choose; the draft, sampling and batch options of the "
+                           "acceptance benchmark are refused with it (the tables take --eagle / --eagle3, --ks, "
+                           "--tree and --batch-sizes)")
     perf.add_argument("--eagle", default=None, help="EAGLE-1 head for the batch-1 table")
     perf.add_argument("--eagle3", default=None, help="EAGLE-3 head for the batch-1 and throughput tables")
     perf.add_argument("--ngram", action="store_true", help="add n-gram prompt lookup (min 2, max 4) rows")
@@ -693,6 +697,38 @@ def plot_title(result: BenchResult, target: str, k: int) -> str:
             f"k={k}, mean acceptance length {result.mean_acceptance_length:.3f}")
 
 
+# Options only one of the two modes reads, with what the other mode takes instead.
+ACCEPTANCE_ONLY = {
+    "method": "--eagle / --eagle3 / --ngram", "draft": "--eagle / --eagle3", "num_spec_tokens": "--ks",
+    "max_num_seqs": "--batch-sizes", "max_model_len": "--perf-max-model-len", "enforce_eager": None,
+    "tp": None, "draft_tp": None, "temperature": None, "top_p": None, "top_k": None, "prompt_lookup_max": None,
+    "prompt_lookup_min": None, "enable_chunked_prefill": None, "print_output": None, "by_category": None,
+    "plot": None, "test": None, "rtol": None,
+}
+PERF_ONLY = ("eagle", "eagle3", "ngram", "ks", "batch_sizes", "tput_k", "tput_waves", "hf_prompts",
+             "perf_max_model_len", "depth_schedule", "spec_options", "step_costs", "step_cost_steps",
+             "step_cost_batch", "acceptance_profile", "tree")
+
+
+def refuse_unused_options(args) -> None:
+    """Stop on an option the chosen mode would not read: --perf's tables (greedy, their
+    own heads, depths and batch sizes) take none of the acceptance benchmark's draft,
+    sampling or batch options, and the acceptance benchmark none of the tables'."""
+    import argparse
+
+    defaults = argparse.ArgumentParser()
+    add_arguments(defaults)
+    defaults = vars(defaults.parse_args([]))
+    unused = ACCEPTANCE_ONLY if args.perf else dict.fromkeys(PERF_ONLY)
+    given = [dest for dest in unused if getattr(args, dest) != defaults[dest]]
+    if not given:
+        return
+    flags = ", ".join("--" + dest.replace("_", "-") + (f" (with --perf: {unused[dest]})" if unused[dest] else "")
+                      for dest in given)
+    mode = "the --perf speed tables" if args.perf else "the acceptance benchmark (without --perf)"
+    raise SystemExit(f"{flags}: not read by {mode}; drop {'it' if len(given) == 1 else 'them'}")
+
+
 def run(args) -> int:
     if args.num_iters < 1:
         raise SystemExit(f"--num-iters {args.num_iters}: give at least 1 (timed rounds)")
@@ -701,17 +737,18 @@ def run(args) -> int:
         # engine owns the process's ranks (engine/parallel.py), so two cannot coexist.
         raise SystemExit(f"--num-iters {args.num_iters} with --tp {args.tp}: the rounds hold two engines at once, "
                          f"and two tensor-parallel engines cannot share the ranks; use --num-iters 1 with --tp")
+    resolve_dataset_flags(args)
+    if args.per_category is not None and args.per_category < 1:
+        raise SystemExit(f"--per-category {args.per_category}: give at least 1 (rows of each category)")
+    refuse_unused_options(args)
     if args.perf:
         from .perf import run_perf
 
         return run_perf(args)
     from .engine.sampling_params import SamplingParams
 
-    resolve_dataset_flags(args)
     if args.enable_chunked_prefill:
         print("--enable-chunked-prefill: no effect here (prompts are prefilled whole; outputs are the same)")
-    if args.per_category is not None and args.per_category < 1:
-        raise SystemExit(f"--per-category {args.per_category}: give at least 1 (rows of each category)")
     rows = load_prompt_rows(args.dataset, args.num_prompts, args.per_category)
     if args.per_category is not None and all(row["category"] is None for row in rows):
         raise SystemExit(f"--per-category: the rows of --dataset {dataset_name(args.dataset)} have no 'category' "

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from .bench import load_prompts, measure_rounds, warm_up
+from .bench import dataset_name, load_prompt_rows, measure_rounds, warm_up
 
 
 def _sync():
@@ -99,8 +99,9 @@ def run_perf(args) -> int:
     from .engine.llm import LLM
     from .engine.sampling_params import SamplingParams
 
-    prompts = load_prompts(args.dataset, args.num_prompts)
-    conversations = [[{"role": "user", "content": p}] for p in prompts]
+    # The chats the acceptance benchmark sends for the same --dataset / --num-prompts /
+    # --per-category (MT-bench: each first turn alone).
+    conversations = [row["messages"] for row in load_prompt_rows(args.dataset, args.num_prompts, args.per_category)]
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     try:
         ks = [int(k) for k in args.ks.split(",") if k.strip()]
@@ -109,7 +110,8 @@ def run_perf(args) -> int:
     heads = [h for h in (args.eagle, args.eagle3) if h]
     if args.ngram:  # prompt lookup rows beside the heads
         heads.append("ngram")
-    report: dict = {"model": args.model, "prompts": len(prompts), "max_tokens": args.max_tokens}
+    report: dict = {"model": args.model, "dataset": dataset_name(args.dataset), "per_category": args.per_category,
+                    "prompts": len(conversations), "max_tokens": args.max_tokens}
     extra = _json_option(args.spec_options, "--spec-options") if getattr(args, "spec_options", None) else {}
     schedule = getattr(args, "depth_schedule", None)
     if schedule is not None and schedule != "auto":
@@ -190,7 +192,7 @@ def run_perf(args) -> int:
             m = llm.engine.metrics
             same = sum(o.outputs[0].token_ids == r for o, r in zip(outs, reference))
             name = f"{llm.speculative_config.method} " + (f"k={k}" if k is not None else f"tree {tree[0]}")
-            lossless[name] = f"{same}/{len(prompts)}"
+            lossless[name] = f"{same}/{len(conversations)}"
             record("batch1", {"config": name, "tokens_per_s": tps, "speedup": tps / plain_tps,
                               "mean_acceptance_length": m.mean_acceptance_length, "identical_to_plain": same})
             del llm

@@ -38,3 +38,36 @@ def test_perf_keeps_measuring_past_a_failing_config(tmp_path, capsys):
     assert len(tput["plain_pass_seconds"]) == 2  # --num-iters rounds
     printed = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"')]
     assert [next(iter(p)) for p in printed[:3]] == ["batch1", "batch1", "batch1"]  # printed as measured
+
+
+def perf_args(*argv):
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_perf_takes_the_prompts_the_acceptance_benchmark_takes(tmp_path):
+    """--dataset / --num-prompts / --per-category choose the same rows as without --perf
+    (one of each of the dev set's 11 categories here); only the random-weight tables are
+    asked for, so no model loads."""
+    out = tmp_path / "perf.json"
+    args = perf_args("--perf", "--device", "cpu", "--dataset", "dev", "--per-category", "1", "--num-prompts", "500",
+                     "--ks", "", "--batch-sizes", "", "--step-costs", "", "--json", str(out))
+    assert bench.run(args) == 0
+    report = json.loads(out.read_text())
+    categories = {row["category"] for row in bench.load_prompt_rows("dev", 500)}
+    assert report["dataset"] == "dev" and report["per_category"] == 1
+    assert report["prompts"] == len(categories) == 11
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--perf", "--max-num-seqs", "4"], "--max-num-seqs (with --perf: --batch-sizes)"),
+    (["--perf", "--draft", "x", "--num-spec-tokens", "4"], "--draft (with --perf: --eagle / --eagle3), --num-spec-tokens (with --perf: --ks)"),
+    (["--perf", "--by-category"], "--by-category"),
+    (["--tree", "6,3,30"], "--tree"),
+    (["--ks", "3", "--eagle3", "x"], "--eagle3, --ks"),
+])
+def test_an_option_the_mode_does_not_read_is_refused_by_name(argv, named):
+    with pytest.raises(SystemExit) as stop:
+        bench.run(perf_args(*argv))
+    assert str(stop.value).startswith(named + ": not read by ")
