@@ -1,8 +1,10 @@
 """Token embeddings: the rows of a table at the given ids, in one launch.
 
-embedding(ids [...], weight [V, H]) -> [..., H] = weight[ids]. Ids must lie in [0, V): the
-reference raises on a bad id, the Triton kernel gives that position zeros rather than read
-outside the table (checking on the host would need a sync).
+embedding(ids [...], weight [V, H]) -> [..., H] = weight[ids], and a row of zeros for a
+negative id: padding, as the -1 past a step's accepted tokens, which the head's catch-up
+reads at fixed width (so its callers need no clamp, a kernel a step). An id of V or more
+is a bug: the reference raises, the Triton kernel gives zeros rather than read outside
+the table (checking on the host would need a sync).
 Why: torch's index_select kernel for a few rows takes 1.6-5 us on an H200, and a tree step
 looks up embeddings five times (the head's three drafting rounds, its catch-up, the
 target's pass), a chain step four; this kernel takes part in programmatic dependent launch
@@ -17,7 +19,8 @@ from ._triton import MAX_ROW, gdc_launch_dependents, gdc_wait, pdl_launch, trito
 
 
 def embedding_torch(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return F.embedding(ids, weight)
+    padding = (ids < 0).unsqueeze(-1)
+    return F.embedding(ids.clamp(min=0), weight).masked_fill(padding, 0)
 
 
 @triton.jit
@@ -48,7 +51,7 @@ def embedding_triton(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Triton on CUDA for a table of unit stride along its rows (outside autograd);
-    torch's F.embedding otherwise (module doc)."""
+    torch's F.embedding otherwise, negative ids masked (module doc)."""
     if use_triton(ids, weight) and weight.dim() == 2 and weight.stride(1) == 1 and weight.shape[1] <= MAX_ROW:
         return embedding_triton(ids, weight)
     return embedding_torch(ids, weight)

@@ -1,11 +1,12 @@
 """An EAGLE-2 tree from its drafted candidates, in one launch.
 
-tree_select(scores, tokens, parents, root, total_tokens, max_depth) -> (tokens, parents,
-depth, ancestors), the tensors of eagle_zoo/engine/tree.py's TreeDraft: the best
-total_tokens - 1 of M candidates (largest cumulative score first, ties to the lower
-candidate number) become nodes 1.. in candidate order under the root, node 0, whose
-token is root [B]. scores, tokens, parents [B, M]; parents holds candidate numbers, -1
-for the root's children.
+tree_select(scores, tokens, parents, root, base, total_tokens, max_depth) -> (tokens,
+parents, depth, ancestors, positions), the tensors of eagle_zoo/engine/tree.py's
+TreeDraft: the best total_tokens - 1 of M candidates (largest cumulative score first,
+ties to the lower candidate number) become nodes 1.. in candidate order under the root,
+node 0, whose token is root [B]. scores, tokens, parents [B, M]; parents holds candidate
+numbers, -1 for the root's children; base [B] the root's position, so that each node's
+rope position, base + its depth, comes from the same launch (not an add after it).
 Why: torch takes ~30 small kernels for the selection and the tree's shape tensors (a
 sort, scatters, a gather per level, stacks, comparisons), once per tree step.
 
@@ -41,7 +42,7 @@ def build_tree(parents: torch.Tensor, max_depth: int) -> tuple[torch.Tensor, tor
     return depth, torch.where(level <= depth.unsqueeze(-1), ancestors, torch.full_like(ancestors, -1))
 
 
-def tree_select_torch(scores, tokens, parents, root, total_tokens: int, max_depth: int):
+def tree_select_torch(scores, tokens, parents, root, base, total_tokens: int, max_depth: int):
     B, M = scores.shape
     n = total_tokens - 1
     device = scores.device
@@ -53,11 +54,13 @@ def tree_select_torch(scores, tokens, parents, root, total_tokens: int, max_dept
                               node_of.gather(1, cand_parent.clamp(min=0)))
     node_parents = torch.cat([torch.full((B, 1), -1, dtype=torch.long, device=device), node_parent], dim=1)
     node_tokens = torch.cat([root.view(B, 1).to(tokens.dtype), tokens.gather(1, chosen)], dim=1)
-    return (node_tokens, node_parents, *build_tree(node_parents, max_depth))
+    depth, ancestors = build_tree(node_parents, max_depth)
+    return node_tokens, node_parents, depth, ancestors, base.view(B, 1) + depth
 
 
 @triton.jit
-def _tree_select_kernel(SC, TOK, PAR, ROOT, KEYS, NODE_OF, T_OUT, P_OUT, D_OUT, A_OUT, s_sc, s_tok, s_par, s_root, M, N,
+def _tree_select_kernel(SC, TOK, PAR, ROOT, BASE, KEYS, NODE_OF, T_OUT, P_OUT, D_OUT, A_OUT, POS_OUT, s_sc, s_tok, s_par,
+                        s_root, s_base, M, N,
                         MP: tl.constexpr, NP: tl.constexpr, L: tl.constexpr, JB: tl.constexpr, PDL: tl.constexpr):
     if PDL:  # kernels/_triton.py: the candidates are the kernels before's output
         gdc_wait()
@@ -93,6 +96,7 @@ def _tree_select_kernel(SC, TOK, PAR, ROOT, KEYS, NODE_OF, T_OUT, P_OUT, D_OUT, 
         depth += (cur != 0).to(tl.int64)
     depth += (v != 0).to(tl.int64)
     tl.store(D_OUT + b * N + v, depth, mask=live)
+    tl.store(POS_OUT + b * N + v, tl.load(BASE + b * s_base).to(tl.int64) + depth, mask=live)
     # ancestors[v, d]: the node s = depth - d steps above v, -1 for d > depth
     for d in tl.static_range(L + 1):
         anc = tl.full([NP], -1, tl.int64)
@@ -104,7 +108,7 @@ def _tree_select_kernel(SC, TOK, PAR, ROOT, KEYS, NODE_OF, T_OUT, P_OUT, D_OUT, 
         tl.store(A_OUT + (b * N + v) * (L + 1) + d, anc, mask=live)
 
 
-def tree_select_triton(scores, tokens, parents, root, total_tokens: int, max_depth: int):
+def tree_select_triton(scores, tokens, parents, root, base, total_tokens: int, max_depth: int):
     B, M = scores.shape
     N = total_tokens
     if not 2 <= N <= M + 1 or M > MAX_CANDIDATES:
@@ -118,17 +122,20 @@ def tree_select_triton(scores, tokens, parents, root, total_tokens: int, max_dep
     out_p = torch.empty(B, N, dtype=torch.long, device=device)
     out_d = torch.empty(B, N, dtype=torch.long, device=device)
     out_a = torch.empty(B, N, max_depth + 1, dtype=torch.long, device=device)
+    out_pos = torch.empty(B, N, dtype=torch.long, device=device)
     if B:
-        _tree_select_kernel[(B,)](scores, tokens, parents, root, keys, node_of, out_t, out_p, out_d, out_a,
-                                  scores.stride(0), tokens.stride(0), parents.stride(0), root.stride(0), M, N,
+        _tree_select_kernel[(B,)](scores, tokens, parents, root, base, keys, node_of, out_t, out_p, out_d, out_a,
+                                  out_pos, scores.stride(0), tokens.stride(0), parents.stride(0), root.stride(0),
+                                  base.stride(0), M, N,
                                   MP=MP, NP=NP, L=max_depth, JB=min(MP, RANK_BLOCK), num_warps=8 if MP >= 128 else 4,
                                   **pdl_launch(scores))
-    return out_t, out_p, out_d, out_a
+    return out_t, out_p, out_d, out_a, out_pos
 
 
-def tree_select(scores, tokens, parents, root, total_tokens: int, max_depth: int):
+def tree_select(scores, tokens, parents, root, base, total_tokens: int, max_depth: int):
     """Triton on CUDA for rows of unit stride and at most MAX_CANDIDATES candidates; the
     reference otherwise."""
-    ok = (use_triton(scores, tokens, parents, root) and scores.stride(1) == 1 and tokens.stride(1) == 1
+    ok = (use_triton(scores, tokens, parents, root, base) and scores.stride(1) == 1 and tokens.stride(1) == 1
           and parents.stride(1) == 1 and scores.shape[1] <= MAX_CANDIDATES)
-    return (tree_select_triton if ok else tree_select_torch)(scores, tokens, parents, root, total_tokens, max_depth)
+    return (tree_select_triton if ok else tree_select_torch)(scores, tokens, parents, root, base, total_tokens,
+                                                              max_depth)

@@ -1090,12 +1090,14 @@ def _candidates(B, k, rounds, seed=0):
                     sc.append(sc[p_] + lp[c].item()), par.append(p_), level.append(c)
         scores.append(sc), parents.append(par)
     tokens = torch.randint(0, 5000, (B, len(scores[0])), generator=g)
-    return torch.tensor(scores), tokens, torch.tensor(parents), torch.randint(0, 5000, (B,), generator=g)
+    roots, bases = torch.randint(0, 5000, (2, B), generator=g)
+    return torch.tensor(scores), tokens, torch.tensor(parents), roots, bases
 
 
 def test_tree_select_reference_keeps_the_best_candidates_with_their_ancestors():
-    scores, tokens, parents, root = _candidates(3, 3, 2)
-    node_tokens, node_parents, depth, anc = tree_select_torch(scores, tokens, parents, root, 9, 3)
+    scores, tokens, parents, root, base = _candidates(3, 3, 2)
+    node_tokens, node_parents, depth, anc, positions = tree_select_torch(scores, tokens, parents, root, base, 9, 3)
+    assert torch.equal(positions, base.view(3, 1) + depth)
     assert node_tokens[:, 0].tolist() == root.tolist() and node_parents[:, 0].tolist() == [-1] * 3
     for b in range(3):
         row = scores[b].tolist()
@@ -1110,9 +1112,11 @@ def test_tree_select_reference_keeps_the_best_candidates_with_their_ancestors():
 @pytest.mark.parametrize("k,rounds,total,max_depth", [(3, 2, 9, 3), (6, 3, 30, 4), (8, 5, 60, 6), (2, 1, 3, 2)])
 def test_tree_select_triton_matches_reference(device, k, rounds, total, max_depth):
     args = [t.to(_dev(device)) for t in _candidates(3, k, rounds, seed=k)]
+    args[4] = torch.stack([args[4], -args[4]], dim=1)[:, 0]  # base strided, as select_tree's columns[:, 0]
     got = tree_select_triton(*args, total, max_depth)
     want = tree_select_torch(*args, total, max_depth)
-    for name, g_, w_ in zip(("tokens", "parents", "depth", "ancestors"), got, want):
+    assert len(got) == len(want) == 5
+    for name, g_, w_ in zip(("tokens", "parents", "depth", "ancestors", "positions"), got, want):
         assert g_.dtype == w_.dtype and torch.equal(g_, w_), name
 
 
@@ -1140,10 +1144,10 @@ def _accept_problem(device, seed=0):
     from eagle_zoo.kernels.tree_select import tree_select_torch
 
     g = torch.Generator().manual_seed(seed)
-    scores, tokens, parents, _ = _candidates(8, 4, 3, seed=seed)
+    scores, tokens, parents, _, base = _candidates(8, 4, 3, seed=seed)
     distinct = torch.arange(tokens.shape[1]).expand_as(tokens)  # siblings hold distinct tokens, as top-k gives
     root = torch.zeros(8, dtype=torch.long)
-    node_tokens, node_parents, depth, anc = tree_select_torch(scores, distinct, parents, root, 20, 4)
+    node_tokens, node_parents, depth, anc, _ = tree_select_torch(scores, distinct, parents, root, base, 20, 4)
     argmax = torch.randint(0, tokens.shape[1], node_tokens.shape, generator=g)
     for b in range(8):  # row b: the target agrees along one leaf's path up to depth b % 5
         leaf = int(depth[b].argmax())
@@ -1411,3 +1415,58 @@ def test_embedding_dispatches_to_the_reference_on_cpu():
     assert torch.equal(embedding(ids, weight), F.embedding(ids, weight))
     with pytest.raises(IndexError):
         embedding(torch.tensor([10]), weight)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_embedding_gives_zeros_for_padding_in_both_forms(device):
+    """A catch-up's tokens past the accepted run are -1: both forms give zero rows there
+    and the table's rows elsewhere."""
+    weight = torch.randn(10, 8).to(_dev(device))
+    ids = torch.tensor([[3, 0, -1, -1]], device=weight.device)
+    for out in (embedding_torch(ids, weight), embedding_triton(ids, weight)):
+        assert torch.equal(out[0, :2], weight[[3, 0]]) and not out[0, 2:].any()
+
+
+# --- gather_rows (rows of several tensors side by side) ----------------------------------------
+
+from eagle_zoo.kernels.gather_rows import gather_rows, gather_rows_torch, gather_rows_triton  # noqa: E402
+
+
+def _gather_problem(device, dtype=torch.bfloat16, H=576, S=3):
+    """S streams [B = 2, N = 7, H] and a path of T = 4 node rows per sequence (a tree's
+    accepted path, the level number itself past its end)."""
+    g = torch.Generator().manual_seed(9)
+    sources = [torch.randn(2, 7, H, generator=g).to(device, dtype) for _ in range(S)]
+    return sources, torch.tensor([[0, 3, 6, 3], [0, 1, 2, 3]], device=device)
+
+
+def test_gather_rows_reference_puts_each_rows_streams_side_by_side():
+    sources, rows = _gather_problem("cpu", H=8)
+    out = gather_rows_torch(sources, rows)
+    assert out.shape == (2, 4, 24)
+    for b in range(2):
+        for t, n in enumerate(rows[b].tolist()):
+            assert torch.equal(out[b, t], torch.cat([s[b, n] for s in sources]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,H,S", [(torch.bfloat16, 576, 3), (torch.float32, 100, 1), (torch.bfloat16, 64, 2)])
+def test_gather_rows_triton_matches_reference(device, dtype, H, S):
+    sources, rows = _gather_problem(_dev(device), dtype, H, S)
+    assert torch.equal(gather_rows_triton(sources, rows), gather_rows_torch(sources, rows))
+    strided = torch.stack([rows, rows], dim=2)[..., 0]  # a path view of any strides
+    assert torch.equal(gather_rows_triton(sources, strided), gather_rows_torch(sources, rows))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gather_rows_triton_refuses_sources_it_cannot_take(device):
+    sources, rows = _gather_problem(_dev(device), H=8, S=4)
+    with pytest.raises(ValueError, match="4 sources"):
+        gather_rows_triton(sources, rows)
+    with pytest.raises(ValueError, match="share shape"):
+        gather_rows_triton([sources[0], sources[1].float()], rows)
+
+
+def test_gather_rows_dispatches_to_the_reference_on_cpu():
+    sources, rows = _gather_problem("cpu")
+    assert torch.equal(gather_rows(sources, rows), gather_rows_torch(sources, rows))

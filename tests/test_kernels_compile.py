@@ -27,6 +27,7 @@ from eagle_zoo.kernels.norm import rms_norm_pair_triton
 from eagle_zoo.kernels.qkv_rope import qkv_rope_write_kv_triton
 from eagle_zoo.kernels.step_outputs import step_outputs_triton
 from eagle_zoo.kernels.embedding import embedding_triton
+from eagle_zoo.kernels.gather_rows import gather_rows_triton
 from eagle_zoo.kernels.scatter_row import scatter_row_triton
 from eagle_zoo.kernels.tree_compact import tree_compact_triton
 
@@ -168,6 +169,8 @@ def test_the_drafting_and_acceptance_kernels_compile(hopper):
     tree_compact_triton(*tk._compact_problem("cpu", torch.bfloat16, n_kv=8, d=128))  # an 8B-shaped cache column
     for dtype, H in ((torch.bfloat16, 576), (torch.bfloat16, 4096), (torch.float32, 576)):
         scatter_row_triton(*tk._scatter_problem("cpu", dtype, H))
+    for S in (3, 1):  # an EAGLE-3 head's streams, an EAGLE-1 head's hidden state
+        gather_rows_triton(*tk._gather_problem("cpu", S=S))
     assert set(hopper) == {"_top_k_part_kernel", "_top_k_merge_kernel", "_tree_expand_kernel", "_tree_select_kernel",
                            "_tree_accept_kernel", "_chain_accept_kernel", "_step_outputs_kernel", "_tree_compact_kernel",
-                           "_scatter_row_kernel"}
+                           "_scatter_row_kernel", "_gather_rows_kernel"}

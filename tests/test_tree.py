@@ -115,6 +115,7 @@ def test_select_tree(case):
     want_parents = [-1] + [0 if parents[c] == -1 else kept.index(parents[c]) + 1 for c in kept]
     assert tree.parents[0].tolist() == want_parents
     assert tree.depth[0].tolist() == [len(p) - 1 for p in brute_paths(want_parents)]
+    assert tree.positions[0].tolist() == [40 + len(p) - 1 for p in brute_paths(want_parents)]
     if case == "plain":  # by hand: 0 (-0.1), 3 (-0.3), 1 (-0.7), 6 (-0.75), 4 (-1.6), 2 (-2.0), 9 (-2.3)
         assert kept == [0, 1, 2, 3, 4, 6, 9]
     if case == "fewer_than_top_k":
@@ -150,7 +151,7 @@ def test_accept_greedy_by_hand():
     node_tokens = torch.tensor([[9, 10, 11, 12, 13, 14, 15, 16]] * 2)
     from eagle_zoo.engine.tree import TreeDraft
 
-    tree = TreeDraft(node_tokens, parents, depth, anc, torch.arange(8).expand(2, 8))
+    tree = TreeDraft(node_tokens, parents, depth, anc, torch.arange(8).expand(2, 8), depth)
     argmax = torch.tensor([[10, 13, 14, 15, 40, 41, 16, 42],
                            [50, 51, 52, 53, 54, 55, 56, 57]])
     tokens, accepted, path = accept_greedy(argmax, tree)
@@ -472,7 +473,8 @@ def test_accept_sampled_distribution():
     ], dtype=torch.float64).float()
     depth, anc = build_tree(torch.tensor([parents]), 2)
     tree = TreeDraft(*(x.expand(B, *x.shape[1:]) for x in
-                       (torch.tensor([node_tokens]), torch.tensor([parents]), depth, anc, torch.arange(6).view(1, 6))))
+                       (torch.tensor([node_tokens]), torch.tensor([parents]), depth, anc, torch.arange(6).view(1, 6),
+                        depth)))
     uniforms = torch.rand(B, 3, 2, generator=gen)
     exponentials = torch.empty(B, V).exponential_(generator=gen)
     tokens, accepted, path = accept_sampled(probs.expand(B, 6, V), tree, 2, uniforms, exponentials)
@@ -523,7 +525,7 @@ def test_accept_sampled_never_takes_a_zero_probability_child_at_u_zero():
         [0.0, 0.0, 0.0, 1.0],
     ]).unsqueeze(0)
     depth, anc = build_tree(torch.tensor([parents]), 2)
-    tree = TreeDraft(torch.tensor([node_tokens]), torch.tensor([parents]), depth, anc, torch.arange(4).view(1, 4))
+    tree = TreeDraft(torch.tensor([node_tokens]), torch.tensor([parents]), depth, anc, torch.arange(4).view(1, 4), depth)
     tokens, accepted, _ = accept_sampled(probs, tree, 2, torch.zeros(1, 3, 2), torch.ones(1, 4))
     assert tokens.tolist() == [[2, 3, 3]] and accepted.tolist() == [2]
 

@@ -104,7 +104,7 @@ class ParallelEagleProposer(EagleProposer):
 
     @torch.inference_mode()
     def on_verify(self, batch: StepBatch, out: TargetOutput, num_accepted: torch.Tensor) -> None:
-        features, tokens = self._features(out), out.tokens.clamp(min=0)
+        features, tokens = self._features(out), out.tokens  # -1: a zero row (embedding)
         if self.padded_drafter_batch:
             col = torch.arange(tokens.shape[1], device=tokens.device)
             moved = torch.where(col <= num_accepted.view(-1, 1), out.positions, out.positions + self.num_speculative_tokens)

@@ -213,7 +213,7 @@ class EagleProposer(Proposer):
         sequence's num_accepted ([B, 1]). inputs: the target's final hidden state (EAGLE-1)
         or its aux residual streams (EAGLE-3). Device work only (one graph on CUDA; kv_len
         as in _draft_chain)."""
-        h = self.runner.run(tokens.clamp(min=0), positions, slots, kv_len, self._combine(inputs))
+        h = self.runner.run(tokens, positions, slots, kv_len, self._combine(inputs))  # -1: a zero row (embedding)
         scatter_row(self.next_hidden, slots, h, num_accepted.view(-1))
 
     @torch.inference_mode()

@@ -41,6 +41,7 @@ class TreeDraft:
     columns   [B, N]      cache column of each node in the step, base + i (the target's
                           pass writes node i there; compaction moves the accepted path to
                           the first ones, where the head's catch-up runs)
+    positions [B, N]      rope position of each node in the target's pass, base + depth
     """
 
     tokens: torch.Tensor
@@ -48,6 +49,7 @@ class TreeDraft:
     depth: torch.Tensor
     ancestors: torch.Tensor
     columns: torch.Tensor
+    positions: torch.Tensor
 
     @property
     def num_nodes(self) -> int:
@@ -64,9 +66,12 @@ def select_tree(scores: torch.Tensor, tokens: torch.Tensor, parents: torch.Tenso
 
     scores, tokens [B, M]: candidate cumulative scores and tokens; parents [B, M]: the
     parent's candidate number, -1 for the root's children; root [B]: the root's token;
-    columns [B, total_tokens]: the nodes' cache columns (TreeDraft). Requires
+    columns [B, total_tokens]: the nodes' cache columns (TreeDraft), the root's, base,
+    first (the nodes' positions are base + depth). Requires
     total_tokens - 1 <= M and that no kept candidate is deeper than max_depth."""
     total_tokens = columns.shape[1]
     if total_tokens - 1 > scores.shape[1]:
         raise ValueError(f"select_tree: {total_tokens - 1} draft nodes asked for but only {scores.shape[1]} candidates")
-    return TreeDraft(*tree_select(scores, tokens, parents, root, total_tokens, max_depth), columns)
+    node_tokens, node_parents, depth, ancestors, positions = tree_select(scores, tokens, parents, root, columns[:, 0],
+                                                                         total_tokens, max_depth)
+    return TreeDraft(node_tokens, node_parents, depth, ancestors, columns, positions)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from .proposers import EagleProposer
+from ..kernels.gather_rows import gather_rows
 from ..kernels.scatter_row import scatter_row
 from ..kernels.tree_expand import tree_expand
 from .tree import TreeDraft, select_tree
@@ -133,16 +134,15 @@ class TreeEagleProposer(EagleProposer):
         node index at each level (any valid node past the accepted depth); out_tokens
         [B, L+1]: the emitted tokens (-1 after); max_base None: the whole-row form
         (propose_tree)."""
-        B, T = path.shape
-        idx = path.unsqueeze(-1)
-        if self.method == "eagle3":  # the streams side by side, then the path's rows: two launches, not four
-            streams = torch.cat(aux, dim=-1)
-            feats = self.head.combine_hidden_states(streams.gather(1, idx.expand(B, T, streams.shape[-1])))
+        T = path.shape[1]
+        if self.method == "eagle3":  # the path's rows of the three streams side by side, in one launch
+            feats = self.head.combine_hidden_states(gather_rows(aux, path))
         else:
-            feats = hidden.gather(1, idx.expand(B, T, hidden.shape[-1]))
+            feats = gather_rows([hidden], path)
         positions = columns[:, :T]
-        # Fixed width: positions past the accepted ones get garbage, overwritten next step.
-        h = self.runner.run(out_tokens.clamp(min=0), positions, slots, None if max_base is None else max_base + T,
+        # Fixed width: positions past the accepted ones (token -1, a zero embedding) get
+        # garbage, overwritten next step.
+        h = self.runner.run(out_tokens, positions, slots, None if max_base is None else max_base + T,
                             feats)
         scatter_row(self.next_hidden, slots, h, num_accepted)
 

@@ -139,13 +139,11 @@ def target_tree_pass(engine, tree, base, slots, max_base):
     """The target over every node of the drafted trees (root = the last token):
     -> (hidden, aux, logits)."""
     runner = engine.runner
-    B = slots.shape[0]
     N = tree.num_nodes
-    positions = base.view(B, 1) + tree.depth
     # Each node's keys walked in position order (kernels/attention.py): plain decoding's bf16 bits.
-    hidden, aux = runner.run(tree.tokens, positions, slots, None if max_base is None else max_base + N,
+    hidden, aux = runner.run(tree.tokens, tree.positions, slots, None if max_base is None else max_base + N,
                              engine.aux_layer_ids, cache_positions=tree.columns,
-                             tree_keys=(positions, base, tree.ancestors))
+                             tree_keys=(tree.positions, base, tree.ancestors))
     return hidden, aux, engine.target.compute_logits(hidden)
 
 

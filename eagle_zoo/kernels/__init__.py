@@ -22,6 +22,7 @@ from .activation import silu_and_mul, silu_and_mul_torch, silu_and_mul_triton  #
 from .attention import cache_attention, cache_attention_torch, cache_attention_triton  # noqa: E402
 from .chain_accept import chain_accept_greedy, chain_accept_greedy_torch, chain_accept_greedy_triton  # noqa: E402
 from .embedding import embedding, embedding_torch, embedding_triton  # noqa: E402
+from .gather_rows import gather_rows, gather_rows_torch, gather_rows_triton  # noqa: E402
 from .kv_cache import write_kv, write_kv_torch, write_kv_triton  # noqa: E402
 from .norm import rms_norm, rms_norm_torch, rms_norm_triton  # noqa: E402
 from .scatter_row import scatter_row, scatter_row_torch, scatter_row_triton  # noqa: E402
@@ -38,6 +39,7 @@ __all__ = [
     "cache_attention", "cache_attention_torch", "cache_attention_triton",
     "chain_accept_greedy", "chain_accept_greedy_torch", "chain_accept_greedy_triton",
     "embedding", "embedding_torch", "embedding_triton",
+    "gather_rows", "gather_rows_torch", "gather_rows_triton",
     "write_kv", "write_kv_torch", "write_kv_triton",
     "rms_norm", "rms_norm_torch", "rms_norm_triton",
     "silu_and_mul", "silu_and_mul_torch", "silu_and_mul_triton",
