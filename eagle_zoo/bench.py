@@ -25,6 +25,7 @@ each token position).
 """
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import sys
@@ -714,8 +715,6 @@ def refuse_unused_options(args) -> None:
     """Stop on an option the chosen mode would not read: --perf's tables (greedy, their
     own heads, depths and batch sizes) take none of the acceptance benchmark's draft,
     sampling or batch options, and the acceptance benchmark none of the tables'."""
-    import argparse
-
     defaults = argparse.ArgumentParser()
     add_arguments(defaults)
     defaults = vars(defaults.parse_args([]))

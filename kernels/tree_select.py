@@ -59,8 +59,8 @@ def tree_select_torch(scores, tokens, parents, root, base, total_tokens: int, ma
 
 
 @triton.jit
-def _tree_select_kernel(SC, TOK, PAR, ROOT, BASE, KEYS, NODE_OF, T_OUT, P_OUT, D_OUT, A_OUT, POS_OUT, s_sc, s_tok, s_par,
-                        s_root, s_base, M, N,
+def _tree_select_kernel(SC, TOK, PAR, ROOT, BASE, KEYS, NODE_OF, T_OUT, P_OUT, D_OUT, A_OUT, POS_OUT,
+                        s_sc, s_tok, s_par, s_root, s_base, M, N,
                         MP: tl.constexpr, NP: tl.constexpr, L: tl.constexpr, JB: tl.constexpr, PDL: tl.constexpr):
     if PDL:  # kernels/_triton.py: the candidates are the kernels before's output
         gdc_wait()

@@ -172,5 +172,5 @@ def test_the_drafting_and_acceptance_kernels_compile(hopper):
     for S in (3, 1):  # an EAGLE-3 head's streams, an EAGLE-1 head's hidden state
         gather_rows_triton(*tk._gather_problem("cpu", S=S))
     assert set(hopper) == {"_top_k_part_kernel", "_top_k_merge_kernel", "_tree_expand_kernel", "_tree_select_kernel",
-                           "_tree_accept_kernel", "_chain_accept_kernel", "_step_outputs_kernel", "_tree_compact_kernel",
-                           "_scatter_row_kernel", "_gather_rows_kernel"}
+                           "_tree_accept_kernel", "_chain_accept_kernel", "_step_outputs_kernel",
+                           "_tree_compact_kernel", "_scatter_row_kernel", "_gather_rows_kernel"}

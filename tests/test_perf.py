@@ -62,7 +62,8 @@ def test_perf_takes_the_prompts_the_acceptance_benchmark_takes(tmp_path):
 
 @pytest.mark.parametrize("argv, named", [
     (["--perf", "--max-num-seqs", "4"], "--max-num-seqs (with --perf: --batch-sizes)"),
-    (["--perf", "--draft", "x", "--num-spec-tokens", "4"], "--draft (with --perf: --eagle / --eagle3), --num-spec-tokens (with --perf: --ks)"),
+    (["--perf", "--draft", "x", "--num-spec-tokens", "4"],
+     "--draft (with --perf: --eagle / --eagle3), --num-spec-tokens (with --perf: --ks)"),
     (["--perf", "--by-category"], "--by-category"),
     (["--tree", "6,3,30"], "--tree"),
     (["--ks", "3", "--eagle3", "x"], "--eagle3, --ks"),

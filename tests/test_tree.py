@@ -525,7 +525,8 @@ def test_accept_sampled_never_takes_a_zero_probability_child_at_u_zero():
         [0.0, 0.0, 0.0, 1.0],
     ]).unsqueeze(0)
     depth, anc = build_tree(torch.tensor([parents]), 2)
-    tree = TreeDraft(torch.tensor([node_tokens]), torch.tensor([parents]), depth, anc, torch.arange(4).view(1, 4), depth)
+    tree = TreeDraft(torch.tensor([node_tokens]), torch.tensor([parents]), depth, anc, torch.arange(4).view(1, 4),
+                     depth)
     tokens, accepted, _ = accept_sampled(probs, tree, 2, torch.zeros(1, 3, 2), torch.ones(1, 4))
     assert tokens.tolist() == [[2, 3, 3]] and accepted.tolist() == [2]
 
