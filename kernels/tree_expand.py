@@ -1,15 +1,15 @@
 """One EAGLE-2 drafting round's choice of the nodes to expand next, in one launch.
 
-tree_expand(cum, child_tokens, hidden, ancestors, first, level, parents_out=None) ->
-(scores, tokens, child_parents, node_hidden, ancestors) for B sequences, k expanded nodes
+tree_expand(cum, child_tokens, hidden, ancestors, first, level, parents_out) -> (scores,
+tokens, node_hidden, ancestors) for B sequences, k expanded nodes
 (hidden [B, k, H], ancestors [B, k, W]) and their k children each
 (eagle_zoo/engine/tree_proposer.py), cum and child_tokens [B, k * k] the children's
 cumulative scores and tokens (rows of any stride: slices of the tree's candidate rows):
   pick = the k largest of cum, largest first, ties to the lower index
   scores = cum[pick], tokens = child_tokens[pick]
-  child_parents [B, k * k] = first + pick, each k times (the candidate number of the
-      parent of each of the next round's children), written into parents_out when given
-      (the candidate rows' slice for them)
+  parents_out [B, k * k] = first + pick, each k times, in place (the candidate number
+      of the parent of each of the next round's children: the candidate rows' slice for
+      them)
   node_hidden = hidden[pick // k] ([B, k, H])
   ancestors = ancestors[pick // k] ([B, k, W]) with column level * k + j at ``level``
       for the j-th picked (its own scratch column in the round that runs it)
@@ -30,16 +30,14 @@ from .top_k import key_column, order_keys, stable_top
 MAX_K = 16  # k * k scores live in one program's registers
 
 
-def tree_expand_torch(cum, child_tokens, hidden, ancestors, first: int, level: int, parents_out=None):
+def tree_expand_torch(cum, child_tokens, hidden, ancestors, first: int, level: int, parents_out):
     B, k = hidden.shape[:2]
     pick = stable_top(cum, k)
     parent = pick // k
     rows = ancestors.gather(1, parent.unsqueeze(-1).expand(B, k, ancestors.shape[-1]))
     rows[:, :, level] = level * k + torch.arange(k, device=rows.device)
-    parents = (first + pick).repeat_interleave(k, 1)
-    if parents_out is not None:
-        parents = parents_out.copy_(parents)
-    return (cum.gather(1, pick), child_tokens.gather(1, pick), parents,
+    parents_out.copy_((first + pick).repeat_interleave(k, 1))
+    return (cum.gather(1, pick), child_tokens.gather(1, pick),
             hidden.gather(1, parent.unsqueeze(-1).expand(B, k, hidden.shape[-1])), rows)
 
 
@@ -78,7 +76,7 @@ def _tree_expand_kernel(CUM, CT, HID, ANC, S_OUT, T_OUT, C_OUT, H_OUT, A_OUT, fi
         tl.store(A_OUT + (b * K + j) * W + wcols, path, mask=wm)
 
 
-def tree_expand_triton(cum, child_tokens, hidden, ancestors, first: int, level: int, parents_out=None):
+def tree_expand_triton(cum, child_tokens, hidden, ancestors, first: int, level: int, parents_out):
     B, k = hidden.shape[:2]
     if not 1 <= k <= MAX_K:
         raise ValueError(f"tree_expand_triton: k = {k}, not in 1 .. {MAX_K}")
@@ -88,25 +86,24 @@ def tree_expand_triton(cum, child_tokens, hidden, ancestors, first: int, level: 
     device = cum.device
     out_s = torch.empty(B, k, dtype=cum.dtype, device=device)
     out_t = torch.empty(B, k, dtype=child_tokens.dtype, device=device)
-    out_c = torch.empty(B, k * k, dtype=torch.long, device=device) if parents_out is None else parents_out
     out_h = torch.empty(B, k, H, dtype=hidden.dtype, device=device)
     out_a = torch.empty(B, k, W, dtype=ancestors.dtype, device=device)
     if B:
         _tree_expand_kernel[(B,)](
-            cum, child_tokens, hidden, ancestors, out_s, out_t, out_c, out_h, out_a, first, level,
-            cum.stride(0), child_tokens.stride(0), out_c.stride(0), hidden.stride(0), hidden.stride(1),
+            cum, child_tokens, hidden, ancestors, out_s, out_t, parents_out, out_h, out_a, first, level,
+            cum.stride(0), child_tokens.stride(0), parents_out.stride(0), hidden.stride(0), hidden.stride(1),
             ancestors.stride(0), ancestors.stride(1),
             H, W, K=k, KK=triton.next_power_of_2(k * k), KP=triton.next_power_of_2(k), BLOCK_H=min(triton.next_power_of_2(H), 1024),
             BLOCK_W=triton.next_power_of_2(W), **pdl_launch(cum))
-    return out_s, out_t, out_c, out_h, out_a
+    return out_s, out_t, out_h, out_a
 
 
-def tree_expand(cum, child_tokens, hidden, ancestors, first: int, level: int, parents_out=None):
+def tree_expand(cum, child_tokens, hidden, ancestors, first: int, level: int, parents_out):
     """Triton on CUDA for float32 scores (log-probs), int64 parents, k <= MAX_K and rows of
     unit stride; the reference otherwise."""
     ok = (use_triton(cum, child_tokens, hidden, ancestors) and cum.dtype == torch.float32
           and all(t.stride(-1) == 1 for t in (cum, child_tokens, hidden, ancestors))
-          and (parents_out is None or (parents_out.dtype == torch.long and parents_out.stride(-1) == 1))
+          and parents_out.dtype == torch.long and parents_out.stride(-1) == 1
           and 1 <= hidden.shape[1] <= MAX_K)
     return (tree_expand_triton if ok else tree_expand_torch)(cum, child_tokens, hidden, ancestors, first, level,
                                                              parents_out)

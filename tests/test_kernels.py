@@ -1009,11 +1009,20 @@ def _expand_problem(device, B=3, k=4, H=70, W=12, seed=0):
     return [t.to(device) for t in (cum, tokens[:, 2:2 + k * k], wide[..., 3:H + 3], ancestors)]
 
 
+def _parent_rows(cum):
+    """A stand-in for the tree's candidate rows (-5 everywhere) and the slice of them that
+    tree_expand writes the next round's parents into."""
+    B, kk = cum.shape
+    rows = torch.full((B, 3 + kk + 4), -5, dtype=torch.long, device=cum.device)
+    return rows, rows[:, 3:3 + kk]
+
+
 def test_tree_expand_reference_matches_its_definition():
     cum, tokens, hidden, ancestors = _expand_problem("cpu")
     B, k = hidden.shape[:2]
-    scores, toks, child_parents, node_hidden, anc = tree_expand_torch(cum, tokens, hidden, ancestors, first=7,
-                                                                      level=5)
+    _, child_parents = _parent_rows(cum)
+    scores, toks, node_hidden, anc = tree_expand_torch(cum, tokens, hidden, ancestors, first=7, level=5,
+                                                       parents_out=child_parents)
     for b in range(B):
         row = cum[b].tolist()
         pick = sorted(range(k * k), key=lambda i: (-row[i], i))[:k]
@@ -1034,32 +1043,33 @@ def test_tree_expand_triton_matches_reference(device, k, H, W):
     first_round = args[:3] + [args[3][0].expand(args[3].shape)]  # the engine's first rows: one for every b
     for level in {0, W // 2, W - 1}:
         for case in (args, first_round):
-            got = tree_expand_triton(*case, first=11, level=level)
-            want = tree_expand_torch(*case, first=11, level=level)
+            # The parents written into a slice of the candidate rows, nothing else of them touched.
+            (got_rows, got_parents), (want_rows, want_parents) = _parent_rows(args[0]), _parent_rows(args[0])
+            got = tree_expand_triton(*case, first=11, level=level, parents_out=got_parents)
+            want = tree_expand_torch(*case, first=11, level=level, parents_out=want_parents)
             for g_, w_ in zip(got, want):
                 assert g_.dtype == w_.dtype and torch.equal(g_, w_)
-    # The parents written into a slice of the candidate rows, nothing else of them touched.
-    rows = torch.full((args[0].shape[0], 3 + k * k + 4), -5, dtype=torch.long, device=args[0].device)
-    got = tree_expand_triton(*args, first=11, level=0, parents_out=rows[:, 3:3 + k * k])
-    want = tree_expand_torch(*args, first=11, level=0)
-    assert got[2].data_ptr() == rows[:, 3:].data_ptr() and torch.equal(rows[:, 3:3 + k * k], want[2])
-    assert (rows[:, :3] == -5).all() and (rows[:, 3 + k * k:] == -5).all()
+            assert torch.equal(got_rows, want_rows)
+            assert (got_rows[:, :3] == -5).all() and (got_rows[:, 3 + k * k:] == -5).all()
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_tree_expand_triton_refuses_what_it_cannot_hold(device):
     cum, tokens, hidden, ancestors = _expand_problem(_dev(device), k=17, H=8, W=4)
     with pytest.raises(ValueError, match="k = 17"):
-        tree_expand_triton(cum, tokens, hidden, ancestors, first=0, level=1)
+        tree_expand_triton(cum, tokens, hidden, ancestors, first=0, level=1, parents_out=_parent_rows(cum)[1])
     cum, tokens, hidden, ancestors = _expand_problem(_dev(device), k=2, H=8, W=4)
     with pytest.raises(ValueError, match="level 4 outside"):
-        tree_expand_triton(cum, tokens, hidden, ancestors, first=0, level=4)
+        tree_expand_triton(cum, tokens, hidden, ancestors, first=0, level=4, parents_out=_parent_rows(cum)[1])
 
 
 def test_tree_expand_dispatches_to_the_reference_on_cpu():
     args = _expand_problem("cpu")
-    for g_, w_ in zip(tree_expand(*args, first=3, level=2), tree_expand_torch(*args, first=3, level=2)):
+    (got_rows, got_parents), (want_rows, want_parents) = _parent_rows(args[0]), _parent_rows(args[0])
+    got = tree_expand(*args, first=3, level=2, parents_out=got_parents)
+    for g_, w_ in zip(got, tree_expand_torch(*args, first=3, level=2, parents_out=want_parents)):
         assert torch.equal(g_, w_)
+    assert torch.equal(got_rows, want_rows)
 
 
 # --- tree_select (an EAGLE-2 tree from its candidates) --------------------------------------
@@ -1403,9 +1413,9 @@ def test_embedding_triton_matches_reference(device, dtype, H):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_embedding_triton_gives_zeros_for_ids_outside_the_table(device):
+def test_embedding_triton_gives_zeros_for_ids_past_the_table(device):
     weight = torch.randn(10, 8).to(_dev(device))
-    out = embedding_triton(torch.tensor([[3, -1, 10]], device=weight.device), weight)
+    out = embedding_triton(torch.tensor([[3, 10, 12]], device=weight.device), weight)
     assert torch.equal(out[0, 0], weight[3]) and not out[0, 1:].any()
 
 

@@ -155,7 +155,8 @@ def test_the_drafting_and_acceptance_kernels_compile(hopper):
     log_softmax_top_k_triton(torch.randn(1, 6, 49152).bfloat16(), 6)
     log_softmax_top_k_triton(torch.randn(1, 6, 12000).bfloat16(), 6, add=torch.zeros(1, 6))  # a tree round's children
     argmax_rows_triton(torch.randn(4, 49152).bfloat16())  # the target's greedy tokens
-    tree_expand_triton(*tk._expand_problem("cpu", k=6, H=576, W=3), first=6, level=1)
+    expand = tk._expand_problem("cpu", k=6, H=576, W=3)
+    tree_expand_triton(*expand, first=6, level=1, parents_out=tk._parent_rows(expand[0])[1])
     tree_select_triton(*tk._candidates(2, 6, 3), 30, 4)
     tree_accept_greedy_triton(*tk._accept_problem("cpu"))
     argmax, drafts, num_draft = tk._chain_problem("cpu")

@@ -105,7 +105,7 @@ class TreeEagleProposer(EagleProposer):
             cum, child_tokens = cand_scores[:, first:first + k * k], cand_tokens[:, first:first + k * k]
             self.head.draft_top_k(h, k, parent_scores=scores, out=(cum.view(B, k, k), child_tokens.view(B, k, k)))
             if r + 1 < R:  # the k best children are expanded next, with their parents' state
-                scores, tokens, _, node_hidden, ancestors = tree_expand(
+                scores, tokens, node_hidden, ancestors = tree_expand(
                     cum, child_tokens, h, ancestors, first, level=r + 1,
                     parents_out=cand_parents[:, first + k * k:first + 2 * k * k])
         return select_tree(cand_scores, cand_tokens, cand_parents, root, node_columns, self.max_depth)
