@@ -1,6 +1,6 @@
 """The repository stands alone: no doc or source file refers to a path outside it.
 
-Checked in every tracked *.md, *.py, *.sh, *.yaml, *.toml, *.cfg and Makefile:
+Checked in every tracked *.md, *.py, *.sh, *.yaml, *.toml, *.cfg, *.json and Makefile:
 - the shared folder beside the checkout, or the development machine's work tree;
 - an absolute home directory of a user (under /home or /Users);
 - a relative path whose parent steps climb above the repository root from the file's
@@ -20,7 +20,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SUFFIXES = {".md", ".py", ".sh", ".yaml", ".toml", ".cfg"}
+SUFFIXES = {".md", ".py", ".sh", ".yaml", ".toml", ".cfg", ".json"}
 
 # Built from pieces so that this file does not match its own patterns.
 _UP = r"\.\./"

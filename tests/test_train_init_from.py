@@ -10,7 +10,7 @@ import torch
 
 from eagle_zoo.checkpoints.tensors import load_state_dict
 from eagle_zoo.cli import main
-from eagle_zoo.train.trainer import Trainer
+from eagle_zoo.train.trainer import Trainer, TrainSettings, _recorded_path, _recorded_settings
 from test_train import _settings, tiny  # noqa: F401  (tiny: the module-scoped target + data fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -212,6 +212,25 @@ def test_warm_start_begins_with_a_lower_loss(heads, method):
     assert warm["loss"] < 0.9 * fresh["loss"], (warm, fresh)
     assert warm_trainer.result().info["init_from"]["path"] == str(init)
 
+
+
+def test_training_record_keeps_paths_inside_the_working_directory_relative(tmp_path, monkeypatch):
+    # A head trained in a checkout records where its start and data lie in the checkout, not
+    # the machine's absolute paths; paths elsewhere and hub ids are kept as given.
+    monkeypatch.chdir(tmp_path)
+    assert _recorded_path(tmp_path / "heads" / "eagle3") == "heads/eagle3"
+    assert _recorded_path("./heads/eagle3") == "heads/eagle3"
+    assert _recorded_path("/elsewhere/eagle3") == "/elsewhere/eagle3"
+    assert _recorded_path("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B") == "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
+    assert _recorded_path(None) is None
+    settings = TrainSettings(method="eagle3", target="smollm2", data=[str(tmp_path / "data"), "/elsewhere/data"],
+                             init_from=str(tmp_path / "heads" / "eagle3"),
+                             state_dir=str(tmp_path / "state"))
+    record = _recorded_settings(settings)
+    assert record["data"] == ["data", "/elsewhere/data"]
+    assert (record["target"], record["init_from"], record["state_dir"], record["stop_file"]) == (
+        "smollm2", "heads/eagle3", "state", None)
+    assert str(tmp_path) not in json.dumps(record)
 
 def test_resume_state_wins_over_init_from(heads, tmp_path):
     state = str(tmp_path / "state")

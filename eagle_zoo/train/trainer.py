@@ -168,7 +168,8 @@ class Trainer:
         draft_ids, self.info, aux_layers, init = None, {}, s.aux_layers, None
         if s.init_from:  # warm start: the weights, draft vocabulary and aux layers of this head
             init = load_init_head(s.init_from, s.method, self.target.model)
-            self.info["init_from"] = {"head": str(s.init_from), "path": str(init.path), "format": init.format}
+            self.info["init_from"] = {"head": _recorded_path(s.init_from), "path": _recorded_path(init.path),
+                                      "format": init.format}
             record = read_record(init.path) if init.path else None
             if record is not None:  # how the start was made: a head grown round after round keeps its whole history
                 self.info["init_from"]["record"] = record
@@ -412,8 +413,8 @@ class Trainer:
 
     def result(self) -> TrainResult:
         self.use_average()  # also when a failed run's head is saved as it is
-        info = dict(self.info, method=self.s.method, target=str(self.s.target), steps=self.step,
-                    sequences=int(self.index.numel()), settings=_jsonable(asdict(self.s)),
+        info = dict(self.info, method=self.s.method, target=_recorded_path(self.s.target), steps=self.step,
+                    sequences=int(self.index.numel()), settings=_recorded_settings(self.s),
                     history=self.history[-20:])
         if self.val_history:
             info.update(held_out_sequences=int(self.val_index.numel()), held_out=self.val_history[-20:])
@@ -495,5 +496,25 @@ def _init_eagle3_settings(s: TrainSettings, init, num_target_layers: int) -> lis
     return aux
 
 
-def _jsonable(d: dict) -> dict:
-    return json.loads(json.dumps(d, default=str))
+def _recorded_path(path) -> Optional[str]:
+    """A path as the head's training record keeps it: relative to the working directory when
+    inside it (a head in a checkout records its place in the repository, not the machine's
+    absolute path), as given otherwise (a hub id, a path elsewhere)."""
+    if path is None:
+        return None
+    try:
+        return str(Path(os.path.abspath(path)).relative_to(Path.cwd()))
+    except (ValueError, OSError):
+        return str(path)
+
+
+PATH_SETTINGS = ("target", "init_from", "state_dir", "stop_file")
+
+
+def _recorded_settings(s: TrainSettings) -> dict:
+    """The settings as the training record keeps them, their paths as _recorded_path gives them."""
+    settings = asdict(s)
+    for key in PATH_SETTINGS:
+        settings[key] = _recorded_path(settings[key])
+    settings["data"] = [_recorded_path(d) for d in settings["data"]]
+    return json.loads(json.dumps(settings, default=str))
