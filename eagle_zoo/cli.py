@@ -104,7 +104,7 @@ that serves them. Find a head in the catalog, benchmark it, serve it, convert or
 train one. Everything runs offline; the default target is SmolLM2-135M-Instruct."""
 
 
-def _examples(lines: tuple[str, ...]) -> str:
+def examples_epilog(lines: tuple[str, ...]) -> str:
     return "examples:\n" + "\n".join(f"  {line}" for line in lines) if lines else ""
 
 
@@ -113,13 +113,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     (None: all of them; "": none, enough for the top-level help)."""
     parser = argparse.ArgumentParser(
         prog="eagle-zoo", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=_examples(("eagle-zoo list --method eagle3", f"eagle-zoo bench --draft {SMOL_E3} --test",
+        epilog=examples_epilog(("eagle-zoo list --method eagle3", f"eagle-zoo bench --draft {SMOL_E3} --by-category",
                           f"eagle-zoo serve {SMOL} --speculative-config '{{\"model\": \"{SMOL_E3}\"}}'"))
         + "\n\n`eagle-zoo COMMAND --help` describes each command.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, cmd in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=cmd.summary, description=textwrap.fill(cmd.description or cmd.summary, 78),
-                           epilog=_examples(cmd.examples), formatter_class=argparse.RawDescriptionHelpFormatter)
+                           epilog=examples_epilog(cmd.examples), formatter_class=argparse.RawDescriptionHelpFormatter)
         if only is None or only == name:
             _entry(cmd.module, "add_arguments", name)(p)
     return parser

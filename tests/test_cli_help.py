@@ -48,3 +48,27 @@ def test_tool_commands_name_a_bad_option_before_loading_anything():
         diagnose.run(Namespace(num=0, max_tokens=256))
     with pytest.raises(SystemExit, match="eagle-zoo vocab-coverage: --max-tokens must be at least 1"):
         vocab_coverage.run(Namespace(max_tokens=0))
+
+
+@pytest.mark.parametrize("step", ["mix", "prompts", "data", "eagle", "eagle3"])
+def test_every_training_step_has_a_description_and_examples_that_parse(capsys, step):
+    import shlex
+
+    out = _help(capsys, "train", step)
+    assert out.startswith(f"usage: eagle-zoo train {step}") and out.split("\n\n")[1].rstrip().endswith(".")
+    examples = [line.strip() for line in out.split("examples:\n", 1)[1].splitlines() if line.strip()]
+    assert len(examples) >= 2
+    parser = cli.build_parser(only="train")
+    for example in examples:
+        argv = shlex.split(example)
+        assert argv[:3] == ["eagle-zoo", "train", step]
+        assert parser.parse_args(argv[1:]).train_command == step, example
+
+
+def test_serve_help_lists_as_without_effect_only_flags_serve_does_not_honour(capsys):
+    # serve has its own --disable-log-stats (it silences the stats lines); the vLLM group's
+    # text must not call it "without effect".
+    out = _help(capsys, "serve")
+    group_text = out.split("vLLM engine arguments:\n", 1)[1].split("\n\n", 1)[0]
+    assert "--gpu-memory-utilization" in group_text
+    assert "--disable-log-stats" not in group_text and "--disable-log-stats" in out

@@ -143,22 +143,27 @@ def check(kwargs: dict, own: tuple[str, ...], where: str = "LLM") -> None:
 def add_cli_arguments(p: argparse.ArgumentParser, taken: Callable[[str], bool] = lambda flag: False) -> None:
     """vLLM's engine-argument flags (``--gpu-memory-utilization``, ``--enable-prefix-caching``,
     ...) for `eagle-zoo serve`; ``taken(flag)`` skips flags the parser already has."""
-    no_effect = ", ".join("--" + n.replace("_", "-") for n in NO_EFFECT)
-    values = ", ".join(f"--{n.replace('_', '-')} ({_shown(arg.allowed)})" for n, arg in SUPPORTED_VALUES.items())
+    # The group's text names only the flags it adds: one the parser already has is its own.
+    no_effect = ", ".join(_flag(n) for n in NO_EFFECT if not taken(_flag(n)))
+    values = ", ".join(f"{_flag(n)} ({_shown(arg.allowed)})"
+                       for n, arg in SUPPORTED_VALUES.items() if not taken(_flag(n)))
     group = p.add_argument_group(
         "vLLM engine arguments",
         f"accepted as vLLM takes them. Without effect here (named in one log line): {no_effect}. "
         f"Accepted only at the values that mean what this engine does (an error otherwise): {values}.")
     for name, arg in {**NO_EFFECT, **SUPPORTED_VALUES}.items():
-        flag = "--" + name.replace("_", "-")
-        if taken(flag):
+        if taken(_flag(name)):
             continue
         if arg.cli_type is None:
-            group.add_argument(flag, dest=f"engine_arg_{name}", action=argparse.BooleanOptionalAction,
+            group.add_argument(_flag(name), dest=f"engine_arg_{name}", action=argparse.BooleanOptionalAction,
                                default=None, help=argparse.SUPPRESS)
         else:
-            group.add_argument(flag, dest=f"engine_arg_{name}", type=arg.cli_type, default=None,
+            group.add_argument(_flag(name), dest=f"engine_arg_{name}", type=arg.cli_type, default=None,
                                help=argparse.SUPPRESS)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def _shown(allowed: tuple) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -21,9 +22,23 @@ import torch
 from .save import FORMATS, parse_size, save_head
 
 
+def _step(sub, name: str, summary: str, description: str, examples: tuple[str, ...], aliases=()):
+    """One step's parser, its --help with a description and examples like every command's."""
+    from ..cli import examples_epilog
+
+    return sub.add_parser(name, help=summary, aliases=list(aliases),
+                          description=textwrap.fill(description, 78, break_on_hyphens=False),
+                          epilog=examples_epilog(examples), formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="train_command", metavar="STEP", required=True)
-    d = sub.add_parser("data", help="regenerate answers to prompts with the target (training data)")
+    d = _step(sub, "data", "regenerate answers to prompts with the target (training data)",
+              "The target answers every prompt (greedy, or sampled with --temperature); the token ids and a "
+              "loss mask of the answer tokens are saved in --out for `train eagle` / `train eagle3`.",
+              ("eagle-zoo train data --target smollm2 --prompts train.jsonl --out data/greedy",
+               "eagle-zoo train data --target smollm2 --prompts train.jsonl --temperature 0.7 --seed 1 "
+               "--out data/sampled"))
     d.add_argument("--target", required=True, help="target model: directory or id (default: SmolLM2-135M-Instruct)")
     d.add_argument("--prompts", required=True, help="JSON lines with \"prompt\" (text) or \"prompt_token_ids\"")
     d.add_argument("--out", required=True, help="output directory (data.safetensors + meta.json)")
@@ -39,14 +54,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d.add_argument("--max-seconds", type=float, help="start no new batch after this many seconds")
     _common(d)
 
-    m = sub.add_parser("mix", help="broad training prompts and the held-apart dev set from a sources directory",
-                       description="Builds prompts of eleven categories (chat, writing, roleplay, coding, math, "
-                                   "extraction, classification, translation, summarization, closed-book QA, "
-                                   "retrieval QA) from the openly licensed files of a sources directory, split into "
-                                   "training prompts and a dev set that share no source record. Benchmark prompts "
-                                   "are refused. Example: eagle-zoo train mix --sources "
-                                   "plugins/eagle-zoo-smollm2-heads/training-data --train-out train.jsonl "
-                                   "--dev-out dev.jsonl")
+    m = _step(sub, "mix", "broad training prompts and the held-apart dev set from a sources directory",
+              "Builds prompts of eleven categories (chat, writing, roleplay, coding, math, extraction, "
+              "classification, translation, summarization, closed-book QA, retrieval QA) from the openly "
+              "licensed files of a sources directory, split into training prompts and a dev set that share no "
+              "source record. Benchmark prompts are refused.",
+              ("eagle-zoo train mix --sources plugins/eagle-zoo-smollm2-heads/training-data "
+               "--train-out train.jsonl --dev-out dev.jsonl",
+               "eagle-zoo train mix --sources DIR --train-out train.jsonl --cap translation=8000 "
+               "--add self_instruct.jsonl"))
     m.add_argument("--sources", required=True, help="directory with train_prompts, questions, multilingual_sentences "
                                                     "and long_passages (.jsonl.gz; its README records the licenses)")
     m.add_argument("--train-out", required=True, help="training prompts (JSON lines with category and sources)")
@@ -62,7 +78,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="write the long-context categories (summarization, retrieval_qa) here instead of "
                         "--train-out: they are generated with a smaller batch")
 
-    g = sub.add_parser("prompts", help="self-instruct prompts: the target writes user turns (to widen the data)")
+    g = _step(sub, "prompts", "self-instruct prompts: the target writes user turns (to widen the data)",
+              "A chat model given its chat template up to the start of a user turn writes a plausible user "
+              "message; sampled many times, these are prompts spread like the requests it was tuned on. "
+              "Kept are messages that end the turn, have --min-words words and are new.",
+              ("eagle-zoo train prompts --target smollm2 --num 20000 --out self_instruct.jsonl",
+               "eagle-zoo train prompts --target smollm2 --num 20000 --openers-file openers.txt "
+               "--out self_instruct.jsonl"))
     g.add_argument("--target", required=True, help="target model (a chat model with a chat template)")
     g.add_argument("--out", required=True, help="output JSON lines (what `train data --prompts` reads)")
     g.add_argument("--num", type=int, default=10000, help="distinct prompts to make")
@@ -83,8 +105,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                               "thousands of them: e.g. `eagle-zoo openers`'s); blank lines skipped")
     _common(g)
 
-    for method, help_text in (("eagle", "train an EAGLE-1 head"), ("eagle3", "train an EAGLE-3 head (TTT)")):
-        p = sub.add_parser(method, help=help_text, aliases=["eagle1"] if method == "eagle" else [])
+    for method, help_text, description in (
+            ("eagle", "train an EAGLE-1 head",
+             "Train an EAGLE-1 head (one decoder layer that predicts the target's next hidden state from "
+             "its last one and the next token) on `train data` output or on prompts, and save it in the "
+             "layouts --format names."),
+            ("eagle3", "train an EAGLE-3 head (TTT)",
+             "Train an EAGLE-3 head (reads three target layers, drafts over a reduced vocabulary; "
+             "training-time test over --ttt-steps drafting steps) on `train data` output or on prompts, "
+             "and save it in the layouts --format names.")):
+        p = _step(sub, method, help_text, description,
+                  (f"eagle-zoo train {method} --target smollm2 --data data/greedy data/sampled "
+                   f"--out heads/{method} --epochs 3",
+                   f"eagle-zoo train {method} --target meta-llama/Llama-3.2-1B-Instruct --prompts train.jsonl "
+                   f"--out heads/{method} --format {','.join(FORMATS[method])}"),
+                  aliases=["eagle1"] if method == "eagle" else [])
         p.set_defaults(method=method)
         p.add_argument("--target", required=True, help="target model: directory or id")
         src = p.add_mutually_exclusive_group(required=True)
