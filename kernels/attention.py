@@ -247,7 +247,7 @@ def _attn_merge_kernel(ACC, M, L, O, POS, T, H, n_split, sob, sot, soh, sod, spb
     last = n_split
     if BY_POSITION:
         # A query sees no key past its position, so the splits after the one holding it are
-        # empty: skipping them changes no bit, and the loop no longer grows with the cache
+        # empty: skipping them changes no bit, and the loop does not grow with the cache
         # length a captured graph's kv_len stands for.
         pos = tl.load(POS + b * spb + t * spt).to(tl.int32)
         last = tl.minimum(n_split, tl.maximum(pos, 0) // SPLIT + 1)

@@ -253,7 +253,7 @@ def test_torchrun_every_family_and_draft_tp(models):
         spec = spec_for(models, name)
         job(name, models["target"], PROMPTS, MAX_TOKENS, spec)
         want[name] = generate(make_llm(models["target"], spec, tp=1))
-    # The seed examples' sampling: both ranks must draw the same tokens.
+    # The sampling of vLLM's speculative-decoding examples: both ranks must draw the same tokens.
     job("sampled", models["target"], PROMPTS, MAX_TOKENS, spec_for(models, "eagle3-dtp1"),
         sampling={"temperature": 0.8, "top_p": 0.95}, seed=3)
 

@@ -136,7 +136,8 @@ def bench(args) -> None:
 
 
 def example(args) -> None:
-    """The seed's multi-GPU example, as written, with the model names changed."""
+    """vLLM's speculative-decoding example with tensor parallelism, as a user writes it, with the
+    model names changed."""
     from eagle_zoo import LLM, SamplingParams
 
     prompts = ["The future of AI is"]
