@@ -64,9 +64,10 @@ SUBCOMMANDS = {
         (f"eagle-zoo serve {SMOL} --port 8000 --speculative-config '{{\"model\": \"{SMOL_E3}\"}}'",)),
     "train": Subcommand(
         "eagle_zoo.train.cli", "train an EAGLE / EAGLE-3 head",
-        "Train a head for your own target in steps: prompts (the target writes user turns), data "
-        "(the target answers them), then eagle or eagle3 (the head); docs/training.md.",
-        ("eagle-zoo train prompts --help", "eagle-zoo train data --help", "eagle-zoo train eagle3 --help")),
+        "Train a head for your own target in steps: mix (broad prompts and a held-apart dev set from "
+        "a sources directory), prompts (the target writes user turns), data (the target answers them), "
+        "then eagle or eagle3 (the head); docs/training.md.",
+        ("eagle-zoo train mix --help", "eagle-zoo train prompts --help", "eagle-zoo train data --help", "eagle-zoo train eagle3 --help")),
     "demo": Subcommand(
         "eagle_zoo.demo", "the main job on the embedded default target",
         "Decode one prompt of each kind (chat, writing, code, math, translation, summarization, ...) "

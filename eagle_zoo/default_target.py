@@ -10,7 +10,8 @@ Weights are kept in **fp32**: Q4_1 dequantizes to values that bf16 cannot hold
 exactly, and fp32 keeps the converted model bit-identical to transformers loading
 the GGUF directly (the parity reference in tests). It costs ~540 MB on disk.
 
-Cache layout: ``$EAGLE_ZOO_CACHE`` (default ``~/.cache/eagle_zoo``) /
+Cache layout: eagle-zoo's cache directory (``$EAGLE_ZOO_CACHE``, default
+``$XDG_CACHE_HOME/eagle_zoo`` or ``~/.cache/eagle_zoo``; eagle_zoo/envs.py) /
 ``SmolLM2-135M-Instruct-<first 12 hex of the GGUF sha256>``. The directory appears
 by an atomic rename of a fully written temp directory, so its existence means it is
 complete; an interrupted conversion leaves only a ``.tmp-*`` directory behind,

@@ -15,8 +15,9 @@ from typing import Optional
 # --async-scheduling: 0 / false / no / off or 1 / true / yes / on (any other value is
 # refused). Unset: on for one CUDA device, off on the CPU; never on with tensor parallelism.
 ASYNC_SCHEDULING = "EAGLE_ZOO_ASYNC_SCHEDULING"
-# Directory of the default target's converted checkpoint (SmolLM2-135M-Instruct from its
-# GGUF, default_target.py); default ~/.cache/eagle_zoo.
+# eagle-zoo's cache directory: the default target's checkpoint converted from its GGUF
+# (default_target.py) and the compiled CPU kernels (kernels/cpu_decode.py). Unset or empty:
+# $XDG_CACHE_HOME/eagle_zoo, or ~/.cache/eagle_zoo where that is unset or empty too.
 CACHE = "EAGLE_ZOO_CACHE"
 # `eagle-zoo serve`'s default --api-key: every route but /health then needs
 # "Authorization: Bearer <key>".
@@ -50,7 +51,11 @@ def async_scheduling() -> Optional[bool]:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get(CACHE) or Path.home() / ".cache" / "eagle_zoo")
+    if os.environ.get(CACHE):
+        return Path(os.environ[CACHE])
+    # An empty XDG_CACHE_HOME counts as unset (the XDG spec), never a path relative to the
+    # working directory.
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eagle_zoo"
 
 
 def api_key() -> Optional[str]:

@@ -18,7 +18,6 @@ callers keep torch's ops.
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 import warnings
@@ -27,6 +26,8 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+
+from ..envs import cache_dir
 
 MAX_ROWS = 8
 SOURCE = Path(__file__).parent / "csrc" / "cpu_decode.cpp"
@@ -44,10 +45,9 @@ _failure: Optional[str] = None
 
 
 def build_directory() -> Path:
-    """Where the compiled extension is cached: per torch version, under the user's cache
-    ($XDG_CACHE_HOME, or ~/.cache where it is unset or empty, as the XDG spec says)."""
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return root / "eagle_zoo" / f"cpu_decode-torch{torch.__version__.replace('+', '-')}"
+    """Where the compiled extension is cached: per torch version, in eagle-zoo's cache
+    directory (eagle_zoo/envs.py, EAGLE_ZOO_CACHE)."""
+    return cache_dir() / f"cpu_decode-torch{torch.__version__.replace('+', '-')}"
 
 
 def _load():

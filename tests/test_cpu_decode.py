@@ -14,7 +14,13 @@ from eagle_zoo.kernels import cpu_decode
 
 needs_kernel = pytest.mark.skipif(not cpu_decode.available(), reason="kernels/cpu_decode.py could not be built here")
 
-def test_build_directory_follows_xdg_cache_home_and_ignores_it_when_empty(monkeypatch, tmp_path):
+def test_build_directory_is_in_eagle_zoos_cache(monkeypatch, tmp_path):
+    # EAGLE_ZOO_CACHE first, then $XDG_CACHE_HOME/eagle_zoo, then ~/.cache/eagle_zoo: the
+    # cache directory of the default target's checkpoint too (envs.cache_dir).
+    monkeypatch.setenv("EAGLE_ZOO_CACHE", str(tmp_path / "ours"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cpu_decode.build_directory().parent == tmp_path / "ours"
+    monkeypatch.setenv("EAGLE_ZOO_CACHE", "")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert cpu_decode.build_directory().parent == tmp_path / "xdg" / "eagle_zoo"
