@@ -22,7 +22,8 @@ CACHE = "EAGLE_ZOO_CACHE"
 # `eagle-zoo serve`'s default --api-key: every route but /health then needs
 # "Authorization: Bearer <key>".
 API_KEY = "EAGLE_ZOO_API_KEY"
-# 1 / true / yes: load no entry-point plugins at all (the built-in families still load).
+# 1 / true / yes / on: load no entry-point plugins at all (the built-in families still
+# load); 0 / false / no / off or unset: load them (any other value is refused).
 DISABLE_PLUGIN_AUTOLOAD = "EAGLE_ZOO_DISABLE_PLUGIN_AUTOLOAD"
 # name1,name2: load only these entry-point plugins.
 PLUGINS = "EAGLE_ZOO_PLUGINS"
@@ -39,15 +40,20 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
 
-def async_scheduling() -> Optional[bool]:
-    """EAGLE_ZOO_ASYNC_SCHEDULING as a bool, None when unset or empty."""
-    value = os.environ.get(ASYNC_SCHEDULING, "").strip().lower()
+def _switch(name: str) -> Optional[bool]:
+    """A yes / no variable as a bool, None when unset or empty; any other value is refused."""
+    value = os.environ.get(name, "").strip().lower()
     if value in _TRUE or value in _FALSE:
         return value in _TRUE
     if value:
-        raise ValueError(f"{ASYNC_SCHEDULING}={os.environ[ASYNC_SCHEDULING]!r}: use 1 / true / yes / on or "
+        raise ValueError(f"{name}={os.environ[name]!r}: use 1 / true / yes / on or "
                          "0 / false / no / off, or unset it for the default")
     return None
+
+
+def async_scheduling() -> Optional[bool]:
+    """EAGLE_ZOO_ASYNC_SCHEDULING as a bool, None when unset or empty."""
+    return _switch(ASYNC_SCHEDULING)
 
 
 def cache_dir() -> Path:
@@ -63,7 +69,7 @@ def api_key() -> Optional[str]:
 
 
 def plugin_autoload_disabled() -> bool:
-    return os.environ.get(DISABLE_PLUGIN_AUTOLOAD, "").lower() in ("1", "true", "yes")
+    return bool(_switch(DISABLE_PLUGIN_AUTOLOAD))
 
 
 def plugin_allow_list() -> Optional[str]:

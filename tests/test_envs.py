@@ -58,3 +58,17 @@ def test_read_when_asked_not_at_import(monkeypatch, tmp_path):
     assert envs.cache_dir() == tmp_path and envs.tp_start_timeout_s() == 12.5 and envs.tp_rank() is None
     monkeypatch.setenv(envs.TP_RANK, "3")
     assert envs.tp_rank() == 3
+
+
+@pytest.mark.parametrize("value, want", [("1", True), ("on", True), ("YES", True), ("0", False), ("off", False),
+                                         ("", False)])
+def test_plugin_autoload_switch_values(monkeypatch, value, want):
+    monkeypatch.setenv(envs.DISABLE_PLUGIN_AUTOLOAD, value)
+    assert envs.plugin_autoload_disabled() is want
+
+
+def test_plugin_autoload_switch_refuses_other_values(monkeypatch):
+    # "disable" is neither yes nor no: refused by name, not read as "load them".
+    monkeypatch.setenv(envs.DISABLE_PLUGIN_AUTOLOAD, "disable")
+    with pytest.raises(ValueError, match="EAGLE_ZOO_DISABLE_PLUGIN_AUTOLOAD='disable': use 1 / true"):
+        envs.plugin_autoload_disabled()
