@@ -35,17 +35,24 @@ def test_every_variable_is_documented_above_its_name():
         assert lines[n - 1].startswith("# "), f"{name} has no comment saying what it does"
 
 
-@pytest.mark.parametrize("value, want", [("1", True), ("on", True), ("TRUE", True), ("0", False), ("no", False),
-                                         ("", None)])
-def test_async_scheduling_values(monkeypatch, value, want):
-    monkeypatch.setenv(envs.ASYNC_SCHEDULING, value)
-    assert envs.async_scheduling() is want
+# The yes / no variables, each with its reader and what an unset or empty one means.
+SWITCHES = [(envs.ASYNC_SCHEDULING, envs.async_scheduling, None),
+            (envs.DISABLE_PLUGIN_AUTOLOAD, envs.plugin_autoload_disabled, False)]
+
+
+@pytest.mark.parametrize("name, read, unset", SWITCHES)
+@pytest.mark.parametrize("value, want", [("1", True), ("on", True), ("TRUE", True), ("yes", True), ("0", False),
+                                         ("no", False), ("off", False), ("", "unset")])
+def test_switch_values(monkeypatch, name, read, unset, value, want):
+    monkeypatch.setenv(name, value)
+    assert read() is (unset if want == "unset" else want)
 
 
 def test_values_that_mean_nothing_are_refused_by_name(monkeypatch):
-    monkeypatch.setenv(envs.ASYNC_SCHEDULING, "maybe")
-    with pytest.raises(ValueError, match="EAGLE_ZOO_ASYNC_SCHEDULING='maybe': use 1 / true"):
-        envs.async_scheduling()
+    for name, read, _ in SWITCHES:  # "maybe" is neither yes nor no: refused, not read as either
+        monkeypatch.setenv(name, "maybe")
+        with pytest.raises(ValueError, match=f"{name}='maybe': use 1 / true"):
+            read()
     monkeypatch.setenv(envs.TP_START_TIMEOUT, "ten")
     with pytest.raises(ValueError, match="EAGLE_ZOO_TP_START_TIMEOUT='ten': give a number of seconds"):
         envs.tp_start_timeout_s()
@@ -59,16 +66,3 @@ def test_read_when_asked_not_at_import(monkeypatch, tmp_path):
     monkeypatch.setenv(envs.TP_RANK, "3")
     assert envs.tp_rank() == 3
 
-
-@pytest.mark.parametrize("value, want", [("1", True), ("on", True), ("YES", True), ("0", False), ("off", False),
-                                         ("", False)])
-def test_plugin_autoload_switch_values(monkeypatch, value, want):
-    monkeypatch.setenv(envs.DISABLE_PLUGIN_AUTOLOAD, value)
-    assert envs.plugin_autoload_disabled() is want
-
-
-def test_plugin_autoload_switch_refuses_other_values(monkeypatch):
-    # "disable" is neither yes nor no: refused by name, not read as "load them".
-    monkeypatch.setenv(envs.DISABLE_PLUGIN_AUTOLOAD, "disable")
-    with pytest.raises(ValueError, match="EAGLE_ZOO_DISABLE_PLUGIN_AUTOLOAD='disable': use 1 / true"):
-        envs.plugin_autoload_disabled()
