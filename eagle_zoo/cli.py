@@ -134,7 +134,29 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    return int(_entry(SUBCOMMANDS[args.command].module, "run", args.command)(args) or 0)
+    try:
+        return int(_entry(SUBCOMMANDS[args.command].module, "run", args.command)(args) or 0)
+    except Exception as exc:
+        if not is_user_error(exc):
+            raise  # a bug: its traceback is what to report
+        print(f"eagle-zoo {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def is_user_error(exc: BaseException) -> bool:
+    """Whether ``exc`` reports bad input, in a message that names it and the fix, rather than
+    a bug: the library raises ValueError (and its own subclasses) for a bad option, value,
+    file or checkpoint, the OS errors of a missing or occupied path, and a few RuntimeErrors
+    of its own (a hub id that cannot be resolved, a plugin, the default target, a head that
+    needs its target). The command line prints these as one line and exits 2."""
+    from .default_target import DefaultTargetError
+    from .hub import HubError
+    from .models.heads import HeadNeedsTargetError
+    from .plugins import PluginError
+
+    return isinstance(exc, (ValueError, NotImplementedError, FileNotFoundError, FileExistsError, NotADirectoryError,
+                            IsADirectoryError, PermissionError, HubError, PluginError, DefaultTargetError,
+                            HeadNeedsTargetError))
 
 
 def _entry(module_name: str, kind: str, command: str):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import time
 
 import pytest
@@ -374,15 +375,15 @@ def test_cli_openers_and_openers_file_exclude_each_other(chat_target, tmp_path, 
     assert "not allowed with argument" in capsys.readouterr().err
 
 
-def test_cli_checks_the_mix_file_before_generating(chat_target, tmp_path, monkeypatch):
+def test_cli_checks_the_mix_file_before_generating(chat_target, tmp_path, monkeypatch, capsys):
     from eagle_zoo.cli import main
 
     calls = _scripted_generate(monkeypatch, [_cli_rows()])
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "ok"}\n{"text": "no prompt field"}\n')
-    with pytest.raises(ValueError, match=r"bad\.jsonl:2"):
-        main(["train", "prompts", "--target", str(chat_target), "--out", str(tmp_path / "o.jsonl"),
-              "--mix", str(bad), "--device", "cpu"])
+    assert main(["train", "prompts", "--target", str(chat_target), "--out", str(tmp_path / "o.jsonl"),
+                 "--mix", str(bad), "--device", "cpu"]) == 2
+    assert re.search(r"eagle-zoo train: error: .*bad\.jsonl:2", capsys.readouterr().err)
     assert not calls
 
 

@@ -351,11 +351,13 @@ def output_dirs(method: str, formats: str | None, out) -> dict[str, Path]:
 
 
 def _run_train(args) -> int:
-    from .save import check_shard_limit, export_tensors
+    from .save import check_output_dir, check_shard_limit, export_tensors
     from .trainer import Trainer
 
     method = args.method
     dirs = output_dirs(method, args.format, args.out)
+    for out in dirs.values():  # before the data and the training, not after them
+        check_output_dir(out)
     if args.prompts:
         args.data = [_make_data(args)]
     try:

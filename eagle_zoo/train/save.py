@@ -204,12 +204,23 @@ def _rename(name: str, prefix: str) -> str:
     return prefix + name[len("layers.0."):] if name.startswith("layers.0.") else name
 
 
+def check_output_dir(out: Path) -> None:
+    """Refuse a head directory that exists, is not empty and holds no head: saving replaces an
+    earlier head's files and would mix its own with anything else. `eagle-zoo train` checks
+    its --out with this before training, so a run is never lost to it."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or (not (out / "config.json").is_file() and any(out.iterdir()))):
+        raise FileExistsError(f"{out} exists, is not empty and holds no head (no config.json): choose another --out")
+
+
 def _replace(tmp: Path, out: Path) -> None:
     """Move the files of ``tmp`` into ``out``, first removing an earlier head there."""
+    try:
+        check_output_dir(out)
+    except FileExistsError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if out.exists():
-        if not (out / "config.json").is_file() and any(out.iterdir()):
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise FileExistsError(f"{out} exists, is not empty and holds no head (no config.json): choose another --out")
         for p in out.iterdir():
             if p.is_file() and (p.name == "config.json" or p.name == INFO_FILE or p.name.startswith("model")):
                 p.unlink()

@@ -1,0 +1,40 @@
+"""`eagle-zoo COMMAND` on bad input: one line naming what is wrong, exit code 2; a bug keeps
+its traceback."""
+from __future__ import annotations
+
+import pytest
+
+from eagle_zoo import cli
+from eagle_zoo.hub import HubError
+
+
+def _raising(exc: BaseException):
+    """cli._entry whose command run raises exc (its arguments are the real ones)."""
+    real = cli._entry
+
+    def run(args):
+        raise exc
+    return lambda module, kind, command: run if kind == "run" else real(module, kind, command)
+
+
+@pytest.mark.parametrize("exc", [FileNotFoundError("--dataset d.jsonl: no such file"),
+                                 ValueError("--max-tokens 0: give at least 1"),
+                                 HubError("org/head: not in the local cache and HF_HUB_OFFLINE=1")])
+def test_bad_input_is_one_line_and_exit_code_2(monkeypatch, capsys, exc):
+    monkeypatch.setattr(cli, "_entry", _raising(exc))
+    assert cli.main(["list"]) == 2
+    assert capsys.readouterr().err == f"eagle-zoo list: error: {exc}\n"
+
+
+@pytest.mark.parametrize("exc", [TypeError("unsupported operand"), KeyError("hidden_size"), RuntimeError("CUDA")])
+def test_a_bug_keeps_its_traceback(monkeypatch, exc):
+    monkeypatch.setattr(cli, "_entry", _raising(exc))
+    with pytest.raises(type(exc)):
+        cli.main(["list"])
+
+
+def test_a_missing_sources_directory_is_one_line(capsys, tmp_path):
+    missing = tmp_path / "no-such-dir"
+    assert cli.main(["train", "mix", "--sources", str(missing), "--train-out", str(tmp_path / "t.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("eagle-zoo train: error: ") and str(missing) in err and err.count("\n") == 1
