@@ -709,6 +709,9 @@ ACCEPTANCE_ONLY = {
 PERF_ONLY = ("eagle", "eagle3", "ngram", "ks", "batch_sizes", "tput_k", "tput_waves", "hf_prompts",
              "perf_max_model_len", "depth_schedule", "spec_options", "step_costs", "step_cost_steps",
              "step_cost_batch", "acceptance_profile", "tree")
+# The acceptance benchmark's speculative_config options: without --draft or --method it
+# decodes plainly and reads none of them.
+DRAFT_ONLY = ("num_spec_tokens", "draft_tp", "prompt_lookup_max", "prompt_lookup_min")
 
 
 def refuse_unused_options(args) -> None:
@@ -718,13 +721,18 @@ def refuse_unused_options(args) -> None:
     defaults = argparse.ArgumentParser()
     add_arguments(defaults)
     defaults = vars(defaults.parse_args([]))
-    unused = ACCEPTANCE_ONLY if args.perf else dict.fromkeys(PERF_ONLY)
+    if args.perf:
+        unused, mode = ACCEPTANCE_ONLY, "the --perf speed tables"
+    elif args.method or args.draft:
+        unused, mode = dict.fromkeys(PERF_ONLY), "the acceptance benchmark (without --perf)"
+    else:
+        unused = dict.fromkeys(PERF_ONLY + DRAFT_ONLY)
+        mode = "plain decoding (no --draft or --method: no speculative_config)"
     given = [dest for dest in unused if getattr(args, dest) != defaults[dest]]
     if not given:
         return
     flags = ", ".join("--" + dest.replace("_", "-") + (f" (with --perf: {unused[dest]})" if unused[dest] else "")
                       for dest in given)
-    mode = "the --perf speed tables" if args.perf else "the acceptance benchmark (without --perf)"
     raise SystemExit(f"{flags}: not read by {mode}; drop {'it' if len(given) == 1 else 'them'}")
 
 
@@ -740,11 +748,18 @@ def run(args) -> int:
     if args.per_category is not None and args.per_category < 1:
         raise SystemExit(f"--per-category {args.per_category}: give at least 1 (rows of each category)")
     refuse_unused_options(args)
+    if args.num_prompts < 1:
+        raise SystemExit(f"--num-prompts {args.num_prompts}: give at least 1")
+    for flag, path in (("--json", args.json_out), ("--plot", args.plot)):
+        # Checked before the models load: the results are written after the whole run.
+        if path and not Path(path).resolve().parent.is_dir():
+            raise SystemExit(f"{flag} {path}: the directory {Path(path).resolve().parent} does not exist; "
+                             f"create it or choose another path")
     if args.perf:
         from .perf import run_perf
 
         return run_perf(args)
-    from .engine.sampling_params import SamplingParams
+    from .engine.sampling_params import SamplingParams, SamplingParamsError
 
     if args.enable_chunked_prefill:
         print("--enable-chunked-prefill: no effect here (prompts are prefilled whole; outputs are the same)")
@@ -773,8 +788,14 @@ def run(args) -> int:
     if args.test and (args.top_p != 1.0 or args.top_k > 0):
         raise SystemExit("--test: the catalog's measured records have no top-p / top-k truncation; drop "
                          "--top-p / --top-k")
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                            max_tokens=args.max_tokens, seed=args.seed)
+    try:
+        params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                                max_tokens=args.max_tokens, seed=args.seed)
+    except SamplingParamsError as exc:  # name the option, not the field it fills
+        message = str(exc)
+        for field in ("temperature", "top_p", "top_k", "max_tokens", "seed"):
+            message = message.replace(f"SamplingParams.{field}", "--" + field.replace("_", "-"))
+        raise SystemExit(message) from None
 
     llm = build_llm(args, spec)
     setting = run_setting(args, llm, len(rows))

@@ -67,8 +67,28 @@ def test_perf_takes_the_prompts_the_acceptance_benchmark_takes(tmp_path):
     (["--perf", "--by-category"], "--by-category"),
     (["--tree", "6,3,30"], "--tree"),
     (["--ks", "3", "--eagle3", "x"], "--eagle3, --ks"),
+    (["--num-spec-tokens", "5"], "--num-spec-tokens"),  # no --draft / --method: plain decoding
+    (["--draft-tp", "2", "--prompt-lookup-max", "3"], "--draft-tp, --prompt-lookup-max"),
 ])
 def test_an_option_the_mode_does_not_read_is_refused_by_name(argv, named):
     with pytest.raises(SystemExit) as stop:
         bench.run(perf_args(*argv))
     assert str(stop.value).startswith(named + ": not read by ")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--num-prompts", "0"], "--num-prompts 0: give at least 1"),
+    (["--num-prompts", "-1"], "--num-prompts -1: give at least 1"),
+    (["--max-tokens", "0"], "--max-tokens must be an integer >= 1"),
+    (["--temperature", "-1"], "--temperature must be"),
+    (["--json", "/no-such-dir/out.json"], "--json /no-such-dir/out.json: the directory /no-such-dir does not exist"),
+    (["--plot", "/no-such-dir/p.png", "--draft", "x"], "--plot /no-such-dir/p.png: the directory /no-such-dir"),
+    (["--perf", "--json", "/no-such-dir/out.json"], "--json /no-such-dir/out.json: the directory"),
+])
+def test_bad_values_are_refused_by_option_before_any_model_loads(monkeypatch, argv, message):
+    # Results are written after the whole run: an output path that cannot be written is
+    # refused first, as is a value that names no work; nothing is built before.
+    monkeypatch.setattr(bench, "build_llm", lambda *a: pytest.fail("a model was built"))
+    with pytest.raises(SystemExit) as stop:
+        bench.run(perf_args(*argv))
+    assert str(stop.value).startswith(message)
