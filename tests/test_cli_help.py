@@ -50,6 +50,21 @@ def test_tool_commands_name_a_bad_option_before_loading_anything():
         vocab_coverage.run(Namespace(max_tokens=0))
 
 
+def test_vocab_coverage_checks_its_head_before_decoding(monkeypatch):
+    from argparse import Namespace
+
+    import eagle_zoo.engine.llm
+    from eagle_zoo.hub import HubError
+    from eagle_zoo.tools import vocab_coverage
+
+    monkeypatch.setattr(eagle_zoo.engine.llm, "LLM", lambda *a, **k: pytest.fail("decoded before --head was read"))
+    eagle1 = "eagle-zoo/EAGLE-SmolLM2-135M-Instruct"
+    with pytest.raises(SystemExit, match=f"--head {eagle1}: no draft vocabulary"):
+        vocab_coverage.run(Namespace(max_tokens=8, head=eagle1, device="cpu"))
+    with pytest.raises(HubError, match="no-such-head"):
+        vocab_coverage.run(Namespace(max_tokens=8, head="/no-such-head", device="cpu"))
+
+
 @pytest.mark.parametrize("step", ["mix", "prompts", "data", "eagle", "eagle3"])
 def test_every_training_step_has_a_description_and_examples_that_parse(capsys, step):
     import shlex

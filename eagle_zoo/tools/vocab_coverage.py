@@ -37,14 +37,16 @@ def run(args: argparse.Namespace) -> int:
 
     rows = [json.loads(line) for line in files("eagle_zoo").joinpath("data/mt_bench.jsonl").read_text().splitlines()
             if line.strip()]
-    llm = LLM(model=DEFAULT_TARGET, device=args.device, dtype="float32", max_num_seqs=len(rows))
-    outs = llm.chat([[{"role": "user", "content": r["turns"][0]}] for r in rows],
-                    SamplingParams(temperature=0, max_tokens=args.max_tokens))
-    head = load(args.head, target=llm.engine.target, dtype=torch.float32).head
+    # The head first: only its draft vocabulary is read (no target needed), and a wrong
+    # --head is then found before minutes of decoding, not after.
+    head = load(args.head, dtype=torch.float32).head
     if getattr(head, "t2d", None) is None:
         raise SystemExit(f"eagle-zoo vocab-coverage: --head {args.head}: no draft vocabulary (t2d): it drafts "
                          "over the whole target vocabulary; pass an EAGLE-3 head")
     t2d = head.t2d.cpu()
+    llm = LLM(model=DEFAULT_TARGET, device=args.device, dtype="float32", max_num_seqs=len(rows))
+    outs = llm.chat([[{"role": "user", "content": r["turns"][0]}] for r in rows],
+                    SamplingParams(temperature=0, max_tokens=args.max_tokens))
     per_row = [torch.tensor(o.outputs[0].token_ids, dtype=torch.long) for o in outs]
     tokens = torch.cat(per_row)
     print(f"{tokens.numel()} output tokens; draft vocabulary of {int(t2d.sum())} covers "
