@@ -38,3 +38,11 @@ def test_a_missing_sources_directory_is_one_line(capsys, tmp_path):
     assert cli.main(["train", "mix", "--sources", str(missing), "--train-out", str(tmp_path / "t.jsonl")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("eagle-zoo train: error: ") and str(missing) in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("port, message", [("99999", "99999 is not a TCP port (0-65535)"),
+                                           ("http", "'http' is not a port number")])
+def test_serve_refuses_a_bad_port_when_parsing(capsys, port, message):
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["serve", "some/model", "--port", port])
+    assert stop.value.code == 2 and f"argument --port: {message}" in capsys.readouterr().err

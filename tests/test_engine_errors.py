@@ -276,6 +276,34 @@ def test_engine_arguments_that_would_change_results_are_refused(target, kwargs, 
         assert w in str(info.value)
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    ({"max_model_len": 0}, "max_model_len must be an integer >= 1 (or None for the default), got 0"),
+    ({"max_model_len": -5}, "max_model_len must be an integer >= 1"),
+    ({"max_model_len": "64"}, "max_model_len must be an integer >= 1 (or None for the default), got '64'"),
+    ({"max_num_seqs": 0}, "max_num_seqs must be an integer >= 1"),
+    ({"seed": "x"}, "seed must be an integer, got 'x'"),
+    ({"seed": 1.5}, "seed must be an integer, got 1.5"),
+    ({"enforce_eager": "no"}, "enforce_eager must be True or False, got 'no'"),
+    ({"async_scheduling": "yes"}, "async_scheduling must be True or False, got 'yes'"),
+    ({"device": "tpu"}, "device='tpu' is not a device"),
+    ({"device": "meta"}, "device='meta': this engine runs on 'cpu' or 'cuda'"),
+])
+def test_own_arguments_that_mean_nothing_are_refused_by_name(target, monkeypatch, kwargs, message):
+    # Refused before the model loads, naming the argument: not a torch error from deep inside,
+    # not a string read as True, not an engine that refuses every request.
+    import eagle_zoo.engine.llm as llm_module
+
+    monkeypatch.setattr(llm_module, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(ValueError) as info:
+        LLM(str(target), **{"device": "cpu", **kwargs})
+    assert str(info.value).startswith(message)
+
+
+def test_a_tokenizer_that_cannot_load_is_named(target, tmp_path):
+    with pytest.raises(ValueError, match=r"tokenizer='.*no-such-tokenizer': cannot be loaded as a tokenizer"):
+        LLM(str(target), device="cpu", tokenizer=str(tmp_path / "no-such-tokenizer"))
+
+
 def test_unknown_engine_argument_suggests_the_closest(target):
     with pytest.raises(TypeError, match="'gpu_memory_utilisation' .*did you mean 'gpu_memory_utilization'"):
         LLM(str(target), device="cpu", gpu_memory_utilisation=0.9)

@@ -40,7 +40,12 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float
 def resolve_device(device: Optional[Union[str, torch.device]]) -> torch.device:
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(device)
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device={device!r} is not a device ({exc}); use 'cpu', 'cuda', 'cuda:N' or 'auto'") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device={str(device)!r}: this engine runs on 'cpu' or 'cuda' (or 'auto')")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' was asked for but CUDA is not available here: use device='cpu'")
     return device
@@ -54,6 +59,22 @@ def resolve_dtype(dtype: Union[str, torch.dtype, None], device: torch.device) ->
     if dtype not in _DTYPES:
         raise ValueError(f"dtype={dtype!r} is not supported; use one of {sorted(_DTYPES)} or 'auto'")
     return _DTYPES[dtype]
+
+
+def check_own_args(max_model_len, max_num_seqs, seed, enforce_eager, async_scheduling) -> None:
+    """Refuse, by name and before anything loads, values of LLM's own arguments that mean
+    nothing (vLLM's types: an integer length, count and seed, a yes / no switch)."""
+    def integer(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    for name, value in (("max_model_len", max_model_len), ("max_num_seqs", max_num_seqs)):
+        if value is not None and (not integer(value) or value < 1):
+            raise ValueError(f"{name} must be an integer >= 1 (or None for the default), got {value!r}")
+    if not integer(seed):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    for name, value in (("enforce_eager", enforce_eager), ("async_scheduling", async_scheduling)):
+        if not isinstance(value, bool) and not (value is None and name == "async_scheduling"):
+            raise ValueError(f"{name} must be True or False, got {value!r}")
 
 
 def default_async_scheduling(device: torch.device, tensor_parallel_size: int) -> bool:
@@ -99,6 +120,7 @@ class LLM:
         _engine_args.check(engine_args, _OWN_ARGS)
         # tensor-parallel workers rebuild from these (engine_args are checked, and do nothing)
         init_args = {k: v for k, v in locals().items() if k in _OWN_ARGS}
+        check_own_args(max_model_len, max_num_seqs, seed, enforce_eager, async_scheduling)
         if async_scheduling and isinstance(tensor_parallel_size, int) and tensor_parallel_size > 1:  # before ranks start
             raise ValueError("async_scheduling=True is not supported with tensor_parallel_size > 1 (the ranks' "
                              "run-ahead is untested): leave async_scheduling off")
@@ -125,7 +147,11 @@ class LLM:
         if tokenizer is not None:
             from transformers import AutoTokenizer
 
-            self.tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+            try:
+                self.tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+            except (OSError, ValueError) as exc:
+                raise ValueError(f"tokenizer={tokenizer!r}: cannot be loaded as a tokenizer ({exc}); give a "
+                                 f"tokenizer directory or hub id, or leave it unset for the model's own") from None
         limit = getattr(loaded.config, "max_position_embeddings", None) or 2048
         draft_limit = self.speculative_config.max_model_len if self.speculative_config else None
         if max_model_len is None:

@@ -12,13 +12,24 @@ from .limits import DEFAULT_MAX_PROMPTS_PER_REQUEST, DEFAULT_MAX_REQUEST_BYTES, 
 API_KEY_ENV = envs.API_KEY
 
 
+def tcp_port(value: str) -> int:
+    """--port's type: checked when parsed, before the model loads (a bind error came after)."""
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a TCP port (0-65535)")
+    return port
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="target model: a hub id, a local directory, or 'default' (SmolLM2-135M-Instruct)")
     p.add_argument("--speculative-config", metavar="JSON",
                    help='speculative decoding, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\' '
                         "or '{\"model\": \"<eagle head>\"}' (docs/speculative-config.md)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    p.add_argument("--port", type=tcp_port, default=8000, help="TCP port (default 8000)")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
                    help="shard the target over N GPUs of this host (default 1; docs/tensor-parallel.md)")
     p.add_argument("--max-num-seqs", type=int, help="requests decoded together (default 64 on CUDA, 8 on CPU)")
