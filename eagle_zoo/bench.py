@@ -214,7 +214,10 @@ def _read_dataset(dataset: Optional[str]) -> tuple[str, str]:
     path = Path(name)
     if not path.is_file():
         raise SystemExit(f"--dataset {name}: no such file (or give a shipped set: {', '.join(DATASETS)})")
-    return path.read_text(encoding="utf-8"), str(path)
+    try:
+        return path.read_text(encoding="utf-8"), str(path)
+    except UnicodeDecodeError as exc:
+        raise SystemExit(f"--dataset {name}: not UTF-8 text ({exc}); give a JSON-lines prompt set") from None
 
 
 def _conversation(row, where: str) -> list[dict]:

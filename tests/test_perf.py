@@ -84,11 +84,13 @@ def test_an_option_the_mode_does_not_read_is_refused_by_name(argv, named):
     (["--json", "/no-such-dir/out.json"], "--json /no-such-dir/out.json: the directory /no-such-dir does not exist"),
     (["--plot", "/no-such-dir/p.png", "--draft", "x"], "--plot /no-such-dir/p.png: the directory /no-such-dir"),
     (["--perf", "--json", "/no-such-dir/out.json"], "--json /no-such-dir/out.json: the directory"),
+    (["--dataset", "TMP/bin.jsonl"], "--dataset TMP/bin.jsonl: not UTF-8 text"),
 ])
-def test_bad_values_are_refused_by_option_before_any_model_loads(monkeypatch, argv, message):
+def test_bad_values_are_refused_by_option_before_any_model_loads(monkeypatch, tmp_path, argv, message):
     # Results are written after the whole run: an output path that cannot be written is
     # refused first, as is a value that names no work; nothing is built before.
     monkeypatch.setattr(bench, "build_llm", lambda *a: pytest.fail("a model was built"))
+    (tmp_path / "bin.jsonl").write_bytes(b'{"prompt": "\xff"}\n')
     with pytest.raises(SystemExit) as stop:
-        bench.run(perf_args(*argv))
-    assert str(stop.value).startswith(message)
+        bench.run(perf_args(*[a.replace("TMP", str(tmp_path)) for a in argv]))
+    assert str(stop.value).startswith(message.replace("TMP", str(tmp_path)))

@@ -131,3 +131,12 @@ def test_read_prompts_checks_messages(tmp_path):
                                              {"role": "assistant", "content": "hello"}]}) + "\n")
     with pytest.raises(ValueError, match=r"p\.jsonl:1: \"messages\" must be a list .* ending in a user turn"):
         read_prompts(path)
+
+
+def test_read_prompts_names_the_option_that_gave_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"^--add .*none\.jsonl: no such file"):
+        read_prompts(tmp_path / "none.jsonl", option="--add")
+    binary = tmp_path / "bin.jsonl"
+    binary.write_bytes(b'{"prompt": "\xff\xfe"}\n')
+    with pytest.raises(ValueError, match=r"^--mix .*bin\.jsonl: not UTF-8 text"):
+        read_prompts(binary, option="--mix")

@@ -233,7 +233,7 @@ def _run_mix(args) -> int:
         caps[cat] = int(n)
     from .data import read_prompts
 
-    extra = [read_prompts(path) for path in args.add]  # fail on a bad file before building anything
+    extra = [read_prompts(path, option="--add") for path in args.add]  # fail on a bad file before building anything
     train, dev = build_mix(args.sources, MixSettings(seed=args.seed, dev_per_category=args.dev_per_category),
                            train_caps=caps, extra=extra)
     counts = collections.Counter(r.get("category", "other") for r in train)
@@ -284,7 +284,7 @@ def _run_prompts(args) -> int:
         raise SystemExit(f"--temperature {args.temperature}: self-instruct prompts need sampling (> 0)")
     if args.mix_every < 1:
         raise SystemExit(f"--mix-every {args.mix_every}: give at least 1")
-    mix = read_prompts(args.mix) if args.mix else []  # fail on a bad file before generating anything
+    mix = read_prompts(args.mix, option="--mix") if args.mix else []  # fail on a bad file before generating anything
     device = resolve_device(args.device)
     settings = SynthesizeSettings(
         num=args.num, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,

@@ -98,15 +98,20 @@ def load_data(directories: Sequence) -> TokenData:
 
 
 # -- prompts -----------------------------------------------------------------------
-def read_prompts(path, limit: Optional[int] = None) -> list[dict]:
+def read_prompts(path, limit: Optional[int] = None, option: str = "--prompts") -> list[dict]:
     """Records with ``prompt`` (text), ``messages`` (a chat ending in a user turn) or
-    ``prompt_token_ids`` from a JSON-lines file."""
+    ``prompt_token_ids`` from a JSON-lines file; ``option``: the command-line option that
+    gave the file, for the errors."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"--prompts {path}: no such file")
+        raise FileNotFoundError(f"{option} {path}: no such file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{option} {path}: not UTF-8 text ({exc}); give a JSON-lines file") from None
     records = []
     # split on "\n" only: str.splitlines() also breaks at U+2028 and friends inside JSON strings
-    for n, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
+    for n, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         try:
