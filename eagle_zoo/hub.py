@@ -61,6 +61,7 @@ def resolve(id_or_path, revision: Optional[str] = None) -> Path:
     text = str(id_or_path)
     path = Path(text).expanduser()
     if path.is_dir():
+        _refuse_revision(revision, f"{path} is a local directory")
         return path
     if path.exists():
         raise HubError(f"{path} is a file; pass the checkpoint directory that holds config.json")
@@ -68,8 +69,16 @@ def resolve(id_or_path, revision: Optional[str] = None) -> Path:
         raise HubError(f"{path}: no such directory")
     shipped = _catalog_path(text)
     if shipped is not None:
+        _refuse_revision(revision, f"{text} ships inside its plugin package ({shipped})")
         return shipped
     return _snapshot(text, revision or _catalog_revision(text))
+
+
+def _refuse_revision(revision: Optional[str], where: str) -> None:
+    """A revision names a commit of a hub repository: asked of anything else it would be ignored."""
+    if revision is not None:
+        raise HubError(f"revision={revision!r}: {where}, and a revision applies to hub ids only; drop it, or "
+                       f"pass the hub id")
 
 
 def _catalog_path(repo_id: str) -> Optional[Path]:

@@ -406,6 +406,12 @@ def test_ngram_window_at_least_one():
     raises({"method": "ngram", "prompt_lookup_min": 0, "prompt_lookup_max": 3}, "must be >= 1")
 
 
+def test_ngram_refuses_a_draft_model_or_revision_it_would_not_read():
+    raises({"method": "ngram", "model": "org/head"}, "method 'ngram'", "model='org/head' would be ignored")
+    raises({"method": "ngram", "revision": "v1"}, "revision='v1' would be ignored")
+    assert parse({"method": "ngram", "model": "[ngram]"}).method == "ngram"  # vLLM's own spelling
+
+
 def test_prompt_lookup_needs_ngram():
     raises({"method": "eagle", "model": "x", "prompt_lookup_max": 3}, "apply to method 'ngram' only", '"method": "ngram"')
 

@@ -352,6 +352,13 @@ class SpeculativeConfig(BaseModel):
 
         lookup = ("prompt_lookup_min", "prompt_lookup_max")
         if data["method"] == "ngram":
+            # Prompt lookup loads no checkpoint: a draft model or revision would go unread.
+            if isinstance(model, str) and model.strip() not in NGRAM_MODELS:
+                raise _error(f"method 'ngram' drafts from the prompt and loads no draft model, so model={model!r} "
+                             f"would be ignored; drop 'model' (or give 'model' alone for a draft checkpoint)")
+            if data.get("revision") is not None:
+                raise _error(f"method 'ngram' loads no draft model, so revision={data['revision']!r} would be "
+                             f"ignored; drop 'revision'")
             lo, hi = data.get(lookup[0]), data.get(lookup[1])
             if lo is None and hi is None:
                 lo = hi = DEFAULT_PROMPT_LOOKUP
