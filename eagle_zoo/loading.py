@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 from torch import nn
@@ -62,11 +62,20 @@ class LoadedHead:
         return self
 
 
+def _placement(dtype, device) -> dict:
+    """load()'s dtype and device as head.to() takes them, named as LLM takes them
+    ("bfloat16", "cuda:0", ...); None leaves the checkpoint's dtype or the CPU."""
+    from .engine.llm import resolve_device, resolve_dtype
+
+    device = None if device is None else resolve_device(device)
+    return {"device": device, "dtype": None if dtype is None else resolve_dtype(dtype, device or torch.device("cpu"))}
+
+
 def load(
     id_or_path,
     target: Any = None,
     revision: Optional[str] = None,
-    dtype: Optional[torch.dtype] = None,
+    dtype: Union[torch.dtype, str, None] = None,
     device: Any = None,
 ) -> LoadedHead:
     """Load a head. ``target``: the target model (an object with ``.config``,
@@ -84,7 +93,7 @@ def load(
 
     head = family.head_class(method)(raw.config)
     loaded = head.load_weights(raw.weights, source=source)
-    head.to(device=device, dtype=dtype).eval()
+    head.to(**_placement(dtype, device)).eval()
     # Shared after the cast: the target's modules are tied in as they are, never
     # converted behind the target's back.
     missing = [m for m in SHARED_FROM_TARGET if f"{m}.weight" not in loaded]

@@ -313,3 +313,16 @@ def test_bad_target_argument(tmp_path):
     head = cf.write_yuhuili_eagle(tmp_path / "h").path
     with pytest.raises(HeadLoadError, match="target= must be"):
         eagle_zoo.load(head, target=Path("/nope"))
+
+
+
+def test_dtype_and_device_are_taken_by_name_or_refused_by_name(tmp_path):
+    # As LLM takes them ("bfloat16", "fp32", "cpu"); anything else is a ValueError naming
+    # it, not a torch error from inside .to().
+    path = cf.write_yuhuili_eagle3(tmp_path / "h").path
+    assert eagle_zoo.load(path, dtype="bfloat16").head.fc.weight.dtype == torch.bfloat16
+    assert eagle_zoo.load(path, dtype="fp32", device="cpu").head.fc.weight.dtype == torch.float32
+    with pytest.raises(ValueError, match=r"dtype='int4' is not supported"):
+        eagle_zoo.load(path, dtype="int4")
+    with pytest.raises(ValueError, match=r"device='tpu' is not a device"):
+        eagle_zoo.load(path, device="tpu")
