@@ -326,3 +326,17 @@ def test_dtype_and_device_are_taken_by_name_or_refused_by_name(tmp_path):
         eagle_zoo.load(path, dtype="int4")
     with pytest.raises(ValueError, match=r"device='tpu' is not a device"):
         eagle_zoo.load(path, device="tpu")
+
+
+@pytest.mark.parametrize("key", ["hidden_size", "intermediate_size", "vocab_size"])
+def test_a_config_without_a_layer_size_is_refused_by_the_key(tmp_path, key):
+    # Not filled in with a config class's defaults (Llama-7B's), which surfaced as some
+    # weight's shape mismatch.
+    import json
+
+    path = cf.write_yuhuili_eagle3(tmp_path / "h").path
+    config = json.loads((path / "config.json").read_text())
+    del config[key]
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=rf"{tmp_path / 'h'}.*: no '{key}': a head's config.json gives the sizes"):
+        eagle_zoo.load(path)

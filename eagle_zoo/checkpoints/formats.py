@@ -182,6 +182,10 @@ def validate_vocab_map(weights: dict[str, torch.Tensor], config: dict, source: A
         )
 
 
+# Sizes every head's config.json states (flat, or under the legacy form's "model").
+REQUIRED_SIZES = ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
+
+
 def _eagle_config(config: dict, method: str, source: Path, weights: dict, **keywords):
     """EagleConfig of a config.json (flat or legacy nested); ``keywords`` become
     top-level keys (they override the inner config's). The sizes must fit ``weights``
@@ -189,6 +193,14 @@ def _eagle_config(config: dict, method: str, source: Path, weights: dict, **keyw
     from ..config.eagle_config import EagleConfig
 
     check_sizes_fit_weights(config, sum(t.numel() for t in weights.values()), source)
+    layer = config["model"] if isinstance(config.get("model"), dict) else config  # legacy nested or flat
+    missing = [key for key in REQUIRED_SIZES if layer.get(key) is None]
+    if missing:
+        # A config class would fill them in with its defaults (Llama-7B's sizes), and the
+        # error would come later as some weight's shape mismatch.
+        raise CheckpointFormatError(
+            f"{source}: no {', '.join(map(repr, missing))}: a head's config.json gives the sizes of its layer; "
+            f"add {'it' if len(missing) == 1 else 'them'} (the draft's own values)")
 
     try:
         config = EagleConfig.from_dict(config, method=method)
