@@ -299,6 +299,18 @@ def test_own_arguments_that_mean_nothing_are_refused_by_name(target, monkeypatch
     assert str(info.value).startswith(message)
 
 
+def test_an_eagle3_head_whose_default_layers_the_target_lacks_is_refused_at_construction(tmp_path):
+    # A head that names no layers reads 2, N // 2, N - 3: on a 2-layer target that is refused
+    # when the LLM is built, not at every request (each ended with finish_reason 'error').
+    # Layers the head's config names are checked when the head loads.
+    kind = ef.kind_of("llama")
+    small = ef.write_target(tmp_path / "two-layers", kind, num_hidden_layers=2)
+    head = ef.write_head(tmp_path / "head", kind, "eagle3", aux_layer_ids=None)
+    with pytest.raises(ValueError, match=r"reads target layers \[2, 1, -1\] \(the default 2, N // 2, N - 3\), "
+                                         r"but the target has 2 layers"):
+        LLM(str(small), {"model": str(head)}, device="cpu")
+
+
 def test_a_tokenizer_that_cannot_load_is_named(target, tmp_path):
     with pytest.raises(ValueError, match=r"tokenizer='.*no-such-tokenizer': cannot be loaded as a tokenizer"):
         LLM(str(target), device="cpu", tokenizer=str(tmp_path / "no-such-tokenizer"))

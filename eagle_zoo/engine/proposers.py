@@ -117,6 +117,11 @@ class EagleProposer(Proposer):
             ids = getattr(head.config, "eagle_aux_hidden_state_layer_ids", None)
             n = target_num_layers
             self.aux_layer_ids = tuple(ids) if ids else (2, n // 2, n - 3)
+            if not all(0 <= i < n for i in self.aux_layer_ids):  # layers the config names: checked at load
+                raise ValueError(
+                    f"the EAGLE-3 head reads target layers {list(self.aux_layer_ids)} (the default 2, N // 2, "
+                    f"N - 3), but the target has {n} layers: set eagle_aux_hidden_state_layer_ids in the "
+                    f"head's config to three of 0..{n - 1}")
 
     def _feature_inputs(self, out: TargetOutput) -> tuple[torch.Tensor, ...]:
         """What the head's features are made of: the aux residual streams (EAGLE-3) or the
