@@ -679,3 +679,19 @@ def test_one_command_makes_the_data_then_trains(tiny, tmp_path):
     assert rc == 0
     assert len(TokenData.load(tmp_path / "head.data")) == 4
     assert load(str(out), target=_target(tiny).model).format == "yuhuili-eagle"
+
+
+def test_saving_data_that_fails_leaves_the_earlier_data_as_it_was(tmp_path, monkeypatch):
+    import eagle_zoo.train.data as data_module
+
+    first = TokenData(torch.arange(6), torch.ones(6, dtype=torch.bool), torch.tensor([0, 3, 6]), {"run": 1})
+    first.save(tmp_path / "d")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "d").iterdir()}
+
+    def full_disk(tensors, path):
+        open(path, "wb").write(b"half")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(data_module, "save_file", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        TokenData(torch.arange(4), torch.ones(4, dtype=torch.bool), torch.tensor([0, 4]), {"run": 2}).save(tmp_path / "d")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "d").iterdir()} == before

@@ -14,6 +14,7 @@ without a tokenizer).
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,10 +68,20 @@ class TokenData:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         tensors = {"input_ids": self.input_ids, "loss_mask": self.loss_mask, "offsets": self.offsets}
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(directory / DATA_FILE))
         meta = {"format": DATA_FORMAT, **self.meta, "num_sequences": len(self),
                 "num_tokens": int(self.input_ids.numel()), "num_loss_tokens": int(self.loss_mask.sum())}
-        (directory / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        # Both files written whole under temporary names first: a failure (a full disk) leaves
+        # earlier data there as it was, not half of the new.
+        data_tmp, meta_tmp = directory / f".{DATA_FILE}.tmp", directory / f".{META_FILE}.tmp"
+        try:
+            save_file({k: v.contiguous() for k, v in tensors.items()}, str(data_tmp))
+            meta_tmp.write_text(json.dumps(meta, indent=2) + "\n")
+        except BaseException:
+            data_tmp.unlink(missing_ok=True)
+            meta_tmp.unlink(missing_ok=True)
+            raise
+        os.replace(data_tmp, directory / DATA_FILE)
+        os.replace(meta_tmp, directory / META_FILE)
         return directory
 
     @classmethod
