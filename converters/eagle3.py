@@ -73,6 +73,10 @@ def to_speculators(src: str, verifier: str, verifier_architectures: Optional[Seq
     target_hidden = cfg.get("target_hidden_size") or fc.shape[1] // 3
 
     layer = {k: v for k, v in cfg.items() if k not in TOP_LEVEL_KEYS and k != "architectures"}
+    if verifier_architectures is not None and (not verifier_architectures
+                                               or not all(a.strip() for a in verifier_architectures)):
+        raise ConvertError(f"--verifier-architectures {' '.join(map(repr, verifier_architectures))}: give the "
+                           f"target's architecture names (e.g. LlamaForCausalLM), or leave it out to read them")
     archs = list(verifier_architectures or _verifier_architectures(verifier, cfg))
     config = {
         "architectures": ["Eagle3Speculator"],
@@ -116,6 +120,19 @@ def _verifier_architectures(verifier: str, cfg: dict) -> list[str]:
     return archs
 
 
+def _check_head_architecture(architecture: str) -> None:
+    """--architecture must name a head some installed family loads: a head written under
+    any other name would convert but never load."""
+    from eagle_zoo.config.eagle_config import rename_architecture
+    from eagle_zoo.plugins import get_registry
+
+    known = get_registry().head_architectures
+    if rename_architecture(architecture, "eagle3") not in known:
+        eagle3 = sorted(a for a, (_, method) in known.items() if method == "eagle3")
+        raise ConvertError(f"--architecture {architecture}: no installed family loads an EAGLE-3 head of this "
+                           f"architecture; give one of {', '.join(eagle3)} (the names with or without Eagle3)")
+
+
 def to_yuhuili(src: str, architecture: Optional[str]) -> Plan:
     src_dir = resolve_dir(src, "head")
     cfg = read_config(src_dir)
@@ -151,6 +168,8 @@ def to_yuhuili(src: str, architecture: Optional[str]) -> Plan:
             f"{src_dir}: no default yuhuili architecture for layer model_type {layer.get('model_type')!r}; "
             f"pass --architecture (e.g. LlamaForCausalLMEagle3)"
         )
+    if architecture is not None:
+        _check_head_architecture(architecture)
     config = dict(layer, architectures=[arch], draft_vocab_size=cfg.get("draft_vocab_size", tensors["lm_head.weight"].shape[0]))
     target_hidden = cfg.get("target_hidden_size")
     if target_hidden and target_hidden != layer.get("hidden_size"):

@@ -194,6 +194,23 @@ def test_to_speculators_round_trip(tmp_path):
     assert config_of(back) == src.config
 
 
+@pytest.mark.parametrize("conversion, flag, value, word", [
+    ("to-yuhuili", "--architecture", "BogusForCausalLM", "no installed family loads an EAGLE-3 head"),
+    ("to-speculators", "--verifier-architectures", "", "give the target's architecture names"),
+])
+def test_a_conversion_whose_head_could_not_load_is_refused(tmp_path, capsys, conversion, flag, value, word):
+    # The head would be written and then refused by every loader: refused here, nothing written.
+    src = cf.write_yuhuili_eagle3(tmp_path / "src").path
+    if conversion == "to-yuhuili":  # a speculators head the yuhuili layout can express
+        assert convert("to-speculators", src, "--verifier", "org/target", "-o", tmp_path / "spec") == 0
+        src = tmp_path / "spec"
+    extra = ["--verifier", "org/target"] if conversion == "to-speculators" else []
+    out = tmp_path / "out"
+    assert convert(conversion, src, *extra, flag, value, "-o", out) != 0
+    assert word in capsys.readouterr().err
+    assert_nothing_left(out)
+
+
 def _normalized_speculators(cfg: dict) -> dict:
     """The parts of a speculators config a loader reads, defaults filled in."""
     layer = cfg["transformer_layer_config"]
