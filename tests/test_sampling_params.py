@@ -23,6 +23,8 @@ def test_normalisation():
     (dict(max_tokens=0), ["max_tokens", ">= 1", "0"]),
     (dict(seed=1.5), ["seed", "integer", "1.5"]),
     (dict(stop=[""]), ["stop", "non-empty"]),
+    (dict(stop=5), ["stop", "non-empty string or a list", "got 5"]),
+    (dict(stop_token_ids=7), ["stop_token_ids", "a list of token ids"]),
     (dict(stop_token_ids=[-1]), ["stop_token_ids", ">= 0"]),
     (dict(n=0), ["n", ">= 1", "0"]),
     (dict(presence_penalty=2.5), ["presence_penalty", "[-2, 2]", "2.5"]),

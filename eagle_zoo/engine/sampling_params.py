@@ -91,10 +91,14 @@ class SamplingParams:
         _check(self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1),
                "max_tokens", "an integer >= 1 or None", self.max_tokens)
 
+        _check(self.stop is None or isinstance(self.stop, (str, list, tuple)), "stop",
+               "a non-empty string or a list of them", self.stop)
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         _check(all(isinstance(s, str) and s for s in stop), "stop",
                "a non-empty string or a list of them", self.stop)
         self.stop = stop
+        _check(self.stop_token_ids is None or isinstance(self.stop_token_ids, (list, tuple)), "stop_token_ids",
+               "a list of token ids >= 0 (and below 2**63)", self.stop_token_ids)
         ids = list(self.stop_token_ids or [])
         _check(all(_is_int(t) and 0 <= t <= TOKEN_ID_MAX for t in ids), "stop_token_ids",
                "a list of token ids >= 0 (and below 2**63)", self.stop_token_ids)
