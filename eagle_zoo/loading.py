@@ -129,9 +129,12 @@ def _head_family(config: Any, fmt: str, path: Path) -> tuple[FamilySpec, str]:
     for arch in archs:
         if arch in registry.head_architectures:
             return registry.head_architectures[arch]
+    written = config.to_dict()
+    written = written.get("architectures") or (written.get("model") or {}).get("architectures")
+    as_written = f", config.json: {written}" if written and written != archs else ""
     raise HeadLoadError(
         f"{path}: no installed family plugin provides a head for {archs or 'an unnamed architecture'} "
-        f"(read as {fmt}, method {config.method}). Known head architectures: "
+        f"(read as {fmt}, method {config.method}{as_written}). Known head architectures: "
         f"{', '.join(sorted(registry.head_architectures)) or 'none'}. Install the plugin for this "
         f"model family (`eagle-zoo plugins` lists what is installed)."
     )
