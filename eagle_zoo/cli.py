@@ -67,7 +67,8 @@ SUBCOMMANDS = {
         "Train a head for your own target in steps: mix (broad prompts and a held-apart dev set from "
         "a sources directory), prompts (the target writes user turns), data (the target answers them), "
         "then eagle or eagle3 (the head); docs/training.md.",
-        ("eagle-zoo train mix --help", "eagle-zoo train prompts --help", "eagle-zoo train data --help", "eagle-zoo train eagle3 --help")),
+        ("eagle-zoo train mix --help", "eagle-zoo train prompts --help", "eagle-zoo train data --help",
+         "eagle-zoo train eagle3 --help")),
     "demo": Subcommand(
         "eagle_zoo.demo", "the main job on the embedded default target",
         "Decode one prompt of each kind (chat, writing, code, math, translation, summarization, ...) "

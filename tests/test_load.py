@@ -305,8 +305,9 @@ def test_load_target_equals_the_directory_weights(tmp_path, target):
 
 def test_unknown_head_architecture(tmp_path):
     head = cf.write_yuhuili_eagle(tmp_path / "h", architectures=["FooForCausalLM"]).path
-    with pytest.raises(HeadLoadError, match="no installed family plugin provides a head for \\['EagleFooForCausalLM'\\] "
-                                            "\\(read as yuhuili-eagle, method eagle, config.json: \\['FooForCausalLM'\\]\\)"):
+    with pytest.raises(HeadLoadError, match="no installed family plugin provides a head for "
+                                            "\\['EagleFooForCausalLM'\\] \\(read as yuhuili-eagle, method eagle, "
+                                            "config.json: \\['FooForCausalLM'\\]\\)"):
         eagle_zoo.load(head)
 
 

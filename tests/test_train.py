@@ -693,5 +693,6 @@ def test_saving_data_that_fails_leaves_the_earlier_data_as_it_was(tmp_path, monk
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(data_module, "save_file", full_disk)
     with pytest.raises(OSError, match="No space left"):
-        TokenData(torch.arange(4), torch.ones(4, dtype=torch.bool), torch.tensor([0, 4]), {"run": 2}).save(tmp_path / "d")
+        second = TokenData(torch.arange(4), torch.ones(4, dtype=torch.bool), torch.tensor([0, 4]), {"run": 2})
+        second.save(tmp_path / "d")
     assert {p.name: p.read_bytes() for p in (tmp_path / "d").iterdir()} == before
