@@ -42,8 +42,8 @@ def resolve_device(device: Optional[Union[str, torch.device]]) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"device={device!r} is not a device ({exc}); use 'cpu', 'cuda', 'cuda:N' or 'auto'") from None
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device={device!r} is not a device: use 'cpu', 'cuda', 'cuda:N' or 'auto'") from None
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"device={str(device)!r}: this engine runs on 'cpu' or 'cuda' (or 'auto')")
     if device.type == "cuda" and not torch.cuda.is_available():
