@@ -46,3 +46,16 @@ def test_serve_refuses_a_bad_port_when_parsing(capsys, port, message):
     with pytest.raises(SystemExit) as stop:
         cli.main(["serve", "some/model", "--port", port])
     assert stop.value.code == 2 and f"argument --port: {message}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["list"], ["info", "org/head"], ["plugins"]])
+def test_a_registry_that_cannot_be_built_is_one_line(monkeypatch, capsys, command):
+    from eagle_zoo import catalog_cli
+    from eagle_zoo.plugins import PluginError
+
+    def broken():
+        raise PluginError("plugin 'acme' failed to register: add_families raised KeyError")
+    monkeypatch.setattr(catalog_cli, "get_registry", broken)
+    assert cli.main(command) == 2
+    assert capsys.readouterr().err == f"eagle-zoo {command[0]}: error: plugin 'acme' failed to register: " \
+                                      "add_families raised KeyError\n"
