@@ -59,3 +59,9 @@ def test_a_registry_that_cannot_be_built_is_one_line(monkeypatch, capsys, comman
     assert cli.main(command) == 2
     assert capsys.readouterr().err == f"eagle-zoo {command[0]}: error: plugin 'acme' failed to register: " \
                                       "add_families raised KeyError\n"
+
+
+def test_serve_with_a_bad_engine_argument_is_one_line_before_loading(capsys):
+    assert cli.main(["serve", "default", "--max-model-len", "0"]) == 2
+    assert capsys.readouterr().err == ("eagle-zoo serve: error: max_model_len must be an integer >= 1 "
+                                       "(or None for the default), got 0\n")

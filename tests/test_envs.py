@@ -65,4 +65,3 @@ def test_read_when_asked_not_at_import(monkeypatch, tmp_path):
     assert envs.cache_dir() == tmp_path and envs.tp_start_timeout_s() == 12.5 and envs.tp_rank() is None
     monkeypatch.setenv(envs.TP_RANK, "3")
     assert envs.tp_rank() == 3
-

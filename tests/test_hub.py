@@ -115,12 +115,12 @@ class PinnedCatalog:
         })
 
 
-
 def test_a_revision_of_a_local_directory_is_refused(tmp_path, eagle3_head):
     # A revision names a hub commit: asked of a local directory it would be silently ignored.
     with pytest.raises(HubError, match=r"revision='v2': .* is a local directory, and a revision applies to hub ids"):
         hub.resolve(str(eagle3_head.path), revision="v2")
     assert hub.resolve(str(eagle3_head.path)) == eagle3_head.path
+
 
 def test_catalog_revision_is_used(hf_home, tmp_path, eagle3_head, register_plugin):
     register_plugin(PinnedCatalog(), "pinned-catalog")

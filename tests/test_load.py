@@ -317,7 +317,6 @@ def test_bad_target_argument(tmp_path):
         eagle_zoo.load(head, target=Path("/nope"))
 
 
-
 def test_dtype_and_device_are_taken_by_name_or_refused_by_name(tmp_path):
     # As LLM takes them ("bfloat16", "fp32", "cpu"); anything else is a ValueError naming
     # it, not a torch error from inside .to().

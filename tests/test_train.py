@@ -651,7 +651,6 @@ def test_out_of_memory_splits_the_batch_with_the_same_update(tiny):
         torch.testing.assert_close(split.params[name], p, rtol=1e-5, atol=1e-5)
 
 
-
 def test_cli_refuses_an_occupied_out_before_making_data_or_training(tiny, tmp_path, capsys):
     # --out holds something that is not a head: refused at once (not after the data and the
     # training, which saving would then throw away), in one line naming --out.
@@ -667,6 +666,7 @@ def test_cli_refuses_an_occupied_out_before_making_data_or_training(tiny, tmp_pa
                                                "head (no config.json): choose another --out")
     assert not (tmp_path / "notes.data").exists() and not (tmp_path / "notes.state").exists()
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
 
 def test_one_command_makes_the_data_then_trains(tiny, tmp_path):
     from eagle_zoo import load

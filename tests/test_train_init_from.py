@@ -213,7 +213,6 @@ def test_warm_start_begins_with_a_lower_loss(heads, method):
     assert warm_trainer.result().info["init_from"]["path"] == str(init)
 
 
-
 def test_training_record_keeps_paths_inside_the_working_directory_relative(tmp_path, monkeypatch):
     # A head trained in a checkout records where its start and data lie in the checkout, not
     # the machine's absolute paths; paths elsewhere and hub ids are kept as given.
@@ -231,6 +230,7 @@ def test_training_record_keeps_paths_inside_the_working_directory_relative(tmp_p
     assert (record["target"], record["init_from"], record["state_dir"], record["stop_file"]) == (
         "smollm2", "heads/eagle3", "state", None)
     assert str(tmp_path) not in json.dumps(record)
+
 
 def test_resume_state_wins_over_init_from(heads, tmp_path):
     state = str(tmp_path / "state")

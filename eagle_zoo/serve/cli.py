@@ -102,13 +102,11 @@ def run(args: argparse.Namespace) -> int:
     from ..engine.llm import LLM
     from .app import create_app
 
-    try:
-        llm = LLM(args.model, spec, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-                  max_num_seqs=args.max_num_seqs, seed=args.seed, tensor_parallel_size=args.tensor_parallel_size,
-                  async_scheduling=args.async_scheduling, tokenizer=args.tokenizer, revision=args.revision,
-                  enforce_eager=args.enforce_eager, max_logprobs=args.max_logprobs, **from_cli(args))
-    except (ValueError, NotImplementedError, FileNotFoundError) as exc:
-        return _fail(str(exc))
+    # A bad model, head or option: eagle_zoo/cli.py prints the error as one line, exit code 2.
+    llm = LLM(args.model, spec, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
+              max_num_seqs=args.max_num_seqs, seed=args.seed, tensor_parallel_size=args.tensor_parallel_size,
+              async_scheduling=args.async_scheduling, tokenizer=args.tokenizer, revision=args.revision,
+              enforce_eager=args.enforce_eager, max_logprobs=args.max_logprobs, **from_cli(args))
     if args.chat_template is not None:
         try:
             llm.tokenizer.chat_template = chat_template(args.chat_template)
