@@ -439,14 +439,30 @@ def test_exact_int8_copies_only_for_q8_weights_and_only_while_current():
 @needs_kernel
 def test_the_embedded_targets_lm_head_decodes_from_its_int8_copy():
     """SmolLM2's GGUF stores the tied embedding as Q8_0: a CPU float32 engine reads its
-    lm_head from the exact int8 copy; its layers (Q4_1) keep float32."""
-    from eagle_zoo import LLM
+    lm_head from the exact int8 copy, with the float32 weight's tokens and logprobs; its
+    layers (Q4_1) keep float32."""
+    from eagle_zoo import LLM, SamplingParams
 
     llm = LLM(model="HuggingFaceTB/SmolLM2-135M-Instruct", device="cpu", dtype="float32", max_model_len=64)
     target = llm.engine.target
     assert hasattr(target.lm_head.weight, "_int8_copy")
     assert not any(hasattr(m.weight, "_int8_copy") for m in target.layers[0].modules() if hasattr(m, "weight")
                    and isinstance(m, layers.LinearBase))
+    params = SamplingParams(temperature=0.0, max_tokens=6, logprobs=1)
+
+    def decode():
+        out = llm.generate("The capital of France is", params, use_tqdm=False)[0].outputs[0]
+        return out.token_ids, [entry[t].logprob for t, entry in zip(out.token_ids, out.logprobs)]
+
+    calls = []
+    kernel = cpu_decode.few_row_linear_int8
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cpu_decode, "few_row_linear_int8", lambda x, q, d: calls.append(tuple(q.shape)) or kernel(x, q, d))
+        from_copy = decode()
+        assert set(calls) == {tuple(target.lm_head.weight.shape)} and len(calls) >= 5  # each decode step's lm_head
+        del target.lm_head.weight._int8_copy  # the float32 weight itself
+        calls.clear()
+        assert decode() == from_copy and calls == []
 
 
 def test_the_benches_against_a_commit_refuse_one_git_does_not_know():

@@ -291,7 +291,7 @@ def test_api_key(tokenizer_dir):
                              ("POST", "/v1/chat/completions")]:
             for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
                 r = httpx.request(method, srv.url + path, headers=headers, json={})
-                assert_openai_error(r, 401)["code"] == "invalid_api_key"
+                assert assert_openai_error(r, 401)["code"] == "invalid_api_key"
         with pytest.raises(openai.AuthenticationError):
             srv.client("wrong").models.list()
         client = srv.client(KEY)

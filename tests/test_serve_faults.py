@@ -412,7 +412,7 @@ def test_a_large_request_does_not_stall_the_event_loop(tokenizer_dir):
             time.sleep(0.05)
         small.join(30)
         big_s = done["big"][0] - t0
-        assert_openai_error(done["big"][1], 400, "messages")["code"] == "context_length_exceeded"
+        assert assert_openai_error(done["big"][1], 400, "messages")["code"] == "context_length_exceeded"
         assert done["small"][1].status_code == 200
         assert done["small"][0] < done["big"][0], "the small request waited for the large one"
         assert big_s > 0.5 and len(latencies) >= 3, (big_s, latencies)

@@ -22,13 +22,15 @@ def make_llm(**kw):
     return LLM(model=MODEL, device="cpu", dtype="float32", max_model_len=128, **kw)
 
 
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+
+
 @pytest.fixture(scope="module")
 def pair(tokenizer_dir):  # noqa: F811
     from eagle_zoo.serve.app import create_app
 
     offline = make_llm(max_num_seqs=4)
-    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
-    with ServerThread(create_app(make_llm(max_num_seqs=4, speculative_config=spec),
+    with ServerThread(create_app(make_llm(max_num_seqs=4, speculative_config=NGRAM),
                                  served_model_names=[MODEL])) as srv:
         yield offline, srv
 
@@ -97,15 +99,17 @@ def test_chat_logprobs_shape_streamed_and_not(pair):
 
 def test_n_choices_equal_offline_children(pair):
     offline, srv = pair
-    want = offline.generate(PROMPT, SamplingParams(temperature=1.0, seed=11, n=3, max_tokens=6))[0]
+    # The server samples through n-gram verification: the same distribution as plain
+    # decoding, not the same draws, so its choices are compared with an offline LLM that
+    # speculates alike (each child seeded from the request's seed, whatever the batch).
+    want = make_llm(max_num_seqs=4, speculative_config=NGRAM).generate(
+        PROMPT, SamplingParams(temperature=1.0, seed=11, n=3, max_tokens=6))[0]
     r = srv.client().completions.create(model=MODEL, prompt=[PROMPT, PROMPT], n=3, seed=11, temperature=1.0,
                                         max_tokens=6)
     assert [c.index for c in r.choices] == list(range(6))
-    # Sampled through n-gram verification: the same distribution, not the same draws as
-    # plain decoding; the server's seeded children must repeat among themselves.
-    assert [c.text for c in r.choices[:3]] == [c.text for c in r.choices[3:]]
-    assert len({c.text for c in r.choices[:3]}) > 1
-    assert len(want.outputs) == 3
+    assert [c.text for c in r.choices[:3]] == [o.text for o in want.outputs]
+    assert [c.text for c in r.choices[3:]] == [o.text for o in want.outputs]
+    assert len({o.text for o in want.outputs}) > 1
     n_prompt = len(offline.get_tokenizer().encode(PROMPT))
     assert r.usage.prompt_tokens == 2 * n_prompt
     chat = srv.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], n=2,

@@ -88,7 +88,23 @@ def test_ema_must_be_a_decay_between_0_and_1(tiny, decay):
         _settings(tiny, "eagle3", ema=decay)
 
 
-def test_cli_saves_the_average_and_records_it(tiny, tmp_path):
+def test_cli_saves_the_average_and_records_it(tiny, tmp_path, monkeypatch):
+    from eagle_zoo.train import cli as train_cli
+
+    runs, saved = [], []  # each CLI run's weights after every step; the heads it saved
+    real_init, real_save = Trainer.__init__, train_cli.save_head
+
+    def init_and_record(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        runs.append(_record_every_step(self))
+
+    def save_and_keep(head, *args, **kwargs):
+        saved.append(head)
+        return real_save(head, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "__init__", init_and_record)
+    monkeypatch.setattr(train_cli, "save_head", save_and_keep)
+
     def train(out, *extra):
         assert main(["train", "eagle3", "--target", str(tiny / "target"), "--data", str(tiny / "data"),
                      "--out", str(out), "--steps", "3", "--ttt-steps", "2", "--draft-vocab-size", "32",
@@ -101,6 +117,15 @@ def test_cli_saves_the_average_and_records_it(tiny, tmp_path):
     averaged = train(tmp_path / "ema", "--ema", "0.5")
     assert sorted(last) == sorted(averaged)
     assert any(not torch.equal(last[n], averaged[n]) for n in last)
+    seen = runs[-1]
+    assert len(seen) == 4  # before training and after each of the 3 steps
+    expected = dict(seen[0])
+    for weights in seen[1:]:
+        expected = {n: 0.5 * expected[n] + 0.5 * weights[n] for n in expected}
+    head = dict(saved[-1].named_parameters())
+    for name, weights in expected.items():
+        torch.testing.assert_close(head[name].detach(), weights, rtol=1e-5, atol=1e-6, msg=name)
+    assert any(not torch.allclose(expected[n], seen[-1][n]) for n in expected)  # the average, not the last step
     record = json.loads((tmp_path / "ema" / "eagle_zoo_training.json").read_text())
     assert record["settings"]["ema"] == 0.5
     assert [r.get("weights") for r in record["held_out"]] == [None, "ema 0.5"]
