@@ -2,7 +2,8 @@
 few_row_linear (y = x @ w^T, a row-major AVX2 dot product per output; w float32 or
 bfloat16; few_row_linear_int8 from a weight's exact int8 blocks), rms_norm_rows,
 cache_attention (flash-decoding over one sequence's cache row), llama_layer_rows (a
-whole Llama decoder layer) and eagle3_layer_rows (an EAGLE-3 head's first layer).
+whole Llama decoder layer), eagle3_layer_rows (an EAGLE-3 head's first layer) and
+eagle3_draft_rows (an EAGLE-3 head's greedy drafts).
 All are batch invariant (a row's bits do not depend on how many rows there are). Built
 on first use with torch's C++ extension loader (g++ with OpenMP; about 30 s, then
 cached); where it cannot be built or the CPU lacks AVX2, `available()` is False and
@@ -164,6 +165,23 @@ def eagle3_layer_rows(embeds, norm_e, eps_e, hidden, norm_h, eps_h, norm_before_
                                      int(slot), cache_positions.contiguous(), int(kv_len), int(num_heads),
                                      int(num_kv_heads), float(scale))
 
+
+
+def eagle3_draft_rows(h, k: int, embed, norm_f, eps_f, lm_head, d2t, norm_e, eps_e, norm_h, eps_h,
+                      norm_before_residual: bool, w_qkv, w_o, norm2, eps2, w_gate_up, w_down, cos, sin, k_cache, v_cache,
+                      slot: int, cache_positions, kv_len: int, num_heads: int, num_kv_heads: int, scale: float):
+    """An EAGLE-3 head's k greedy drafts [k] (target ids, int64) for one sequence from its
+    hidden state h [1, H] float32: per draft the final norm (norm_f), the lm_head over the
+    draft vocabulary, its argmax + d2t, then (but after the last) the token's row of embed
+    [V, H] float32 through eagle3_layer_rows at the next of cache_positions [k - 1] (cos /
+    sin [k - 1, d/2]). The caller checks available() and the head's structure
+    (models/fused_layer.py cpu_eagle3_drafts); EagleProposer._draft_chain's module path
+    is the reference."""
+    return _module.eagle3_draft_rows(h.contiguous(), int(k), embed, norm_f, float(eps_f), lm_head, d2t, norm_e,
+                                     float(eps_e), norm_h, float(eps_h), bool(norm_before_residual), w_qkv, w_o, norm2,
+                                     float(eps2), w_gate_up, w_down, cos.contiguous(), sin.contiguous(), k_cache,
+                                     v_cache, int(slot), cache_positions.contiguous(), int(kv_len), int(num_heads),
+                                     int(num_kv_heads), float(scale))
 
 def bench_products(modules: dict, rounds: int = 5) -> None:
     """few_row_linear of each module (label: built extension) over SmolLM2-135M's four

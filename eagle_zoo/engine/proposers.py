@@ -27,6 +27,7 @@ import torch
 
 from ..hookspecs import hookimpl
 from ..kernels.scatter_row import scatter_row
+from ..models.fused_layer import cpu_eagle3_drafts, cpu_eagle3_drafts_supported
 from ..specs import ProposerSpec
 from .drafter_batch import catch_up_unpadded
 from .graphs import GraphedForward
@@ -113,6 +114,9 @@ class EagleProposer(Proposer):
         if self.runner.graphed is not None:
             self._graphed_drafts = GraphedForward(self._draft_chain, num_slots, num_slots, graph_pool)
             self._graphed_catch_up = GraphedForward(self._catch_up, num_slots, num_slots, graph_pool)
+        # On the CPU an EAGLE-3 head's drafts of a step run as one C++ call where the head's
+        # structure allows (models/fused_layer.py cpu_eagle3_drafts), chosen once here.
+        self.cpu_drafts = method == "eagle3" and self.runner.graphed is None and cpu_eagle3_drafts_supported(head)
         if method == "eagle3":
             ids = getattr(head.config, "eagle_aux_hidden_state_layer_ids", None)
             n = target_num_layers
@@ -161,9 +165,14 @@ class EagleProposer(Proposer):
         Device work only, so one graph on CUDA; captured, kv_len is None (runner.run's
         whole-row form)."""
         hidden = self.next_hidden[slots]
+        positions = self.step_positions(base, k)  # draft j + 1 is fed at base + j
+        if self.cpu_drafts and kv_len is not None:
+            drafts = cpu_eagle3_drafts(self.head, hidden, positions[:, :k - 1], self.runner.kv_caches, slots,
+                                       min(kv_len, self.runner.max_len), k)
+            if drafts is not None:
+                return drafts
         token = self._draft_token(hidden)
         drafts = [token]
-        positions = self.step_positions(base, k)  # draft j + 1 is fed at base + j
         for step in range(k - 1):
             hidden = self.runner.run(token.unsqueeze(1), positions[:, step:step + 1], slots, kv_len,
                                      hidden.unsqueeze(1))[:, 0]

@@ -40,8 +40,8 @@ from eagle_zoo.kernels.linear import MAX_K, fused_linear_triton, use_linear_kern
 from eagle_zoo.kernels.norm import rms_norm_pair_triton
 from eagle_zoo.kernels.qkv_rope import qkv_rope_write_kv_triton
 
-from .attention import KERNEL_MAX_T, get_context, single_slot
-from .layers import RMSNorm, cpu_layer_weight
+from .attention import KERNEL_MAX_T, AttentionContext, get_context, single_slot
+from .layers import RMSNorm, cpu_layer_weight, has_exact_int8_copy, use_cpu_linear_kernel
 
 
 def layer_supports_fusion(layer) -> bool:
@@ -194,7 +194,7 @@ def cpu_decoder_layer(layer, positions: torch.Tensor, h: torch.Tensor) -> Option
     if ctx is None:
         return None
     norm1 = layer.input_layernorm
-    out = cpu_decode.llama_layer_rows(h[0], norm1.weight, norm1.eps, *_cpu_layer_arguments(layer, positions, h, ctx))
+    out = cpu_decode.llama_layer_rows(h[0], norm1.weight, norm1.eps, *_cpu_layer_arguments(layer, positions, ctx))
     return out.unsqueeze(0)
 
 
@@ -238,8 +238,41 @@ def cpu_eagle3_layer(layer, positions: torch.Tensor, embeds: torch.Tensor,
         return None
     e_norm, h_norm = layer.input_layernorm, layer.hidden_norm
     out = cpu_decode.eagle3_layer_rows(embeds[0], e_norm.weight, e_norm.eps, hidden[0], h_norm.weight, h_norm.eps,
-                                       layer.norm_before_residual, *_cpu_layer_arguments(layer, positions, hidden, ctx))
+                                       layer.norm_before_residual, *_cpu_layer_arguments(layer, positions, ctx))
     return out.unsqueeze(0)
+
+
+def cpu_eagle3_drafts_supported(head) -> bool:
+    """Whether an EAGLE-3 head's greedy drafts can run as one C++ call on the CPU
+    (cpu_eagle3_drafts): one decoder layer, which chose the regrouped path, an RMSNorm
+    before a one-rank lm_head (not norm_output), a one-rank embedding, on the CPU. Decided
+    once, when the proposer takes the head (engine/proposers.py)."""
+    layers = getattr(head, "layers", ())
+    return (len(layers) == 1 and hasattr(layers[0], "hidden_norm") and getattr(layers[0], "fused_decode", False)
+            and hasattr(head, "d2t") and not getattr(head, "norm_output", True) and type(head.norm) is RMSNorm
+            and head.lm_head.tp_size == 1 and head.embed_tokens.tp_size == 1
+            and head.lm_head.weight.device.type == "cpu")
+
+
+def cpu_eagle3_drafts(head, hidden: torch.Tensor, positions: torch.Tensor, kv_caches, slot_ids: torch.Tensor,
+                      kv_len: int, k: int) -> Optional[torch.Tensor]:
+    """The k greedy drafts [1, k] of a head that cpu_eagle3_drafts_supported from its
+    hidden state [1, H] for one float32 sequence in one C++ call (kernels/cpu_decode.py
+    eagle3_draft_rows: what the module path's k draft_argmax calls and k - 1 layer passes
+    at positions [1, k - 1] compute, the same bits), or None where the C++ layer or
+    lm_head call would not apply (the module path then runs)."""
+    layer, lm_head = head.layers[0], head.lm_head.weight
+    ctx = AttentionContext(kv_caches, slot_ids, positions, kv_len)
+    if (hidden.dim() != 2 or not layer.self_attn.attn.cpu_kernel_applies(ctx, hidden.unsqueeze(1))
+            or not use_cpu_linear_kernel(hidden, lm_head) or has_exact_int8_copy(lm_head)
+            or needs_autograd(hidden, layer.self_attn.qkv_proj.weight)):
+        return None
+    e_norm, h_norm, norm = layer.input_layernorm, layer.hidden_norm, head.norm
+    drafts = cpu_decode.eagle3_draft_rows(hidden, k, head.embed_tokens.weight, norm.weight, norm.eps,
+                                          cpu_layer_weight(lm_head), head.d2t, e_norm.weight, e_norm.eps,
+                                          h_norm.weight, h_norm.eps, layer.norm_before_residual,
+                                          *_cpu_layer_arguments(layer, positions, ctx))
+    return drafts.unsqueeze(0)
 
 
 def _cpu_step_context(layer, h: torch.Tensor):
@@ -254,15 +287,15 @@ def _cpu_step_context(layer, h: torch.Tensor):
     return ctx
 
 
-def _cpu_layer_arguments(layer, positions: torch.Tensor, h: torch.Tensor, ctx) -> tuple:
-    """The arguments both C++ layer calls share after their inputs: the projections (an
-    EAGLE head's read from their exact bfloat16 copies), the second norm, the angles, the
-    cache row and the heads."""
+def _cpu_layer_arguments(layer, positions: torch.Tensor, ctx) -> tuple:
+    """The arguments the C++ layer calls share after their inputs: the projections (an
+    EAGLE head's read from their exact bfloat16 copies), the second norm, the angles of
+    positions [1, T], the cache row and the heads."""
     attn, mlp, core = layer.self_attn, layer.mlp, layer.self_attn.attn
     norm2 = layer.post_attention_layernorm
     k_cache, v_cache = ctx.kv_caches[core.layer_idx]
     cos, sin = attn.rotary_emb._angles(positions)
-    T, half = h.shape[1], cos.shape[-1]
+    T, half = positions.shape[1], cos.shape[-1]
     return (cpu_layer_weight(attn.qkv_proj.weight), cpu_layer_weight(attn.o_proj.weight), norm2.weight, norm2.eps,
             cpu_layer_weight(mlp.gate_up_proj.weight), cpu_layer_weight(mlp.down_proj.weight),
             cos.reshape(T, half), sin.reshape(T, half), k_cache, v_cache, single_slot(ctx),

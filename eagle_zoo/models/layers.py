@@ -232,6 +232,11 @@ def _few_row_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return cpu_decode.few_row_linear(x, weight if bf16 is None else bf16)
 
 
+def has_exact_int8_copy(weight: torch.Tensor) -> bool:
+    """Whether linear() reads ``weight`` from its exact int8 copy (add_exact_int8_copies)."""
+    return _current_copy(weight, "_int8_copy") is not None
+
+
 def cpu_layer_weight(weight: torch.Tensor) -> torch.Tensor:
     """What kernels/cpu_decode.py's decoder-layer calls read for ``weight``: its exact
     bfloat16 copy while current (an EAGLE head's weights: the same bits from half the

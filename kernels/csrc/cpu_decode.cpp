@@ -632,6 +632,48 @@ torch::Tensor eagle3_layer_rows(const torch::Tensor& embeds, const torch::Tensor
                         scale);
 }
 
+// An EAGLE-3 head's K greedy drafts for one sequence from its hidden state h [1, H]: per
+// draft the final norm, the lm_head over the draft vocabulary, the first largest logit
+// (at::argmax, as the module path takes it) mapped to the target's id (+ d2t), and but
+// after the last one the token's embedding row and eagle3_layer_rows at the next
+// position (cos / sin [K - 1, d/2], cache_positions [K - 1]), writing the head's cache.
+// The calls and their order are the module path's (EagleProposer._draft_chain on the
+// CPU), so the same bits; one call instead of K passes of Python that cost a CPU step
+// more than the head's arithmetic. -> the K target ids, int64.
+torch::Tensor eagle3_draft_rows(torch::Tensor h, int64_t k, const torch::Tensor& embed, const torch::Tensor& norm_f,
+                                double eps_f, const torch::Tensor& lm_head, const torch::Tensor& d2t,
+                                const torch::Tensor& norm_e, double eps_e, const torch::Tensor& norm_h,
+                                double eps_h, bool norm_before_residual, const torch::Tensor& w_qkv,
+                                const torch::Tensor& w_o, const torch::Tensor& norm2, double eps2,
+                                const torch::Tensor& w_gate_up, const torch::Tensor& w_down, const torch::Tensor& cos,
+                                const torch::Tensor& sin, torch::Tensor k_cache, torch::Tensor v_cache, int64_t slot,
+                                const torch::Tensor& cache_positions, int64_t kv_len, int64_t num_heads,
+                                int64_t num_kv_heads, double scale) {
+  TORCH_CHECK(k >= 1 && h.dim() == 2 && h.size(0) == 1, "eagle3_draft_rows: k >= 1 drafts from h [1, H], got k = ",
+              k, " and h ", h.sizes());
+  TORCH_CHECK(embed.dim() == 2 && embed.scalar_type() == torch::kFloat && embed.is_contiguous() &&
+              embed.size(1) == h.size(1), "eagle3_draft_rows: a contiguous float32 embedding [V, ", h.size(1),
+              "], got ", embed.scalar_type(), " ", embed.sizes());
+  TORCH_CHECK(d2t.scalar_type() == torch::kLong && d2t.dim() == 1 && d2t.size(0) == lm_head.size(0),
+              "eagle3_draft_rows: d2t [", lm_head.size(0), "] int64, got ", d2t.scalar_type(), " ", d2t.sizes());
+  TORCH_CHECK(cos.size(0) >= k - 1 && sin.size(0) >= k - 1 && cache_positions.numel() >= k - 1,
+              "eagle3_draft_rows: angles and cache positions for the ", k - 1, " positions after the first draft");
+  auto drafts = torch::empty({k}, torch::kLong);
+  int64_t* out = drafts.data_ptr<int64_t>();
+  const int64_t* offsets = d2t.data_ptr<int64_t>();
+  for (int64_t j = 0; j < k; ++j) {
+    const int64_t id = at::argmax(few_row_linear(rms_norm_rows(h, norm_f, eps_f), lm_head), 1).item<int64_t>();
+    out[j] = id + offsets[id];
+    if (j + 1 == k) break;
+    TORCH_CHECK(out[j] >= 0 && out[j] < embed.size(0), "eagle3_draft_rows: d2t maps draft id ", id, " to ", out[j],
+                ", outside the embedding's ", embed.size(0), " rows");
+    h = eagle3_layer_rows(embed.narrow(0, out[j], 1), norm_e, eps_e, h, norm_h, eps_h, norm_before_residual, w_qkv,
+                          w_o, norm2, eps2, w_gate_up, w_down, cos.narrow(0, j, 1), sin.narrow(0, j, 1), k_cache,
+                          v_cache, slot, cache_positions.narrow(0, j, 1), kv_len, num_heads, num_kv_heads, scale);
+  }
+  return drafts;
+}
+
 // Attention of T <= 8 tokens of one sequence (cache row ``slot``) over their cache:
 // q [T, num_heads * d] (roped; the tokens' keys and values already written at their
 // cache positions), causal by cache position up to kv_len. cache_attention_rows, the
@@ -658,6 +700,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("llama_stack_rows", &llama_stack_rows, "a model's exact Llama decoder layers for a few float32 tokens (CPU)");
   m.def("eagle3_layer_rows", &eagle3_layer_rows,
         "an EAGLE-3 head's first decoder layer for a few float32 tokens (CPU)");
+  m.def("eagle3_draft_rows", &eagle3_draft_rows, "an EAGLE-3 head's greedy drafts for one float32 sequence (CPU)");
   m.def("few_row_linear", &few_row_linear, "y = x @ w^T for a few float32 rows (CPU)");
   m.def("few_row_linear_int8", &few_row_linear_int8, "few_row_linear from a weight's exact int8 blocks (CPU)");
   m.def("rms_norm_rows", &rms_norm_rows, "RMSNorm of a few float32 rows (CPU)");
