@@ -167,10 +167,10 @@ def eagle3_layer_rows(embeds, norm_e, eps_e, hidden, norm_h, eps_h, norm_before_
                                      int(num_kv_heads), float(scale))
 
 
-
 def eagle3_draft_rows(h, k: int, embed, norm_f, eps_f, lm_head, d2t, norm_e, eps_e, norm_h, eps_h,
-                      norm_before_residual: bool, w_qkv, w_o, norm2, eps2, w_gate_up, w_down, cos, sin, k_cache, v_cache,
-                      slot: int, cache_positions, kv_len: int, num_heads: int, num_kv_heads: int, scale: float):
+                      norm_before_residual: bool, w_qkv, w_o, norm2, eps2, w_gate_up, w_down, cos, sin, k_cache,
+                      v_cache, slot: int, cache_positions, kv_len: int, num_heads: int, num_kv_heads: int,
+                      scale: float):
     """An EAGLE-3 head's k greedy drafts [k] (target ids, int64) for one sequence from its
     hidden state h [1, H] float32: per draft the final norm (norm_f), the lm_head over the
     draft vocabulary, its argmax + d2t, then (but after the last) the token's row of embed
@@ -199,6 +199,7 @@ def eagle3_catch_up_rows(aux, w_fc, tokens, embed, norm_e, eps_e, norm_h, eps_h,
                                         float(eps2), w_gate_up, w_down, cos.contiguous(), sin.contiguous(), k_cache,
                                         v_cache, int(slot), cache_positions.contiguous(), int(kv_len), int(num_heads),
                                         int(num_kv_heads), float(scale))
+
 
 def bench_products(modules: dict, rounds: int = 5) -> None:
     """few_row_linear of each module (label: built extension) over SmolLM2-135M's four

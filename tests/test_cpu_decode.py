@@ -132,7 +132,8 @@ def test_whole_llama_layer_in_one_call_gives_transformers_greedy(family, tmp_pat
     stack_calls, calls, head_calls, draft_calls, catch_up_calls = [], [], [], [], []
     stack, kernel, head_kernel = cpu_decode.llama_stack_rows, cpu_decode.llama_layer_rows, cpu_decode.eagle3_layer_rows
     drafts_kernel, catch_up_kernel = cpu_decode.eagle3_draft_rows, cpu_decode.eagle3_catch_up_rows
-    monkeypatch.setattr(cpu_decode, "eagle3_draft_rows", lambda h, k, *a: draft_calls.append(k) or drafts_kernel(h, k, *a))
+    monkeypatch.setattr(cpu_decode, "eagle3_draft_rows",
+                        lambda h, k, *a: draft_calls.append(k) or drafts_kernel(h, k, *a))
     monkeypatch.setattr(cpu_decode, "eagle3_catch_up_rows",
                         lambda aux, *a: catch_up_calls.append(aux.shape[0]) or catch_up_kernel(aux, *a))
     monkeypatch.setattr(cpu_decode, "llama_stack_rows", lambda h, *a: stack_calls.append(h.shape[0]) or stack(h, *a))
