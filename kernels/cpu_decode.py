@@ -2,9 +2,8 @@
 few_row_linear (y = x @ w^T, a row-major AVX2 dot product per output; w float32 or
 bfloat16; few_row_linear_int8 from a weight's exact int8 blocks), rms_norm_rows,
 cache_attention (flash-decoding over one sequence's cache row), llama_layer_rows (a
-whole Llama decoder layer), eagle3_layer_rows (an EAGLE-3 head's first layer),
-eagle3_draft_rows (an EAGLE-3 head's greedy drafts) and eagle3_catch_up_rows (its
-catch-up pass).
+whole Llama decoder layer), eagle3_layer_rows (an EAGLE-3 head's first layer) and
+eagle3_draft_rows (an EAGLE-3 head's greedy drafts).
 All are batch invariant (a row's bits do not depend on how many rows there are). Built
 on first use with torch's C++ extension loader (g++ with OpenMP; about 30 s, then
 cached); where it cannot be built or the CPU lacks AVX2, `available()` is False and
@@ -183,22 +182,6 @@ def eagle3_draft_rows(h, k: int, embed, norm_f, eps_f, lm_head, d2t, norm_e, eps
                                      float(eps2), w_gate_up, w_down, cos.contiguous(), sin.contiguous(), k_cache,
                                      v_cache, int(slot), cache_positions.contiguous(), int(kv_len), int(num_heads),
                                      int(num_kv_heads), float(scale))
-
-
-def eagle3_catch_up_rows(aux, w_fc, tokens, embed, norm_e, eps_e, norm_h, eps_h, norm_before_residual: bool, w_qkv,
-                         w_o, norm2, eps2, w_gate_up, w_down, cos, sin, k_cache, v_cache, slot: int, cache_positions,
-                         kv_len: int, num_heads: int, num_kv_heads: int, scale: float):
-    """An EAGLE-3 head's catch-up pass [T, H] over T <= MAX_ROWS verified tokens [T]
-    (int64; a negative one, the padding past the accepted run, embeds as zeros) of one
-    sequence: fc (w_fc) over the target's aux hidden states aux [T, n H_t] float32, the
-    tokens' rows of embed [V, H] float32, then eagle3_layer_rows. The caller checks
-    available() and the head's structure (models/fused_layer.py cpu_eagle3_catch_up);
-    EagleProposer._catch_up's module path is the reference."""
-    return _module.eagle3_catch_up_rows(aux.contiguous(), w_fc, tokens.contiguous(), embed, norm_e, float(eps_e),
-                                        norm_h, float(eps_h), bool(norm_before_residual), w_qkv, w_o, norm2,
-                                        float(eps2), w_gate_up, w_down, cos.contiguous(), sin.contiguous(), k_cache,
-                                        v_cache, int(slot), cache_positions.contiguous(), int(kv_len), int(num_heads),
-                                        int(num_kv_heads), float(scale))
 
 
 def bench_products(modules: dict, rounds: int = 5) -> None:

@@ -113,11 +113,11 @@ def test_rmsnorm_module_uses_it_for_few_rows(monkeypatch):
 @needs_kernel
 @pytest.mark.parametrize("family", ["llama", "mistral"])
 def test_whole_llama_layer_in_one_call_gives_transformers_greedy(family, tmp_path, monkeypatch):
-    """models/fused_layer.py cpu_decoder_stack, cpu_decoder_layer, cpu_eagle3_layer,
-    cpu_eagle3_drafts and cpu_eagle3_catch_up: plain decoding and EAGLE / EAGLE-3 chain
-    verification of a tiny random Llama target run the target's decoder layers as one C++
-    call (counted), the EAGLE-3 head's layer as one call, its drafts of a step as one and
-    its catch-up as one, and give transformers' greedy tokens.
+    """models/fused_layer.py cpu_decoder_stack, cpu_decoder_layer, cpu_eagle3_layer and
+    cpu_eagle3_drafts: plain decoding and EAGLE / EAGLE-3 chain verification of a tiny
+    random Llama target run the target's decoder layers as one C++ call (counted), the
+    EAGLE-3 head's layer as one call and its drafts of a step as one, and give
+    transformers' greedy tokens.
     The tiny Mistral target has a sliding window, which the calls do not do: it keeps the
     module path, with the same result."""
     import checkpoint_factory as cf
@@ -129,27 +129,25 @@ def test_whole_llama_layer_in_one_call_gives_transformers_greedy(family, tmp_pat
     heads = {m: ef.write_head(tmp_path / m, kind, m, seed=4, scale=0.6) for m in ("eagle", "eagle3")}
     prompts = ef.random_prompts((5, 12, 3), cf.TINY["vocab_size"], seed=1)
     want = ef.hf_greedy(target, prompts, [20, 26, 14])
-    stack_calls, calls, head_calls, draft_calls, catch_up_calls = [], [], [], [], []
+    stack_calls, calls, head_calls, draft_calls = [], [], [], []
     stack, kernel, head_kernel = cpu_decode.llama_stack_rows, cpu_decode.llama_layer_rows, cpu_decode.eagle3_layer_rows
-    drafts_kernel, catch_up_kernel = cpu_decode.eagle3_draft_rows, cpu_decode.eagle3_catch_up_rows
+    drafts_kernel = cpu_decode.eagle3_draft_rows
     monkeypatch.setattr(cpu_decode, "eagle3_draft_rows",
                         lambda h, k, *a: draft_calls.append(k) or drafts_kernel(h, k, *a))
-    monkeypatch.setattr(cpu_decode, "eagle3_catch_up_rows",
-                        lambda aux, *a: catch_up_calls.append(aux.shape[0]) or catch_up_kernel(aux, *a))
     monkeypatch.setattr(cpu_decode, "llama_stack_rows", lambda h, *a: stack_calls.append(h.shape[0]) or stack(h, *a))
     monkeypatch.setattr(cpu_decode, "llama_layer_rows", lambda h, *a: calls.append(h.shape[0]) or kernel(h, *a))
     monkeypatch.setattr(cpu_decode, "eagle3_layer_rows",
                         lambda e, *a: head_calls.append(e.shape[0]) or head_kernel(e, *a))
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (20, 26, 14)]
     for method in (None, "eagle", "eagle3"):
-        stack_calls.clear(), calls.clear(), head_calls.clear(), draft_calls.clear(), catch_up_calls.clear()
+        stack_calls.clear(), calls.clear(), head_calls.clear(), draft_calls.clear()
         spec = method and {"method": method, "model": str(heads[method]), "num_speculative_tokens": 3}
         llm = LLM(str(target), speculative_config=spec, device="cpu", dtype="float32", max_model_len=96,
                   max_num_seqs=1)
         got = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
         assert got == want, method
         if family == "mistral":
-            assert not stack_calls and not calls and not head_calls and not draft_calls and not catch_up_calls
+            assert not stack_calls and not calls and not head_calls and not draft_calls
             continue
         # Prompts of up to 8 tokens are prefilled through it too; then one token a step
         # (plain) or the last token and 3 drafts (verification).
@@ -157,14 +155,11 @@ def test_whole_llama_layer_in_one_call_gives_transformers_greedy(family, tmp_pat
         assert 12 not in stack_calls  # prefill-sized: the module path
         # No layer alone: the EAGLE-1 head's layer drops its input norm, so keeps its modules.
         assert not calls
-        # The EAGLE-3 head's layer: the prompts' passes; a step's three drafts in one call
-        # (the two one-token passes between them inside) and its catch-up over the 4
-        # verified positions in another.
-        assert set(head_calls) == (set() if method != "eagle3" else {5, 3}), sorted(set(head_calls))
+        # The EAGLE-3 head's layer: the prompts' passes and the catch-ups' of 4 tokens; its
+        # three drafts a step in one call (the two one-token passes between them inside).
+        assert set(head_calls) == (set() if method != "eagle3" else {5, 3, 4}), sorted(set(head_calls))
         assert set(draft_calls) == (set() if method != "eagle3" else {3}) and (method != "eagle3" or
                                                                                len(draft_calls) >= 12)
-        assert set(catch_up_calls) == (set() if method != "eagle3" else {4}) and (method != "eagle3" or
-                                                                                  len(catch_up_calls) >= 12)
 
 
 @needs_kernel
@@ -397,15 +392,14 @@ def test_a_bf16_eagle3_head_on_the_cpu_drafts_the_same_tokens_from_bf16_copies(t
 
 
 @needs_kernel
-def test_an_eagle3_heads_calls_are_the_module_paths(tmp_path, monkeypatch):
-    """EagleProposer on the CPU: an EAGLE-3 head's k drafts of a step in one C++ call and
-    its catch-up in another (models/fused_layer.py cpu_eagle3_drafts, cpu_eagle3_catch_up)
-    give the module path's drafts and next hidden states, step for step, and so its
-    outputs; an EAGLE-1 head, a norm_output head and one with fc norms keep the modules."""
+def test_an_eagle3_heads_drafts_in_one_call_are_the_module_paths(tmp_path, monkeypatch):
+    """EagleProposer on the CPU: an EAGLE-3 head's k drafts of a step in one C++ call
+    (models/fused_layer.py cpu_eagle3_drafts) give the module path's drafts, step for
+    step, and so its outputs; an EAGLE-1 head and a norm_output head keep the module path."""
     import checkpoint_factory as cf
     import engine_fixtures as ef
     from eagle_zoo import LLM, SamplingParams
-    from eagle_zoo.models.fused_layer import cpu_eagle3_calls_supported
+    from eagle_zoo.models.fused_layer import cpu_eagle3_drafts_supported
 
     kind = ef.kind_of("llama")
     target = ef.write_target(tmp_path / "target", kind)
@@ -421,26 +415,20 @@ def test_an_eagle3_heads_calls_are_the_module_paths(tmp_path, monkeypatch):
     for k in (1, 3, 5):
         engine = llm("eagle3", k)
         proposer = engine.engine.proposer
-        assert proposer.cpu_calls
-        chain, verify, seen = proposer._draft_chain, proposer.on_verify, []
-        monkeypatch.setattr(proposer, "_draft_chain", lambda *a, **kw: seen.append(chain(*a, **kw).tolist())
-                            or torch.tensor(seen[-1]))
-        monkeypatch.setattr(proposer, "on_verify", lambda batch, *a: verify(batch, *a)
-                            or seen.append(proposer.next_hidden[batch.slots].clone()))
+        assert proposer.cpu_drafts
+        chain, drafts = proposer._draft_chain, []
+        monkeypatch.setattr(proposer, "_draft_chain", lambda *a, **kw: drafts.append(chain(*a, **kw).tolist())
+                            or torch.tensor(drafts[-1]))
         runs = []
         for in_one_call in (True, False):
-            proposer.cpu_calls = in_one_call
-            seen.clear()
-            outputs = [o.outputs[0].token_ids for o in engine.generate(prompts, params)]
-            runs.append((outputs, [x if isinstance(x, list) else x.tolist() for x in seen]))
-        assert runs[0] == runs[1] and len(runs[0][1]) > 20, k  # drafts and next hidden states, bit for bit
-    assert not llm("eagle", 3).engine.proposer.cpu_calls
+            proposer.cpu_drafts = in_one_call
+            drafts.clear()
+            runs.append(([o.outputs[0].token_ids for o in engine.generate(prompts, params)], list(drafts)))
+        assert runs[0] == runs[1] and len(runs[0][1]) > 10, k
+    assert not llm("eagle", 3).engine.proposer.cpu_drafts
     head = llm("eagle3", 3).engine.proposer.head
-    assert cpu_eagle3_calls_supported(head)
     head.norm_output = True
-    assert not cpu_eagle3_calls_supported(head)
-    head.norm_output, head.fc_norm = False, torch.nn.ModuleList()
-    assert not cpu_eagle3_calls_supported(head)
+    assert not cpu_eagle3_drafts_supported(head)
 
 
 def _q8_weight(N, K, generator):

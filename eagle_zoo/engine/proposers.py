@@ -27,7 +27,7 @@ import torch
 
 from ..hookspecs import hookimpl
 from ..kernels.scatter_row import scatter_row
-from ..models.fused_layer import cpu_eagle3_calls_supported, cpu_eagle3_catch_up, cpu_eagle3_drafts
+from ..models.fused_layer import cpu_eagle3_drafts, cpu_eagle3_drafts_supported
 from ..specs import ProposerSpec
 from .drafter_batch import catch_up_unpadded
 from .graphs import GraphedForward
@@ -114,9 +114,9 @@ class EagleProposer(Proposer):
         if self.runner.graphed is not None:
             self._graphed_drafts = GraphedForward(self._draft_chain, num_slots, num_slots, graph_pool)
             self._graphed_catch_up = GraphedForward(self._catch_up, num_slots, num_slots, graph_pool)
-        # On the CPU an EAGLE-3 head's drafts of a step and its catch-up run as one C++ call
-        # each where the head's structure allows (models/fused_layer.py), chosen once here.
-        self.cpu_calls = method == "eagle3" and self.runner.graphed is None and cpu_eagle3_calls_supported(head)
+        # On the CPU an EAGLE-3 head's drafts of a step run as one C++ call where the head's
+        # structure allows (models/fused_layer.py cpu_eagle3_drafts), chosen once here.
+        self.cpu_drafts = method == "eagle3" and self.runner.graphed is None and cpu_eagle3_drafts_supported(head)
         if method == "eagle3":
             ids = getattr(head.config, "eagle_aux_hidden_state_layer_ids", None)
             n = target_num_layers
@@ -166,7 +166,7 @@ class EagleProposer(Proposer):
         whole-row form)."""
         hidden = self.next_hidden[slots]
         positions = self.step_positions(base, k)  # draft j + 1 is fed at base + j
-        if self.cpu_calls and kv_len is not None:
+        if self.cpu_drafts and kv_len is not None:
             drafts = cpu_eagle3_drafts(self.head, hidden, positions[:, :k - 1], self.runner.kv_caches, slots,
                                        min(kv_len, self.runner.max_len), k)
             if drafts is not None:
@@ -227,12 +227,7 @@ class EagleProposer(Proposer):
         sequence's num_accepted ([B, 1]). inputs: the target's final hidden state (EAGLE-1)
         or its aux residual streams (EAGLE-3). Device work only (one graph on CUDA; kv_len
         as in _draft_chain)."""
-        h = None
-        if self.cpu_calls and kv_len is not None:
-            h = cpu_eagle3_catch_up(self.head, tokens, positions, torch.cat(inputs, dim=-1), self.runner.kv_caches,
-                                    slots, min(kv_len, self.runner.max_len))
-        if h is None:
-            h = self.runner.run(tokens, positions, slots, kv_len, self._combine(inputs))  # -1: a zero row (embedding)
+        h = self.runner.run(tokens, positions, slots, kv_len, self._combine(inputs))  # -1: a zero row (embedding)
         scatter_row(self.next_hidden, slots, h, num_accepted.view(-1))
 
     @torch.inference_mode()

@@ -242,30 +242,30 @@ def cpu_eagle3_layer(layer, positions: torch.Tensor, embeds: torch.Tensor,
     return out.unsqueeze(0)
 
 
-def cpu_eagle3_calls_supported(head) -> bool:
-    """Whether an EAGLE-3 head's work of a CPU step can run as C++ calls (its drafts,
-    cpu_eagle3_drafts; its catch-up, cpu_eagle3_catch_up): one decoder layer, which chose
-    the regrouped path, fc without norms or bias over the aux hidden states, an RMSNorm
+def cpu_eagle3_drafts_supported(head) -> bool:
+    """Whether an EAGLE-3 head's greedy drafts can run as one C++ call on the CPU
+    (cpu_eagle3_drafts): one decoder layer, which chose the regrouped path, an RMSNorm
     before a one-rank lm_head (not norm_output), a one-rank embedding, on the CPU. Decided
     once, when the proposer takes the head (engine/proposers.py)."""
     layers = getattr(head, "layers", ())
     return (len(layers) == 1 and hasattr(layers[0], "hidden_norm") and getattr(layers[0], "fused_decode", False)
             and hasattr(head, "d2t") and not getattr(head, "norm_output", True) and type(head.norm) is RMSNorm
-            and head.fc_norm is None and head.input_norm is None and head.fc.bias is None and head.fc.tp_size == 1
             and head.lm_head.tp_size == 1 and head.embed_tokens.tp_size == 1
             and head.lm_head.weight.device.type == "cpu")
 
 
 def cpu_eagle3_drafts(head, hidden: torch.Tensor, positions: torch.Tensor, kv_caches, slot_ids: torch.Tensor,
                       kv_len: int, k: int) -> Optional[torch.Tensor]:
-    """The k greedy drafts [1, k] of a head that cpu_eagle3_calls_supported from its
+    """The k greedy drafts [1, k] of a head that cpu_eagle3_drafts_supported from its
     hidden state [1, H] for one float32 sequence in one C++ call (kernels/cpu_decode.py
     eagle3_draft_rows: what the module path's k draft_argmax calls and k - 1 layer passes
     at positions [1, k - 1] compute, the same bits), or None where the C++ layer or
     lm_head call would not apply (the module path then runs)."""
     layer, lm_head = head.layers[0], head.lm_head.weight
-    ctx = _cpu_head_context(head, hidden.unsqueeze(1), positions, kv_caches, slot_ids, kv_len, lm_head)
-    if ctx is None:
+    ctx = AttentionContext(kv_caches, slot_ids, positions, kv_len)
+    if (hidden.dim() != 2 or not layer.self_attn.attn.cpu_kernel_applies(ctx, hidden.unsqueeze(1))
+            or not use_cpu_linear_kernel(hidden, lm_head) or has_exact_int8_copy(lm_head)
+            or needs_autograd(hidden, layer.self_attn.qkv_proj.weight)):
         return None
     e_norm, h_norm, norm = layer.input_layernorm, layer.hidden_norm, head.norm
     drafts = cpu_decode.eagle3_draft_rows(hidden, k, head.embed_tokens.weight, norm.weight, norm.eps,
@@ -273,37 +273,6 @@ def cpu_eagle3_drafts(head, hidden: torch.Tensor, positions: torch.Tensor, kv_ca
                                           h_norm.weight, h_norm.eps, layer.norm_before_residual,
                                           *_cpu_layer_arguments(layer, positions, ctx))
     return drafts.unsqueeze(0)
-
-
-def cpu_eagle3_catch_up(head, tokens: torch.Tensor, positions: torch.Tensor, aux: torch.Tensor, kv_caches,
-                        slot_ids: torch.Tensor, kv_len: int) -> Optional[torch.Tensor]:
-    """The catch-up pass [1, T, H] of a head that cpu_eagle3_calls_supported over T
-    verified tokens [1, T] (-1 past the accepted run) at positions [1, T] of one float32
-    sequence, from the target's aux hidden states side by side, aux [1, T, n H_t], in one
-    C++ call (kernels/cpu_decode.py eagle3_catch_up_rows: fc, the embedding, the layer, as
-    the module path, the same bits), or None where the C++ calls would not apply."""
-    layer, fc = head.layers[0], head.fc.weight
-    ctx = _cpu_head_context(head, aux, positions, kv_caches, slot_ids, kv_len, fc)
-    if ctx is None:
-        return None
-    e_norm, h_norm = layer.input_layernorm, layer.hidden_norm
-    out = cpu_decode.eagle3_catch_up_rows(aux[0], cpu_layer_weight(fc), tokens[0], head.embed_tokens.weight,
-                                          e_norm.weight, e_norm.eps, h_norm.weight, h_norm.eps,
-                                          layer.norm_before_residual, *_cpu_layer_arguments(layer, positions, ctx))
-    return out.unsqueeze(0)
-
-
-def _cpu_head_context(head, x: torch.Tensor, positions: torch.Tensor, kv_caches, slot_ids: torch.Tensor,
-                      kv_len: int, product: torch.Tensor):
-    """The attention context of a head's C++ call over x [1, T, ...] at positions [1, T],
-    or None where the C++ layer or the few-row product over ``product`` (which the module
-    path reads through linear()) would not apply."""
-    layer = head.layers[0]
-    ctx = AttentionContext(kv_caches, slot_ids, positions, kv_len)
-    if (x.dim() != 3 or not layer.self_attn.attn.cpu_kernel_applies(ctx, x) or not use_cpu_linear_kernel(x, product)
-            or has_exact_int8_copy(product) or needs_autograd(x, layer.self_attn.qkv_proj.weight)):
-        return None
-    return ctx
 
 
 def _cpu_step_context(layer, h: torch.Tensor):

@@ -674,41 +674,6 @@ torch::Tensor eagle3_draft_rows(torch::Tensor h, int64_t k, const torch::Tensor&
   return drafts;
 }
 
-// An EAGLE-3 head's catch-up pass for T <= 8 verified tokens of one sequence: fc over the
-// target's aux hidden states aux [T, n H_t] (the head's combine without its optional
-// norms), the tokens' embedding rows (a zero row for a negative token: the padding past
-// the accepted run), then eagle3_layer_rows at their positions. The module path's calls
-// (EagleProposer._catch_up on the CPU), so the same bits, without its Python. -> [T, H].
-torch::Tensor eagle3_catch_up_rows(const torch::Tensor& aux, const torch::Tensor& w_fc, const torch::Tensor& tokens,
-                                   const torch::Tensor& embed, const torch::Tensor& norm_e, double eps_e,
-                                   const torch::Tensor& norm_h, double eps_h, bool norm_before_residual,
-                                   const torch::Tensor& w_qkv, const torch::Tensor& w_o, const torch::Tensor& norm2,
-                                   double eps2, const torch::Tensor& w_gate_up, const torch::Tensor& w_down,
-                                   const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor k_cache,
-                                   torch::Tensor v_cache, int64_t slot, const torch::Tensor& cache_positions,
-                                   int64_t kv_len, int64_t num_heads, int64_t num_kv_heads, double scale) {
-  const int64_t T = aux.size(0);
-  TORCH_CHECK(tokens.scalar_type() == torch::kLong && tokens.is_contiguous() && tokens.numel() == T,
-              "eagle3_catch_up_rows: tokens [", T, "] int64 for aux ", aux.sizes(), ", got ", tokens.scalar_type(),
-              " ", tokens.sizes());
-  torch::Tensor hidden = few_row_linear(aux, w_fc);
-  const int64_t H = hidden.size(1);
-  TORCH_CHECK(embed.dim() == 2 && embed.scalar_type() == torch::kFloat && embed.is_contiguous() && embed.size(1) == H,
-              "eagle3_catch_up_rows: a contiguous float32 embedding [V, ", H, "], got ", embed.scalar_type(), " ",
-              embed.sizes());
-  auto embeds = torch::zeros({T, H}, hidden.options());
-  const int64_t* ids = tokens.data_ptr<int64_t>();
-  for (int64_t t = 0; t < T; ++t) {
-    if (ids[t] < 0) continue;
-    TORCH_CHECK(ids[t] < embed.size(0), "eagle3_catch_up_rows: token ", ids[t], " outside the embedding's ",
-                embed.size(0), " rows");
-    std::memcpy(embeds.data_ptr<float>() + t * H, embed.data_ptr<float>() + ids[t] * H, H * sizeof(float));
-  }
-  return eagle3_layer_rows(embeds, norm_e, eps_e, hidden, norm_h, eps_h, norm_before_residual, w_qkv, w_o, norm2, eps2,
-                           w_gate_up, w_down, cos, sin, k_cache, v_cache, slot, cache_positions, kv_len, num_heads,
-                           num_kv_heads, scale);
-}
-
 // Attention of T <= 8 tokens of one sequence (cache row ``slot``) over their cache:
 // q [T, num_heads * d] (roped; the tokens' keys and values already written at their
 // cache positions), causal by cache position up to kv_len. cache_attention_rows, the
@@ -736,8 +701,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("eagle3_layer_rows", &eagle3_layer_rows,
         "an EAGLE-3 head's first decoder layer for a few float32 tokens (CPU)");
   m.def("eagle3_draft_rows", &eagle3_draft_rows, "an EAGLE-3 head's greedy drafts for one float32 sequence (CPU)");
-  m.def("eagle3_catch_up_rows", &eagle3_catch_up_rows,
-        "an EAGLE-3 head's catch-up pass over a few float32 verified tokens (CPU)");
   m.def("few_row_linear", &few_row_linear, "y = x @ w^T for a few float32 rows (CPU)");
   m.def("few_row_linear_int8", &few_row_linear_int8, "few_row_linear from a weight's exact int8 blocks (CPU)");
   m.def("rms_norm_rows", &rms_norm_rows, "RMSNorm of a few float32 rows (CPU)");
