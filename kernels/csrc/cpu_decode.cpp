@@ -634,9 +634,9 @@ torch::Tensor eagle3_layer_rows(const torch::Tensor& embeds, const torch::Tensor
 
 // An EAGLE-3 head's K greedy drafts for one sequence from its hidden state h [1, H]: per
 // draft the final norm, the lm_head over the draft vocabulary, the first largest logit
-// (at::argmax, as the module path takes it) mapped to the target's id (+ d2t), and but
-// after the last one the token's embedding row and eagle3_layer_rows at the next
-// position (cos / sin [K - 1, d/2], cache_positions [K - 1]), writing the head's cache.
+// (at::argmax, as the module path takes it) mapped to the target's id (+ d2t), and after
+// every draft but the last the token's embedding row through eagle3_layer_rows at the
+// next position (cos / sin [K - 1, d/2], cache_positions [K - 1]), writing the head's cache.
 // The calls and their order are the module path's (EagleProposer._draft_chain on the
 // CPU), so the same bits; one call instead of K passes of Python that cost a CPU step
 // more than the head's arithmetic. -> the K target ids, int64.
