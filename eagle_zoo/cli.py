@@ -149,7 +149,9 @@ def is_user_error(exc: BaseException) -> bool:
     a bug: the library raises ValueError (and its own subclasses) for a bad option, value,
     file or checkpoint, the OS errors of a missing or occupied path, and a few RuntimeErrors
     of its own (a hub id that cannot be resolved, a plugin, the default target, a head that
-    needs its target). The command line prints these as one line and exits 2."""
+    needs its target), and an unknown catalog id. The command line prints these as one line
+    and exits 2."""
+    from .catalog import UnknownCatalogId
     from .default_target import DefaultTargetError
     from .hub import HubError
     from .models.heads import HeadNeedsTargetError
@@ -157,7 +159,7 @@ def is_user_error(exc: BaseException) -> bool:
 
     return isinstance(exc, (ValueError, NotImplementedError, FileNotFoundError, FileExistsError, NotADirectoryError,
                             IsADirectoryError, PermissionError, HubError, PluginError, DefaultTargetError,
-                            HeadNeedsTargetError))
+                            HeadNeedsTargetError, UnknownCatalogId))
 
 
 def _entry(module_name: str, kind: str, command: str):

@@ -284,7 +284,7 @@ def test_engine_arguments_that_would_change_results_are_refused(target, kwargs, 
     ({"seed": "x"}, "seed must be an integer, got 'x'"),
     ({"seed": 1.5}, "seed must be an integer, got 1.5"),
     ({"enforce_eager": "no"}, "enforce_eager must be True or False, got 'no'"),
-    ({"async_scheduling": "yes"}, "async_scheduling must be True or False, got 'yes'"),
+    ({"async_scheduling": "yes"}, "async_scheduling must be True, False or None (the default), got 'yes'"),
     ({"device": "tpu"}, "device='tpu' is not a device"),
     ({"device": "meta"}, "device='meta': this engine runs on 'cpu' or 'cuda'"),
 ])

@@ -72,9 +72,10 @@ def check_own_args(max_model_len, max_num_seqs, seed, enforce_eager, async_sched
             raise ValueError(f"{name} must be an integer >= 1 (or None for the default), got {value!r}")
     if not integer(seed):
         raise ValueError(f"seed must be an integer, got {seed!r}")
-    for name, value in (("enforce_eager", enforce_eager), ("async_scheduling", async_scheduling)):
-        if not isinstance(value, bool) and not (value is None and name == "async_scheduling"):
-            raise ValueError(f"{name} must be True or False, got {value!r}")
+    if not isinstance(enforce_eager, bool):
+        raise ValueError(f"enforce_eager must be True or False, got {enforce_eager!r}")
+    if async_scheduling is not None and not isinstance(async_scheduling, bool):
+        raise ValueError(f"async_scheduling must be True, False or None (the default), got {async_scheduling!r}")
 
 
 def default_async_scheduling(device: torch.device, tensor_parallel_size: int) -> bool:

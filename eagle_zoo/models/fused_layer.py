@@ -263,7 +263,7 @@ def cpu_eagle3_drafts(head, hidden: torch.Tensor, positions: torch.Tensor, kv_ca
     lm_head call would not apply (the module path then runs)."""
     layer, lm_head = head.layers[0], head.lm_head.weight
     ctx = AttentionContext(kv_caches, slot_ids, positions, kv_len)
-    if (hidden.dim() != 2 or not layer.self_attn.attn.cpu_kernel_applies(ctx, hidden.unsqueeze(1))
+    if (not layer.self_attn.attn.cpu_kernel_applies(ctx, hidden.unsqueeze(1))
             or not use_cpu_linear_kernel(hidden, lm_head) or has_exact_int8_copy(lm_head)
             or needs_autograd(hidden, layer.self_attn.qkv_proj.weight)):
         return None
