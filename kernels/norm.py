@@ -23,14 +23,20 @@ def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
 
 
 @triton.jit
+def _store_normed(x, W, Y, cols, mask, N, eps):
+    # x: the row in float32 (zeros past N); Y: the row's output
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / N + eps)
+    normed = (x * rstd).to(Y.dtype.element_ty).to(tl.float32)  # rounded like the reference
+    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Y + cols, (w * normed).to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _norm_row(X, W, Y, row, sx, sy, N, eps, BLOCK: tl.constexpr):
     cols = tl.arange(0, BLOCK)
     mask = cols < N
     x = tl.load(X + row * sx + cols, mask=mask, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / N + eps)
-    normed = (x * rstd).to(Y.dtype.element_ty).to(tl.float32)  # rounded like the reference
-    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(Y + row * sy + cols, (w * normed).to(Y.dtype.element_ty), mask=mask)
+    _store_normed(x, W, Y + row * sy, cols, mask, N, eps)
 
 
 @triton.jit
@@ -62,6 +68,44 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
         _rms_norm_kernel[(rows.shape[0],)](rows, weight, out, rows.stride(0), out.stride(0), n, eps,
                                            BLOCK=triton.next_power_of_2(n), **pdl_launch(x))
     return out.view(x.shape)
+
+
+@triton.jit
+def _add_rms_norm_kernel(X, R, W, S, Y, sx, sr, ss, sy, N, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(X + row * sx + cols, mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(R + row * sr + cols, mask=mask, other=0.0).to(tl.float32)
+    s = (x + r).to(S.dtype.element_ty)  # the sum rounded as torch's add rounds it
+    tl.store(S + row * ss + cols, s, mask=mask)
+    _store_normed(s.to(tl.float32), W, Y + row * sy, cols, mask, N, eps)
+
+
+def add_rms_norm_torch(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    s = x + residual
+    return s, rms_norm_torch(s, weight, eps)
+
+
+def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + residual, rms_norm(x + residual)) in one launch, the sum with torch's add's
+    bits and its norm with rms_norm_triton's: a decoder layer's residual add and the norm
+    after it, where the product before them is cuBLAS's (models/fused_layer.py
+    wide_layer_kernels) and cannot take the add as its epilogue."""
+    n = x.shape[-1]
+    rows, res = x.reshape(-1, n), residual.reshape(-1, n)
+    s = torch.empty_like(rows)
+    y = torch.empty_like(rows)
+    if rows.shape[0]:
+        _add_rms_norm_kernel[(rows.shape[0],)](rows, res, weight, s, y, rows.stride(0), res.stride(0), s.stride(0),
+                                               y.stride(0), n, eps, BLOCK=triton.next_power_of_2(n),
+                                               **pdl_launch(x))
+    return s.view(x.shape), y.view(x.shape)
 
 
 def rms_norm_pair_torch(x1: torch.Tensor, w1: torch.Tensor, eps1: float, x2: torch.Tensor, w2: torch.Tensor,

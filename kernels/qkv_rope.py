@@ -20,6 +20,13 @@ step's size (batch invariance).
 Why: at batch 1 a small model's step costs per launch (linear.py), and rope and the KV
 write are a few hundred multiplies a token, cheaper as the product's epilogue than as a
 launch of their own.
+
+rope_write_kv_triton(qkv [B,T,(hq + 2 hk) d], cos, sin, k_cache, v_cache, slot_ids,
+cache_positions, hq, hk) -> rotated q: the same epilogue as a launch of its own, after a
+product the linear kernel does not take (weights wider than linear.py's MAX_K, run by
+cuBLAS: models/fused_layer.py wide_layer_kernels), where the module path takes two (rope,
+then the KV write). q and k have rope_neox_triton's bits (the same rotation code), v is
+copied: exactly rope_neox_triton then write_kv_triton. One program per token.
 """
 from __future__ import annotations
 
@@ -27,8 +34,9 @@ from typing import Optional
 
 import torch
 
-from ._triton import pdl_launch, tl, triton
+from ._triton import gdc_launch_dependents, gdc_wait, pdl_launch, tl, triton
 from .linear import _product, row_block, tile_config
+from .rope import _rotate_heads
 
 
 @triton.jit(do_not_specialize=["M", "T", "spb"])
@@ -95,10 +103,7 @@ def qkv_rope_write_kv_triton(x: torch.Tensor, weight: torch.Tensor, cos: torch.T
     """The module doc's function (the caller checks the case: linear.py use_linear_kernel
     for x and the weights, contiguous caches of x's dtype with unit stride in d)."""
     B, T, K = x.shape
-    d = weight.shape[0] // (hq + 2 * hk)
-    if d * (hq + 2 * hk) != weight.shape[0] or d % 2 or k_cache.shape[-1] != d or v_cache.shape[-1] != d:
-        raise ValueError(f"qkv_rope_write_kv_triton: weight {tuple(weight.shape)} must hold {hq} q and {hk} k and "
-                         f"v heads of one even head size, the caches' ({k_cache.shape[-1]}, {v_cache.shape[-1]})")
+    d = _head_size("qkv_rope_write_kv_triton: weight", weight.shape[0], hq, hk, k_cache, v_cache)
     rows = x.reshape(-1, K)
     M = rows.shape[0]
     qo = torch.empty((B, T, hq, d), dtype=x.dtype, device=x.device)
@@ -119,5 +124,69 @@ def qkv_rope_write_kv_triton(x: torch.Tensor, weight: torch.Tensor, cos: torch.T
             cache_positions.stride(0), cache_positions.stride(1),
             HALF=d // 2, HAS_NORM=norm_weight is not None, IEEE=x.dtype == torch.float32,
             BLOCK_M=block_m, **cfg, **pdl_launch(x),
+        )
+    return qo
+
+
+def _head_size(what: str, width: int, hq: int, hk: int, k_cache: torch.Tensor, v_cache: torch.Tensor) -> int:
+    """The head size d of a qkv width holding hq q and hk k and v heads, checked against the caches'."""
+    d = width // (hq + 2 * hk)
+    if d * (hq + 2 * hk) != width or d % 2 or k_cache.shape[-1] != d or v_cache.shape[-1] != d:
+        raise ValueError(f"{what} of width {width} must hold {hq} q and {hk} k and v heads of one even head "
+                         f"size, the caches' ({k_cache.shape[-1]}, {v_cache.shape[-1]})")
+    return d
+
+
+@triton.jit(do_not_specialize=["T", "spb"])
+def _rope_write_kv_kernel(QKV, QO, KC, VC, COS, SIN, SLOT, POS, T, hq, hk, max_len,
+                          sxb, sxt, sqb, sqt, sqh, sks, skl, skh, svs, svl, svh, scb, sct, ssb, sst, sslot, spb, spt,
+                          HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
+                          BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # kernels/_triton.py: nothing of the kernels before is read until they are done
+        gdc_wait()
+        gdc_launch_dependents()
+    D: tl.constexpr = 2 * HALF
+    pid = tl.program_id(0)  # (b, t)
+    b = (pid // T).to(tl.int64)
+    t = (pid % T).to(tl.int64)
+    x = QKV + b * sxb + t * sxt  # the token's q heads, then k, then v, each D wide
+    d = tl.arange(0, BLOCK_D)[None, :]
+    c = tl.load(COS + b * scb + t * sct + d, mask=d < HALF, other=0.0)
+    s = tl.load(SIN + b * ssb + t * sst + d, mask=d < HALF, other=0.0)
+    dt = QO.dtype.element_ty
+    c = c.to(dt).to(tl.float32)  # rope.py's kernel: the angles rounded to the activation dtype
+    s = s.to(dt).to(tl.float32)
+    _rotate_heads(x, QO + b * sqb + t * sqt, D, sqh, hq, c, s, HALF, BLOCK_HQ, BLOCK_D)
+    slot = tl.load(SLOT + b * sslot).to(tl.int64)
+    pos = tl.load(POS + b * spb + t * spt).to(tl.int64)
+    heads = tl.where((pos >= 0) & (pos < max_len), hk, 0)  # a column outside the cache writes nothing
+    _rotate_heads(x + hq * D, KC + slot * sks + pos * skl, D, skh, heads, c, s, HALF, BLOCK_HK, BLOCK_D)
+    h = tl.arange(0, BLOCK_HK)[:, None]
+    e = tl.arange(0, 2 * BLOCK_D)[None, :]
+    vmask = (h < heads) & (e < D)
+    v = tl.load(x + (hq + hk) * D + h * D + e, mask=vmask)
+    tl.store(VC + slot * svs + pos * svl + h * svh + e, v, mask=vmask)
+
+
+def rope_write_kv_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                         v_cache: torch.Tensor, slot_ids: torch.Tensor, cache_positions: torch.Tensor,
+                         hq: int, hk: int) -> torch.Tensor:
+    """The module doc's second function (the caller checks the case: qkv with unit stride
+    in its last dim, contiguous caches of its dtype with unit stride in d)."""
+    B, T, width = qkv.shape
+    d = _head_size("rope_write_kv_triton: qkv", width, hq, hk, k_cache, v_cache)
+    qo = torch.empty((B, T, hq, d), dtype=qkv.dtype, device=qkv.device)
+    if B * T:
+        cos = cos.expand(B, T, 1, d // 2)
+        sin = sin.expand(B, T, 1, d // 2)
+        _rope_write_kv_kernel[(B * T,)](
+            qkv, qo, k_cache, v_cache, cos, sin, slot_ids, cache_positions, T, hq, hk, k_cache.shape[1],
+            qkv.stride(0), qkv.stride(1), qo.stride(0), qo.stride(1), qo.stride(2),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1), slot_ids.stride(0),
+            cache_positions.stride(0), cache_positions.stride(1),
+            HALF=d // 2, BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HK=triton.next_power_of_2(hk),
+            BLOCK_D=triton.next_power_of_2(d // 2), **pdl_launch(qkv),
         )
     return qo

@@ -270,6 +270,29 @@ def test_rms_norm_triton_matches_reference_and_is_batch_invariant(device, hidden
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_add_rms_norm_triton_is_the_add_then_the_norm(device):
+    """A wide layer's residual add and the norm after it in one launch: the sum with
+    torch's add's bits, its norm with rms_norm_triton's, also from a strided residual;
+    a row's bits do not depend on the others."""
+    from eagle_zoo.kernels.norm import add_rms_norm_torch, add_rms_norm_triton
+
+    g = torch.Generator().manual_seed(12)
+    for dtype in _dtypes(device):
+        x = torch.randn(2, 3, 96, generator=g).to(_dev(device), dtype)
+        r = torch.randn(2, 3, 2 * 96, generator=g).to(_dev(device), dtype)[..., :96]  # rows 192 apart
+        w = (1 + 0.1 * torch.randn(96, generator=g)).to(_dev(device), dtype)
+        s, y = add_rms_norm_triton(x, r, w, 1e-5)
+        assert s.shape == y.shape == x.shape and s.dtype == y.dtype == dtype
+        assert torch.equal(s, x + r)
+        assert torch.equal(y, rms_norm_triton(x + r, w, 1e-5))
+        ref_s, ref_y = add_rms_norm_torch(x, r, w, 1e-5)
+        assert torch.equal(s, ref_s)
+        _close(y, ref_y, dtype)
+        alone = add_rms_norm_triton(x[1:2, 2:3], r[1:2, 2:3], w, 1e-5)
+        assert torch.equal(alone[0][0, 0], s[1, 2]) and torch.equal(alone[1][0, 0], y[1, 2])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_rms_norm_pair_triton_is_two_norms_side_by_side(device):
     """An EAGLE-3 head layer's input in one launch: each half has rms_norm_triton's bits
     for its own input, weight and eps, also from a strided input."""
@@ -549,6 +572,38 @@ def test_qkv_rope_write_kv_matches_the_separate_kernels_and_is_batch_invariant(d
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_rope_write_kv_is_rope_then_the_kv_write(device):
+    """kernels/qkv_rope.py rope_write_kv: rope and the KV write after a product of its
+    own, in one launch, exactly rope_neox_triton then write_kv_triton (the same rotation
+    code; v copied), with 9 q and 3 k/v heads of 64 and with 4 and 2 heads of 16; a
+    cache column outside the cache writes nothing."""
+    from eagle_zoo.kernels.qkv_rope import rope_write_kv_triton
+
+    dev = _dev(device)
+    for dtype in _dtypes(device):
+        for hq, hk, d in ((9, 3, 64), (4, 2, 16)):
+            _, _, cos, sin = _rope_problem(dev, dtype, hq=hq, hk=hk, d=d)
+            g = torch.Generator().manual_seed(13)
+            qkv = torch.randn(2, 3, (hq + 2 * hk) * d, generator=g).to(dev, dtype)
+            caches = (torch.randn(4, 400, hk, d, generator=g).to(dev, dtype),
+                      torch.randn(4, 400, hk, d, generator=g).to(dev, dtype))
+            slots = torch.tensor([2, 0], device=dev)
+            pos = torch.tensor([[0, 7, 400], [5, 6, 7]], device=dev)  # 400: outside the cache
+            kc, vc = caches[0].clone(), caches[1].clone()
+            q = rope_write_kv_triton(qkv, cos, sin, kc, vc, slots, pos, hq, hk)
+            heads = qkv.view(2, 3, hq + 2 * hk, d)
+            q2, k2 = rope_neox_triton(heads[:, :, :hq], heads[:, :, hq:hq + hk], cos, sin)
+            kc2, vc2 = caches[0].clone(), caches[1].clone()
+            write_kv_triton(kc2, vc2, k2, heads[:, :, hq + hk:], slots, pos)
+            assert torch.equal(q, q2)
+            assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+            written = torch.zeros(4, 400, dtype=torch.bool, device=dev)
+            written[2, [0, 7]] = written[0, [5, 6, 7]] = True
+            assert torch.equal(kc[~written], caches[0][~written]) and torch.equal(vc[~written], caches[1][~written])
+            assert not torch.equal(kc[written], caches[0][written])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_qkv_rope_write_kv_rows_are_the_same_in_a_step_of_wide_row_blocks(device):
     """A step of 16 sequences x 4 tokens (64 rows: row_block's 32 rows a program) gives
     each sequence's q and cache rows the bits it gets alone (4 rows: BLOCK_M a program)."""
@@ -608,6 +663,70 @@ def test_fused_decoder_layer_matches_the_module_path(device):
     assert layer_supports_fusion(layer)
     _check_against_the_module_path(dev, 7, 1, lambda positions, h, ctx: fused_layer_kernels(layer, positions, h, ctx),
                                    layer)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_wide_decoder_layer_matches_the_module_path(device):
+    """fused_layer.py's regrouping around cuBLAS products (wide_layer_kernels, for weights
+    wider than the linear kernel takes) against the module path: output and KV cache
+    for a decode and a verification step."""
+    from eagle_zoo.models.fused_layer import wide_layer_kernels
+
+    dev = _dev(device)
+    layer = _tiny_llama_layer(dev, torch.float32)
+    _check_against_the_module_path(dev, 7, 1, lambda positions, h, ctx: wide_layer_kernels(layer, positions, h, ctx),
+                                   layer)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("norm_before_residual", [False, True])
+def test_wide_eagle3_layer_matches_the_module_path(device, norm_before_residual):
+    from eagle_zoo.models.fused_layer import wide_eagle3_layer_kernels
+
+    dev = _dev(device)
+    layer = _tiny_eagle3_layer(dev, torch.float32, norm_before_residual)
+    _check_against_the_module_path(
+        dev, 9, 2, lambda positions, embeds, hidden, ctx: wide_eagle3_layer_kernels(layer, positions, embeds,
+                                                                                     hidden, ctx), layer)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(INTERPRET or not HAS_CUDA or not HAS_TRITON, reason="needs CUDA and triton")
+@pytest.mark.parametrize("eagle3", [False, True])
+def test_layers_too_wide_for_the_linear_kernel_take_the_wide_path(monkeypatch, eagle3):
+    """With the linear kernel's MAX_K below the layer's width, a decode step's layer call
+    runs wide_layer_kernels (wide_eagle3_layer_kernels for a head layer) and gives the
+    module path's output; with it above, the linear kernel's path."""
+    from eagle_zoo.kernels import linear
+    from eagle_zoo.models import fused_layer
+    from eagle_zoo.models.attention import AttentionContext, use_context
+
+    layer = _tiny_eagle3_layer("cuda", torch.float32, False) if eagle3 else _tiny_llama_layer("cuda", torch.float32)
+    fused_layer.choose_decode_paths(layer)
+    assert layer.fused_decode
+    wide_name = "wide_eagle3_layer_kernels" if eagle3 else "wide_layer_kernels"
+    narrow_name = "fused_eagle3_layer_kernels" if eagle3 else "fused_layer_kernels"
+    calls = []
+    for name in (wide_name, narrow_name):
+        real = getattr(fused_layer, name)
+        monkeypatch.setattr(fused_layer, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+    g = torch.Generator().manual_seed(5)
+    inputs = [torch.randn(1, 1, 64, generator=g).cuda() for _ in range(2 if eagle3 else 1)]
+    positions = torch.tensor([[3]], device="cuda")
+    for max_k, expected in ((32, wide_name), (2048, narrow_name)):
+        monkeypatch.setattr(linear, "MAX_K", max_k)
+        outs = []
+        for kernels_on in (True, False):
+            caches = [(torch.zeros(1, 8, 2, 16, device="cuda"), torch.zeros(1, 8, 2, 16, device="cuda"))]
+            with torch.no_grad(), use_context(AttentionContext(caches, torch.tensor([0], device="cuda"),
+                                                               positions, 4)):
+                if kernels_on:
+                    outs.append(layer(positions, *inputs))
+                else:
+                    with patch_kernels_off():
+                        outs.append(layer(positions, *inputs))
+        assert calls.pop() == expected and not calls
+        torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-5)
 
 
 def _check_against_the_module_path(dev, seed: int, num_inputs: int, fused, layer):

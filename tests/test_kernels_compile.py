@@ -23,8 +23,8 @@ from eagle_zoo.kernels import (argmax_rows_triton, cache_attention_triton, chain
                                tree_accept_greedy_triton, tree_expand_triton, tree_select_triton, write_kv_triton)
 from eagle_zoo.kernels._triton import HAS_TRITON
 from eagle_zoo.kernels.linear import fused_linear_triton
-from eagle_zoo.kernels.norm import rms_norm_pair_triton
-from eagle_zoo.kernels.qkv_rope import qkv_rope_write_kv_triton
+from eagle_zoo.kernels.norm import add_rms_norm_triton, rms_norm_pair_triton
+from eagle_zoo.kernels.qkv_rope import qkv_rope_write_kv_triton, rope_write_kv_triton
 from eagle_zoo.kernels.step_outputs import step_outputs_triton
 from eagle_zoo.kernels.embedding import embedding_triton
 from eagle_zoo.kernels.gather_rows import gather_rows_triton
@@ -126,12 +126,17 @@ def test_the_layer_op_kernels_compile(hopper, dtype):
     w = torch.ones(96, dtype=dtype)
     rms_norm_triton(x, w, 1e-6)
     rms_norm_pair_triton(x, w, 1e-6, x, w, 1e-5)
+    add_rms_norm_triton(x, x, w, 1e-6)
     silu_and_mul_triton(x)
     rope_neox_triton(*tk._rope_problem("cpu", dtype))
+    _, _, cos, sin = tk._rope_problem("cpu", dtype)
+    rope_write_kv_triton(torch.randn(2, 3, 15 * 64).to(dtype), cos, sin, torch.zeros(4, 400, 3, 64, dtype=dtype),
+                         torch.zeros(4, 400, 3, 64, dtype=dtype), torch.tensor([2, 0]),
+                         torch.tensor([[0, 7, 9], [5, 6, 7]]), 9, 3)
     rope_angles_triton(torch.tensor([[5, 9]]), torch.rand(32), 0.5)
     embedding_triton(torch.tensor([[5, 9]]), torch.randn(12, 96).to(dtype))
-    assert set(hopper) == {"_rms_norm_kernel", "_rms_norm_pair_kernel", "_silu_and_mul_kernel", "_rope_neox_kernel",
-                           "_rope_angles_kernel", "_embedding_kernel"}
+    assert set(hopper) == {"_rms_norm_kernel", "_rms_norm_pair_kernel", "_add_rms_norm_kernel", "_silu_and_mul_kernel",
+                           "_rope_neox_kernel", "_rope_write_kv_kernel", "_rope_angles_kernel", "_embedding_kernel"}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

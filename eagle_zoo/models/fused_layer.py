@@ -16,6 +16,12 @@ small model costs per kernel, not per byte, so the same layer is regrouped here:
 Roundings as kernels/linear.py says (the norm folded into the product, so in bf16 not the
 module path's bits), and every kernel is batch invariant, so plain decoding, chain
 verification and tree verification agree bit for bit.
+
+Products wider than the linear kernel takes (linear.py MAX_K inputs: a Llama-3.1-8B's)
+stay cuBLAS's, and the small kernels around them are regrouped instead
+(wide_layer_kernels): rope with the KV write, the residual add with the norm after it,
+the last residual added by the product. cuBLAS picks its kernel by the rows, so there
+verification can round otherwise than plain decoding (BENCHMARKS.md, "Losslessness").
 Whether a layer can take this path is decided once, when an engine's ModelRunner takes
 the model (choose_decode_paths: exactly the Llama layer, as in Llama, SmolLM2,
 Mistral-style targets and EAGLE-1 heads built on it, on one rank, without biases); per
@@ -32,13 +38,15 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 from eagle_zoo.kernels import cpu_decode
-from eagle_zoo.kernels._triton import needs_autograd
+from eagle_zoo.kernels._triton import needs_autograd, use_triton
+from eagle_zoo.kernels.activation import silu_and_mul_triton
 from eagle_zoo.kernels.attention import cache_attention_triton
 from eagle_zoo.kernels.linear import MAX_K, fused_linear_triton, use_linear_kernel
-from eagle_zoo.kernels.norm import rms_norm_pair_triton
-from eagle_zoo.kernels.qkv_rope import qkv_rope_write_kv_triton
+from eagle_zoo.kernels.norm import MAX_TRITON_HIDDEN, add_rms_norm_triton, rms_norm_pair_triton, rms_norm_triton
+from eagle_zoo.kernels.qkv_rope import qkv_rope_write_kv_triton, rope_write_kv_triton
 
 from .attention import KERNEL_MAX_T, AttentionContext, get_context, single_slot
 from .layers import RMSNorm, cpu_layer_weight, has_exact_int8_copy, use_cpu_linear_kernel
@@ -96,12 +104,17 @@ def stack_supports_cpu_call(layers) -> bool:
 
 def fused_decoder_layer(layer, positions: torch.Tensor, h: torch.Tensor) -> Optional[torch.Tensor]:
     """The output of a layer that chose this path (layer_supports_fusion) through the
-    regrouped kernels, or None when they do not apply to this call (prefill-sized steps,
-    no engine context). On the CPU: the whole layer in one C++ call (cpu_decoder_layer)."""
+    regrouped kernels (wide_layer_kernels where its products are too wide for the linear
+    kernel), or None when they do not apply to this call (prefill-sized steps, no engine
+    context). On the CPU: the whole layer in one C++ call (cpu_decoder_layer)."""
     if not h.is_cuda:
         return cpu_decoder_layer(layer, positions, h)
-    ctx = _cuda_step_context(layer, h, layer.input_layernorm.weight)
-    return None if ctx is None else fused_layer_kernels(layer, positions, h, ctx)
+    ctx = _cuda_step_context(layer, h)
+    if ctx is None:
+        return None
+    if _linear_kernel_products(layer, h, layer.input_layernorm.weight):
+        return fused_layer_kernels(layer, positions, h, ctx)
+    return wide_layer_kernels(layer, positions, h, ctx) if _wide_products(layer, h) else None
 
 
 def fused_eagle3_layer(layer, positions: torch.Tensor, embeds: torch.Tensor,
@@ -113,31 +126,48 @@ def fused_eagle3_layer(layer, positions: torch.Tensor, embeds: torch.Tensor,
         return None
     if not hidden.is_cuda:
         return cpu_eagle3_layer(layer, positions, embeds, hidden)
-    if 2 * hidden.shape[-1] > MAX_K:  # the qkv product reads both halves
+    ctx = _cuda_step_context(layer, hidden)
+    if ctx is None:
         return None
-    ctx = _cuda_step_context(layer, hidden, layer.input_layernorm.weight, layer.hidden_norm.weight)
-    return None if ctx is None else fused_eagle3_layer_kernels(layer, positions, embeds, hidden, ctx)
+    norms = (layer.input_layernorm.weight, layer.hidden_norm.weight)
+    if 2 * hidden.shape[-1] <= MAX_K and _linear_kernel_products(layer, hidden, *norms):  # qkv reads both halves
+        return fused_eagle3_layer_kernels(layer, positions, embeds, hidden, ctx)
+    if _wide_products(layer, hidden, *norms):
+        return wide_eagle3_layer_kernels(layer, positions, embeds, hidden, ctx)
+    return None
 
 
-def _cuda_step_context(layer, h: torch.Tensor, *norm_weights: torch.Tensor):
-    """The engine step's AttentionContext where the regrouped kernels apply to this call:
-    a decode-shaped step (at most KERNEL_MAX_T tokens), weights the linear kernel takes,
-    caches of h's dtype with unit stride in d; else None."""
+def _cuda_step_context(layer, h: torch.Tensor):
+    """The engine step's AttentionContext where the regrouped kernels can apply to this
+    call: a decode-shaped step (at most KERNEL_MAX_T tokens) and caches of h's dtype with
+    unit stride in d (what kernels/qkv_rope.py writes); else None. Which products the
+    layer takes is the caller's choice after it."""
     ctx = get_context()
     if ctx is None or h.dim() != 3 or h.shape[1] > KERNEL_MAX_T:
         return None
-    attn, mlp = layer.self_attn, layer.mlp
-    if not (use_linear_kernel(h, attn.qkv_proj.weight, *norm_weights, attn.o_proj.weight)
-            and use_linear_kernel(h, mlp.gate_up_proj.weight, layer.post_attention_layernorm.weight,
-                                  mlp.down_proj.weight)):
-        return None
-    k_cache, v_cache = ctx.kv_caches[attn.attn.layer_idx]
-    # Caches of the activations' dtype with unit stride in d, the angles float32
-    # (RotaryEmbedding): what kernels/qkv_rope.py needs besides the linear kernel's case.
+    k_cache, v_cache = ctx.kv_caches[layer.self_attn.attn.layer_idx]
     if not (k_cache.is_cuda and k_cache.dtype == v_cache.dtype == h.dtype
             and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1):
         return None
     return ctx
+
+
+def _linear_kernel_products(layer, h: torch.Tensor, *norm_weights: torch.Tensor) -> bool:
+    """Every product of the layer is the linear kernel's (kernels/linear.py use_linear_kernel)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return (use_linear_kernel(h, attn.qkv_proj.weight, *norm_weights, attn.o_proj.weight)
+            and use_linear_kernel(h, mlp.gate_up_proj.weight, layer.post_attention_layernorm.weight,
+                                  mlp.down_proj.weight))
+
+
+def _wide_products(layer, h: torch.Tensor, *norm_weights: torch.Tensor) -> bool:
+    """wide_layer_kernels' case: Triton for the small kernels (use_triton), weights and
+    norms of h's dtype, contiguous, rows no wider than the norm kernels take."""
+    attn, mlp = layer.self_attn, layer.mlp
+    tensors = (attn.qkv_proj.weight, attn.o_proj.weight, mlp.gate_up_proj.weight, mlp.down_proj.weight,
+               layer.post_attention_layernorm.weight, *norm_weights)
+    return (use_triton(h, *tensors) and h.shape[-1] <= MAX_TRITON_HIDDEN and h.stride(-1) == 1
+            and all(t.dtype == h.dtype and t.is_contiguous() for t in tensors))
 
 
 def fused_layer_kernels(layer, positions: torch.Tensor, h: torch.Tensor, ctx) -> torch.Tensor:
@@ -174,14 +204,61 @@ def _attention_and_mlp_kernels(layer, q: torch.Tensor, residual: torch.Tensor, c
     """From the rotated q on: attention (split and merge), o_proj with the residual
     added, gate_up with the norm before it and silu-and-mul after it, down_proj with its
     residual."""
-    attn, mlp, core = layer.self_attn, layer.mlp, layer.self_attn.attn
+    attn, mlp = layer.self_attn, layer.mlp
     norm2 = layer.post_attention_layernorm
-    k_cache, v_cache = ctx.kv_caches[core.layer_idx]
-    a = cache_attention_triton(q, k_cache, v_cache, ctx.slot_ids, ctx.cache_positions, ctx.kv_len, core.scale,
-                               attn_mask=ctx.attn_mask, window=core.sliding_window, tree=ctx.tree_keys).flatten(2)
-    h = fused_linear_triton(a, attn.o_proj.weight, residual=residual)
+    h = fused_linear_triton(_cache_attention(layer, q, ctx), attn.o_proj.weight, residual=residual)
     m = fused_linear_triton(h, mlp.gate_up_proj.weight, norm_weight=norm2.weight, eps=norm2.eps, gated=True)
     return fused_linear_triton(m, mlp.down_proj.weight, residual=h)
+
+
+def _cache_attention(layer, q: torch.Tensor, ctx) -> torch.Tensor:
+    """Attention of the rotated q over the layer's cache (kernels/attention.py: split and
+    merge), heads flattened."""
+    core = layer.self_attn.attn
+    k_cache, v_cache = ctx.kv_caches[core.layer_idx]
+    return cache_attention_triton(q, k_cache, v_cache, ctx.slot_ids, ctx.cache_positions, ctx.kv_len, core.scale,
+                                  attn_mask=ctx.attn_mask, window=core.sliding_window, tree=ctx.tree_keys).flatten(2)
+
+
+def wide_layer_kernels(layer, positions: torch.Tensor, h: torch.Tensor, ctx) -> torch.Tensor:
+    """The layer regrouped around products too wide for the linear kernel (MAX_K: a
+    Llama-3.1-8B's), which cuBLAS runs, in ~10 launches where the module path takes ~13
+    and cuBLAS's split-K reductions: the norm; qkv; rope and the KV write in one
+    (kernels/qkv_rope.py rope_write_kv); attention; o_proj; the residual add and the norm
+    after it in one (kernels/norm.py add_rms_norm); gate_up; silu-and-mul; down_proj with
+    the residual added by the product itself (cuBLAS's beta = 1: one rounding of the sum
+    where the module path rounds the product, then the sum)."""
+    norm1 = layer.input_layernorm
+    return _wide_attention_and_mlp(layer, _wide_qkv_rope(layer, positions, rms_norm_triton(h, norm1.weight, norm1.eps),
+                                                         ctx), h, ctx)
+
+
+def wide_eagle3_layer_kernels(layer, positions: torch.Tensor, embeds: torch.Tensor, hidden: torch.Tensor,
+                              ctx) -> torch.Tensor:
+    """An EAGLE-3 head layer of such a width: both input norms in one launch, as
+    fused_eagle3_layer_kernels, then wide_layer_kernels' steps."""
+    e_norm, h_norm = layer.input_layernorm, layer.hidden_norm
+    x = rms_norm_pair_triton(embeds, e_norm.weight, e_norm.eps, hidden, h_norm.weight, h_norm.eps)
+    residual = x[..., hidden.shape[-1]:] if layer.norm_before_residual else hidden
+    return _wide_attention_and_mlp(layer, _wide_qkv_rope(layer, positions, x, ctx), residual, ctx)
+
+
+def _wide_qkv_rope(layer, positions: torch.Tensor, x: torch.Tensor, ctx) -> torch.Tensor:
+    attn = layer.self_attn
+    k_cache, v_cache = ctx.kv_caches[attn.attn.layer_idx]
+    cos, sin = attn.rotary_emb._angles(positions)
+    return rope_write_kv_triton(F.linear(x, attn.qkv_proj.weight), cos, sin, k_cache, v_cache, ctx.slot_ids,
+                                ctx.cache_positions, attn.attn.num_heads, attn.attn.num_kv_heads)
+
+
+def _wide_attention_and_mlp(layer, q: torch.Tensor, residual: torch.Tensor, ctx) -> torch.Tensor:
+    attn, mlp, norm2 = layer.self_attn, layer.mlp, layer.post_attention_layernorm
+    h, x = add_rms_norm_triton(F.linear(_cache_attention(layer, q, ctx), attn.o_proj.weight), residual,
+                               norm2.weight, norm2.eps)
+    m = silu_and_mul_triton(F.linear(x, mlp.gate_up_proj.weight))
+    # h is this call's own tensor, so the product may add into it in place
+    h.view(-1, h.shape[-1]).addmm_(m.view(-1, m.shape[-1]), mlp.down_proj.weight.t())
+    return h
 
 
 def cpu_decoder_layer(layer, positions: torch.Tensor, h: torch.Tensor) -> Optional[torch.Tensor]:
