@@ -454,11 +454,10 @@ def step_cost_table(shape_name: str, *, shape: Optional[dict] = None, k: int = 3
     table = {"shape": shape_name, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
              "batch": batch, "max_model_len": max_model_len, "rows": rows,
              "plain_tokens_per_s": batch * 1e6 / plain_us}
+    table["chain_read_ratio"] = chain_read_ratio(target, head, k)
     if device.type == "cuda":
-        weight_bytes = sum(p.numel() * p.element_size() for n, p in target.named_parameters()
-                           if "embed_tokens" not in n)
         bandwidth = copy_bandwidth(device)
-        floor_us = weight_bytes / bandwidth * 1e6
+        floor_us = read_bytes(target) / bandwidth * 1e6
         table["copy_bandwidth"] = bandwidth
         table["weight_read_floor_us"] = floor_us
         table["plain_vs_floor"] = plain_us / floor_us
@@ -468,6 +467,31 @@ def step_cost_table(shape_name: str, *, shape: Optional[dict] = None, k: int = 3
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return table
+
+
+def read_bytes(model, select=lambda name: True) -> int:
+    """Bytes of the selected weights a forward reads whole: every parameter once (a tied
+    lm_head too: it shares the embedding's tensor, but is read whole where the embedding
+    is a lookup of a few rows, so only the embedding's name is left out)."""
+    seen, total = set(), 0
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if "embed_tokens" in name or id(p) in seen or not select(name):
+            continue
+        seen.add(id(p))
+        total += p.numel() * p.element_size()
+    return total
+
+
+def chain_read_ratio(target, head, k: int) -> float:
+    """The weight bytes a chain step of k drafts reads over a plain step's: the target's
+    once (verifying k + 1 rows reads them once), the EAGLE-3 head's fc once (the
+    catch-up's input) and the rest of the head once a draft (k passes, each waiting for
+    the one before). While each pass reads its weights from memory, no chain step can
+    cost less than this times a plain step of the same weight-read speed."""
+    target_bytes = read_bytes(target)
+    once = read_bytes(head, lambda name: name.startswith("fc."))
+    per_draft = read_bytes(head, lambda name: not name.startswith("fc."))
+    return (target_bytes + once + k * per_draft) / target_bytes
 
 
 def project_speedup(acceptance_profile: list[float], chain_vs_plain: float) -> dict:
@@ -503,7 +527,9 @@ def format_table(table: dict) -> str:
              f"{table['plain_tokens_per_s']:.1f} tokens/s" +
              (f"; plain step {table['plain_vs_floor']:.2f}x the weight-read floor "
               f"({table['weight_read_floor_us']:.1f} us at a measured copy bandwidth of "
-              f"{table['copy_bandwidth'] / 1e12:.2f} TB/s)" if "plain_vs_floor" in table else ""),
+              f"{table['copy_bandwidth'] / 1e12:.2f} TB/s)" if "plain_vs_floor" in table else "") +
+             (f"; a chain step reads {table['chain_read_ratio']:.3f}x a plain step's weight bytes"
+              if "chain_read_ratio" in table else ""),
              "| strategy | step us | vs plain | gpu busy us | host us | kernels | syncs | graphs us |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in table["rows"]:

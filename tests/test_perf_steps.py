@@ -130,6 +130,30 @@ def test_implicit_syncs_count_each_sync_warning_and_not_the_mode_s_own_notice():
     assert syncs.count == 2
 
 
+def test_a_chain_step_s_read_ratio_counts_the_target_once_and_the_head_once_a_draft():
+    """chain_read_ratio against the shapes counted by hand: TINY's 4 layers, its final
+    norm and its tied lm_head (read whole, though it shares the embedding's tensor);
+    the head's fc once, its layer, norms and 300-row lm_head once a draft."""
+    from eagle_zoo.perf_steps import chain_read_ratio, read_bytes
+
+    target = random_target(TINY, torch.float32, torch.device("cpu"))
+    head = random_eagle3_head(target, 300, torch.float32)
+    H, inter, d = 64, 128, 16
+    layer = H * (4 + 2 * 2) * d + H * H + 2 * inter * H + inter * H + 2 * H  # qkv, o, gate_up, down, norms
+    target_floats = 4 * layer + H + 512 * H
+    head_layer = 2 * H * (4 + 2 * 2) * d + H * H + 2 * inter * H + inter * H + 3 * H  # qkv over 2H, three norms
+    per_draft = head_layer + H + 300 * H  # the layer, the final norm, the lm_head
+    assert read_bytes(target) == 4 * target_floats
+    for k in (1, 3):
+        assert chain_read_ratio(target, head, k) == pytest.approx((target_floats + 3 * H * H + k * per_draft)
+                                                                   / target_floats)
+    table = step_cost_table("tiny", shape=TINY, k=3, dtype=torch.float32, device=torch.device("cpu"), steps=4)
+    full_vocab_head = per_draft + (512 - 300) * H  # a shape without a DRAFT_VOCAB entry drafts over all 512
+    assert table["chain_read_ratio"] == pytest.approx((target_floats + 3 * H * H + 3 * full_vocab_head)
+                                                      / target_floats)
+    assert f"a chain step reads {table['chain_read_ratio']:.3f}x a plain step's weight bytes" in format_table(table)
+
+
 def test_the_floor_line_names_the_bandwidth_it_divides_by():
     table = {"shape": "8b", "device": "cuda", "dtype": "bfloat16", "batch": 1, "rows": [], "plain_tokens_per_s": 155.8,
              "copy_bandwidth": 3.36e12, "weight_read_floor_us": 4467.3, "plain_vs_floor": 1.44}
