@@ -601,6 +601,8 @@ def test_rope_write_kv_is_rope_then_the_kv_write(device):
             written[2, [0, 7]] = written[0, [5, 6, 7]] = True
             assert torch.equal(kc[~written], caches[0][~written]) and torch.equal(vc[~written], caches[1][~written])
             assert not torch.equal(kc[written], caches[0][written])
+            with pytest.raises(ValueError, match=f"rope_write_kv_triton: qkv of width {qkv.shape[-1] - 2} must hold"):
+                rope_write_kv_triton(qkv[..., :-2], cos, sin, kc, vc, slots, pos, hq, hk)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -229,8 +229,8 @@ def wide_layer_kernels(layer, positions: torch.Tensor, h: torch.Tensor, ctx) -> 
     the residual added by the product itself (cuBLAS's beta = 1: one rounding of the sum
     where the module path rounds the product, then the sum)."""
     norm1 = layer.input_layernorm
-    return _wide_attention_and_mlp(layer, _wide_qkv_rope(layer, positions, rms_norm_triton(h, norm1.weight, norm1.eps),
-                                                         ctx), h, ctx)
+    q = _wide_qkv_rope(layer, positions, rms_norm_triton(h, norm1.weight, norm1.eps), ctx)
+    return _wide_attention_and_mlp(layer, q, h, ctx)
 
 
 def wide_eagle3_layer_kernels(layer, positions: torch.Tensor, embeds: torch.Tensor, hidden: torch.Tensor,
@@ -240,7 +240,8 @@ def wide_eagle3_layer_kernels(layer, positions: torch.Tensor, embeds: torch.Tens
     e_norm, h_norm = layer.input_layernorm, layer.hidden_norm
     x = rms_norm_pair_triton(embeds, e_norm.weight, e_norm.eps, hidden, h_norm.weight, h_norm.eps)
     residual = x[..., hidden.shape[-1]:] if layer.norm_before_residual else hidden
-    return _wide_attention_and_mlp(layer, _wide_qkv_rope(layer, positions, x, ctx), residual, ctx)
+    q = _wide_qkv_rope(layer, positions, x, ctx)
+    return _wide_attention_and_mlp(layer, q, residual, ctx)
 
 
 def _wide_qkv_rope(layer, positions: torch.Tensor, x: torch.Tensor, ctx) -> torch.Tensor:
