@@ -681,6 +681,37 @@ def test_wide_decoder_layer_matches_the_module_path(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("regrouping", ["fused_layer_kernels", "wide_layer_kernels"])
+def test_regrouped_layers_verify_a_tree_as_the_module_path_does(device, regrouping):
+    """A tree pass (EAGLE-2 verification: nodes at cache columns 4..7 after 4 cached
+    tokens, rope positions base + depth, each node seeing the history and its ancestors)
+    through either regrouping against the module path: output and KV cache."""
+    from eagle_zoo.models import fused_layer
+    from eagle_zoo.models.attention import AttentionContext, use_context
+
+    dev = _dev(device)
+    layer = _tiny_llama_layer(dev, torch.float32)
+    g = torch.Generator().manual_seed(14)
+    caches = [(torch.randn(1, 12, 2, 16, generator=g).to(dev), torch.randn(1, 12, 2, 16, generator=g).to(dev))]
+    h = torch.randn(1, 4, 64, generator=g).to(dev)
+    ancestors = torch.tensor([[[0, 0, 0], [0, 1, 0], [0, 2, 0], [0, 2, 3]]], device=dev)  # 0 <- 1, 0 <- 2 <- 3
+    depth = torch.tensor([[0, 1, 1, 2]], device=dev)
+    positions = 4 + depth
+    slots, columns = torch.tensor([0], device=dev), torch.arange(4, 8, device=dev)[None]
+    tree = (positions, torch.tensor([4], device=dev), ancestors)
+    mine = [(k.clone(), v.clone()) for k, v in caches]
+    with torch.no_grad(), use_context(AttentionContext(mine, slots, columns, 8, tree_keys=tree)) as ctx:
+        out = getattr(fused_layer, regrouping)(layer, positions, h, ctx)
+    theirs = [(k.clone(), v.clone()) for k, v in caches]
+    with torch.no_grad(), use_context(AttentionContext(theirs, slots, columns, 8, tree_keys=tree)):
+        with patch_kernels_off():
+            ref = layer(positions, h)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for a, b in zip(mine[0], theirs[0]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("norm_before_residual", [False, True])
 def test_wide_eagle3_layer_matches_the_module_path(device, norm_before_residual):
     from eagle_zoo.models.fused_layer import wide_eagle3_layer_kernels
