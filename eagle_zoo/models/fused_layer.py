@@ -161,12 +161,14 @@ def _linear_kernel_products(layer, h: torch.Tensor, *norm_weights: torch.Tensor)
 
 
 def _wide_products(layer, h: torch.Tensor, *norm_weights: torch.Tensor) -> bool:
-    """wide_layer_kernels' case: Triton for the small kernels (use_triton), weights and
-    norms of h's dtype, contiguous, rows no wider than the norm kernels take."""
+    """wide_layer_kernels' case: Triton for the small kernels (use_triton), activations in
+    float16, bfloat16 or float32 (as the linear kernel's case), weights and norms of that
+    dtype, contiguous, rows no wider than the norm kernels take."""
     attn, mlp = layer.self_attn, layer.mlp
     tensors = (attn.qkv_proj.weight, attn.o_proj.weight, mlp.gate_up_proj.weight, mlp.down_proj.weight,
                layer.post_attention_layernorm.weight, *norm_weights)
-    return (use_triton(h, *tensors) and h.shape[-1] <= MAX_TRITON_HIDDEN and h.stride(-1) == 1
+    return (use_triton(h, *tensors) and h.dtype in (torch.float16, torch.bfloat16, torch.float32)
+            and h.shape[-1] <= MAX_TRITON_HIDDEN and h.stride(-1) == 1
             and all(t.dtype == h.dtype and t.is_contiguous() for t in tensors))
 
 
