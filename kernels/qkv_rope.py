@@ -36,7 +36,7 @@ import torch
 
 from ._triton import gdc_launch_dependents, gdc_wait, pdl_launch, tl, triton
 from .linear import _product, row_block, tile_config
-from .rope import _rotate_heads
+from .rope import _rotate_heads, _token_angles
 
 
 @triton.jit(do_not_specialize=["M", "T", "spb"])
@@ -150,12 +150,7 @@ def _rope_write_kv_kernel(QKV, QO, KC, VC, COS, SIN, SLOT, POS, T, hq, hk, max_l
     b = (pid // T).to(tl.int64)
     t = (pid % T).to(tl.int64)
     x = QKV + b * sxb + t * sxt  # the token's q heads, then k, then v, each D wide
-    d = tl.arange(0, BLOCK_D)[None, :]
-    c = tl.load(COS + b * scb + t * sct + d, mask=d < HALF, other=0.0)
-    s = tl.load(SIN + b * ssb + t * sst + d, mask=d < HALF, other=0.0)
-    dt = QO.dtype.element_ty
-    c = c.to(dt).to(tl.float32)  # rope.py's kernel: the angles rounded to the activation dtype
-    s = s.to(dt).to(tl.float32)
+    c, s = _token_angles(COS, SIN, b, t, scb, sct, ssb, sst, QO.dtype.element_ty, HALF, BLOCK_D)
     _rotate_heads(x, QO + b * sqb + t * sqt, D, sqh, hq, c, s, HALF, BLOCK_HQ, BLOCK_D)
     slot = tl.load(SLOT + b * sslot).to(tl.int64)
     pos = tl.load(POS + b * spb + t * spt).to(tl.int64)

@@ -110,6 +110,16 @@ def _rotate_heads(X, Y, sxh, syh, heads, c, s, HALF: tl.constexpr, BLOCK_H: tl.c
     tl.store(Y + h * syh + HALF + d, o2.to(dt), mask=mask)
 
 
+@triton.jit
+def _token_angles(COS, SIN, b, t, scb, sct, ssb, sst, dt, HALF: tl.constexpr, BLOCK_D: tl.constexpr):
+    # A token's cos / sin [1, BLOCK_D] in float32 after rounding to the activation dtype dt,
+    # as the reference multiplies by the angles cast to that dtype.
+    d = tl.arange(0, BLOCK_D)[None, :]
+    c = tl.load(COS + b * scb + t * sct + d, mask=d < HALF, other=0.0)
+    s = tl.load(SIN + b * ssb + t * sst + d, mask=d < HALF, other=0.0)
+    return c.to(dt).to(tl.float32), s.to(dt).to(tl.float32)
+
+
 @triton.jit(do_not_specialize=["T"])  # prompt lengths vary: one compiled variant
 def _rope_neox_kernel(Q, K, QO, KO, COS, SIN, T, hq, hk,
                       sqb, sqt, sqh, skb, skt, skh, sqob, sqot, sqoh, skob, skot, skoh, scb, sct, ssb, sst,
@@ -121,14 +131,7 @@ def _rope_neox_kernel(Q, K, QO, KO, COS, SIN, T, hq, hk,
     pid = tl.program_id(0)
     b = (pid // T).to(tl.int64)
     t = (pid % T).to(tl.int64)
-    d = tl.arange(0, BLOCK_D)[None, :]
-    dmask = d < HALF
-    c = tl.load(COS + b * scb + t * sct + d, mask=dmask, other=0.0)
-    s = tl.load(SIN + b * ssb + t * sst + d, mask=dmask, other=0.0)
-    # the reference multiplies by the angles cast to the activation dtype
-    dt = QO.dtype.element_ty
-    c = c.to(dt).to(tl.float32)
-    s = s.to(dt).to(tl.float32)
+    c, s = _token_angles(COS, SIN, b, t, scb, sct, ssb, sst, QO.dtype.element_ty, HALF, BLOCK_D)
     _rotate_heads(Q + b * sqb + t * sqt, QO + b * sqob + t * sqot, sqh, sqoh, hq, c, s, HALF, BLOCK_HQ, BLOCK_D)
     _rotate_heads(K + b * skb + t * skt, KO + b * skob + t * skot, skh, skoh, hk, c, s, HALF, BLOCK_HK, BLOCK_D)
 

@@ -390,7 +390,6 @@ def test_a_bf16_eagle3_head_on_the_cpu_drafts_the_same_tokens_from_bf16_copies(t
     assert outs == outs_fp32 and len(drafts) > 5 and drafts == drafts_fp32
 
 
-
 @needs_kernel
 def test_an_eagle3_heads_drafts_in_one_call_are_the_module_paths(tmp_path, monkeypatch):
     """EagleProposer on the CPU: an EAGLE-3 head's k drafts of a step in one C++ call
