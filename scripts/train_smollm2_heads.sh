@@ -7,8 +7,7 @@
 #             prompts`, at most SYNTH_SECONDS), mixed into the broad prompt set built from
 #             SOURCES (`eagle-zoo train mix`: eleven categories, the dev set's records left out;
 #             MIX_CAPS="translation=8000 classification=5000" caps categories; MIX_SEED picks
-#             which prompts each capped category takes and their order, SYNTH_SEED the self-instruct ones;
-#             SYNTH_OPENERS=1 starts each self-instruct turn with an `eagle-zoo openers` line of that seed).
+#             which prompts each capped category takes and their order, SYNTH_SEED the self-instruct ones).
 # 1. data     the target's greedy answers (MAX_NEW_TOKENS), short prompts at GEN_BATCH rows and
 #             long-context ones (summarization, retrieval QA; up to 4k tokens) at LONG_GEN_BATCH,
 #             two processes side by side, each stopped after DATA_SECONDS.
@@ -83,14 +82,9 @@ else
 SOURCES=${SOURCES:-$REPO/plugins/eagle-zoo-smollm2-heads/training-data}
 add=()
 if [ "$SYNTH_PROMPTS" -gt 0 ]; then
-  openers=()
-  if [ "${SYNTH_OPENERS:-0}" = 1 ]; then  # each user turn starts with a request kind x subject, role play or a starter
-    ez openers --num "$SYNTH_PROMPTS" --seed "${SYNTH_SEED:-0}" > "$WORK/openers.txt" || exit 1
-    openers=(--openers-file "$WORK/openers.txt")
-  fi
   ez train prompts --target "$TARGET" --num "$SYNTH_PROMPTS" --out "$WORK/self_instruct.jsonl" \
     --device "$DEVICE" --max-seconds "$SYNTH_SECONDS" --max-new-tokens 128 --seed "${SYNTH_SEED:-0}" \
-    ${SYNTH_BATCH:+--batch-size "$SYNTH_BATCH"} ${openers[@]+"${openers[@]}"} 2>&1 | tee "$WORK/logs/prompts.log"
+    ${SYNTH_BATCH:+--batch-size "$SYNTH_BATCH"} 2>&1 | tee "$WORK/logs/prompts.log"
   [ -s "$WORK/self_instruct.jsonl" ] && add=(--add "$WORK/self_instruct.jsonl") || say "self-instruct prompts failed: the mix alone"
 fi
 caps=(); for c in ${MIX_CAPS:-}; do caps+=(--cap "$c"); done
