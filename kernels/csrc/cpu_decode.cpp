@@ -60,65 +60,28 @@ inline void prefetch_ahead(const void* p) {
   _mm_prefetch(static_cast<const char*>(p) + kPrefetchL2Bytes, _MM_HINT_T2);
 }
 
-#ifdef __AVX512F__
-// Sixteen bfloat16 weights as float32, as load_weights8 reads eight.
-inline __m512 load_weights16(const at::BFloat16* w) {
-  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-}
-// The 8-wide halves of a 16-wide vector: lanes 0-7 and 8-15.
-inline __m256 low_half(__m512 v) { return _mm512_castps512_ps256(v); }
-inline __m256 high_half(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
-#endif
-
 // Dot products of R rows a[r] with the same weight row b over K: per row four 8-wide fp32
 // accumulators over blocks of 32, one over the remaining blocks of 8, then a fixed-order
 // horizontal sum and the scalar tail. b's vectors are loaded once for the R rows
 // (verification steps are bound by these loads, not by memory), and every row runs the
 // same arithmetic whatever R is, so a row's bits do not depend on its neighbours. Its 4R
 // accumulators and four b vectors fit AVX2's sixteen registers for R <= 3, and the 32 of
-// AVX-512VL for R = 4 (kFloatGroup). A bfloat16 weight's blocks of 32 run 16 wide where
-// the build has AVX-512F: accumulators 0 and 1 (2 and 3) are the low and high halves of
-// one register, so every lane takes the same products in the same order (the same bits)
-// in half the instructions. Widening bfloat16 makes those loops bound by instructions, and
-// they gain (3 and 4 rows: ~9%); float32 weights are bound by memory, and 16 wide they
-// lost 3-5% at 2 to 4 rows (`python -m eagle_zoo.kernels.cpu_decode --against`,
-// BENCHMARKS.md "Decided by measurement").
+// AVX-512VL for R = 4 (kFloatGroup).
 template <int R, typename W>
 inline void dot_rows(const float* const* a, const W* b, int64_t K, float* const* out) {
   __m256 s[R][4];
+  for (int r = 0; r < R; ++r) s[r][0] = s[r][1] = s[r][2] = s[r][3] = _mm256_setzero_ps();
   int64_t k = 0;
-#ifdef __AVX512F__
-  if constexpr (std::is_same_v<W, at::BFloat16>) {
-    __m512 s01[R], s23[R];
-    for (int r = 0; r < R; ++r) s01[r] = s23[r] = _mm512_setzero_ps();
-    for (; k + 32 <= K; k += 32) {
-      prefetch_ahead(b + k);  // 32 weights: one 64-byte line
-      const __m512 b01 = load_weights16(b + k), b23 = load_weights16(b + k + 16);
-      for (int r = 0; r < R; ++r) {
-        s01[r] = _mm512_fmadd_ps(_mm512_loadu_ps(a[r] + k), b01, s01[r]);
-        s23[r] = _mm512_fmadd_ps(_mm512_loadu_ps(a[r] + k + 16), b23, s23[r]);
-      }
-    }
+  for (; k + 32 <= K; k += 32) {
+    prefetch_ahead(b + k);  // 32 weights: one 64-byte line of bfloat16, two of float32
+    if (sizeof(W) == 4) prefetch_ahead(b + k + 16);
+    const __m256 b0 = load_weights8(b + k), b1 = load_weights8(b + k + 8);
+    const __m256 b2 = load_weights8(b + k + 16), b3 = load_weights8(b + k + 24);
     for (int r = 0; r < R; ++r) {
-      s[r][0] = low_half(s01[r]), s[r][1] = high_half(s01[r]);
-      s[r][2] = low_half(s23[r]), s[r][3] = high_half(s23[r]);
-    }
-  } else
-#endif
-  {
-    for (int r = 0; r < R; ++r) s[r][0] = s[r][1] = s[r][2] = s[r][3] = _mm256_setzero_ps();
-    for (; k + 32 <= K; k += 32) {
-      prefetch_ahead(b + k);  // 32 weights: one 64-byte line of bfloat16, two of float32
-      if (sizeof(W) == 4) prefetch_ahead(b + k + 16);
-      const __m256 b0 = load_weights8(b + k), b1 = load_weights8(b + k + 8);
-      const __m256 b2 = load_weights8(b + k + 16), b3 = load_weights8(b + k + 24);
-      for (int r = 0; r < R; ++r) {
-        s[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k), b0, s[r][0]);
-        s[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k + 8), b1, s[r][1]);
-        s[r][2] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k + 16), b2, s[r][2]);
-        s[r][3] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k + 24), b3, s[r][3]);
-      }
+      s[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k), b0, s[r][0]);
+      s[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k + 8), b1, s[r][1]);
+      s[r][2] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k + 16), b2, s[r][2]);
+      s[r][3] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k + 24), b3, s[r][3]);
     }
   }
   for (; k + 8 <= K; k += 8) {
@@ -228,26 +191,6 @@ void rows_times_weights(const float* xp, float* yp, int64_t M, int64_t K, int64_
 // bit for bit, from a quarter of the bytes. K is a multiple of 32.
 template <int R>
 inline void dot_rows_int8(const float* const* a, const int8_t* q, const float* d, int64_t K, float* const* out) {
-#ifdef __AVX512F__
-  // 16 wide where the build has AVX-512F, as dot_rows' bfloat16 weights: the same bits; the
-  // dequantization bounds these loops (4 rows: ~1.9 -> ~1.55 ms for SmolLM2's lm_head).
-  __m512 s01[R], s23[R];
-  for (int r = 0; r < R; ++r) s01[r] = s23[r] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 32) {
-    prefetch_ahead(q + k);
-    const __m512 scale = _mm512_set1_ps(d[k / 32]);
-    const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + k));
-    const __m512 b01 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(bytes))), scale);
-    const __m512 b23 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(bytes, 1))), scale);
-    for (int r = 0; r < R; ++r) {
-      s01[r] = _mm512_fmadd_ps(_mm512_loadu_ps(a[r] + k), b01, s01[r]);
-      s23[r] = _mm512_fmadd_ps(_mm512_loadu_ps(a[r] + k + 16), b23, s23[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    *out[r] = hsum8(_mm256_add_ps(_mm256_add_ps(low_half(s01[r]), high_half(s01[r])),
-                                  _mm256_add_ps(low_half(s23[r]), high_half(s23[r]))));
-#else
   __m256 s[R][4];
   for (int r = 0; r < R; ++r) s[r][0] = s[r][1] = s[r][2] = s[r][3] = _mm256_setzero_ps();
   for (int64_t k = 0; k < K; k += 32) {
@@ -268,7 +211,6 @@ inline void dot_rows_int8(const float* const* a, const int8_t* q, const float* d
   }
   for (int r = 0; r < R; ++r)
     *out[r] = hsum8(_mm256_add_ps(_mm256_add_ps(s[r][0], s[r][1]), _mm256_add_ps(s[r][2], s[r][3])));
-#endif
 }
 
 }  // namespace
