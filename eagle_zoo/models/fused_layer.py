@@ -197,7 +197,7 @@ def _qkv_rope_write_kv(layer, positions: torch.Tensor, x: torch.Tensor, ctx, **n
     written into the layer's cache, in one launch (kernels/qkv_rope.py): the rotated q."""
     attn = layer.self_attn
     k_cache, v_cache = ctx.kv_caches[attn.attn.layer_idx]
-    cos, sin = attn.rotary_emb._angles(positions)
+    cos, sin = attn.rotary_emb.angles(positions)
     return qkv_rope_write_kv_triton(x, attn.qkv_proj.weight, cos, sin, k_cache, v_cache, ctx.slot_ids,
                                     ctx.cache_positions, attn.attn.num_heads, attn.attn.num_kv_heads, **norm)
 
@@ -249,7 +249,7 @@ def wide_eagle3_layer_kernels(layer, positions: torch.Tensor, embeds: torch.Tens
 def _wide_qkv_rope(layer, positions: torch.Tensor, x: torch.Tensor, ctx) -> torch.Tensor:
     attn = layer.self_attn
     k_cache, v_cache = ctx.kv_caches[attn.attn.layer_idx]
-    cos, sin = attn.rotary_emb._angles(positions)
+    cos, sin = attn.rotary_emb.angles(positions)
     return rope_write_kv_triton(F.linear(x, attn.qkv_proj.weight), cos, sin, k_cache, v_cache, ctx.slot_ids,
                                 ctx.cache_positions, attn.attn.num_heads, attn.attn.num_kv_heads)
 
@@ -299,7 +299,7 @@ def cpu_decoder_stack(layers, positions: torch.Tensor, h: torch.Tensor,
         k_caches.append(k_cache)
         v_caches.append(v_cache)
     core = layers[0].self_attn.attn
-    cos, sin = layers[0].self_attn.rotary_emb._angles(positions)
+    cos, sin = layers[0].self_attn.rotary_emb.angles(positions)
     T, half = h.shape[1], cos.shape[-1]
     out, *kept = cpu_decode.llama_stack_rows(h[0], weights, eps, k_caches, v_caches, cos.reshape(T, half),
                                              sin.reshape(T, half), single_slot(ctx), ctx.cache_positions.reshape(T),
@@ -374,7 +374,7 @@ def _cpu_layer_arguments(layer, positions: torch.Tensor, ctx) -> tuple:
     attn, mlp, core = layer.self_attn, layer.mlp, layer.self_attn.attn
     norm2 = layer.post_attention_layernorm
     k_cache, v_cache = ctx.kv_caches[core.layer_idx]
-    cos, sin = attn.rotary_emb._angles(positions)
+    cos, sin = attn.rotary_emb.angles(positions)
     T, half = positions.shape[1], cos.shape[-1]
     return (cpu_layer_weight(attn.qkv_proj.weight), cpu_layer_weight(attn.o_proj.weight), norm2.weight, norm2.eps,
             cpu_layer_weight(mlp.gate_up_proj.weight), cpu_layer_weight(mlp.down_proj.weight),

@@ -616,7 +616,7 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """positions [B,T]; q [B,T,heads,d], k [B,T,kv_heads,d] -> rotated q, k."""
-        cos, sin = self._angles(positions)
+        cos, sin = self.angles(positions)
         if self.interleaved or q.shape[-1] != self.rotary_dim or k.shape[-1] != self.rotary_dim or q.dtype != k.dtype:
             return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
         if q.is_cuda and use_rope_kernel(q, k, cos):  # one Triton kernel (kernels/rope.py)
@@ -626,7 +626,7 @@ class RotaryEmbedding(nn.Module):
         # exactly), in 5 ops instead of 2 x 7 per layer (decode steps are op-bound on CPU).
         return rotate_qk_torch(q, k, *self._signed_angles(positions, cos, sin, q.dtype))
 
-    def _angles(self, positions: torch.Tensor):
+    def angles(self, positions: torch.Tensor):
         """cos, sin [B,T,1,rot/2] (float32, times the scaling), once per forward: every
         layer of a model rotates by the same positions (memo in the attention context)."""
         ctx = get_context()
