@@ -9,34 +9,17 @@ Every failure comes out as a HubError that says what to download and how.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Optional
 
+from . import envs
+
 # Files a head needs; nothing else in a repo is downloaded (never *.py: no remote code).
 ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.bin"]
-TRUE_VALUES = ("1", "on", "yes", "true")
 
 
 class HubError(RuntimeError):
     """An id could not be turned into a local directory; the message says what to do."""
-
-
-def offline() -> bool:
-    return any(os.environ.get(v, "").strip().lower() in TRUE_VALUES for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
-
-
-def cache_dir() -> Path:
-    """huggingface_hub's cache directory, by the same precedence huggingface_hub uses."""
-    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
-        if os.environ.get(var):
-            return Path(os.path.expandvars(os.environ[var])).expanduser()
-    if os.environ.get("HF_HOME"):
-        home = Path(os.path.expandvars(os.environ["HF_HOME"])).expanduser()
-    else:
-        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        home = Path(xdg) / "huggingface"
-    return home / "hub"
 
 
 def _looks_like_path(text: str) -> bool:
@@ -108,8 +91,8 @@ def _snapshot(repo_id: str, revision: Optional[str]) -> Path:
         RevisionNotFoundError,
     )
 
-    cache = cache_dir()
-    is_offline = offline()
+    cache = envs.hub_cache_dir()
+    is_offline = envs.hub_offline()
     where = f"{repo_id!r} (revision {revision or 'main'!r})"
     hint = _download_hint(repo_id, revision)
     try:

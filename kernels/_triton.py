@@ -6,9 +6,9 @@ such kernels are never launched because `use_triton` is then False.
 """
 from __future__ import annotations
 
-import os
-
 import torch
+
+from ..envs import triton_interpret
 
 try:
     import triton
@@ -65,7 +65,7 @@ def pdl_launch(t: torch.Tensor) -> dict:
     """Launch keywords for a kernel with a PDL constexpr: {"PDL": True, "launch_pdl": True}
     on a CUDA device of compute capability 9 or more (where griddepcontrol exists) with a
     triton that has it, {"PDL": False} otherwise (CPU, the interpreter, older GPUs)."""
-    if not HAS_PDL or not t.is_cuda or os.environ.get("TRITON_INTERPRET", "0") == "1":
+    if not HAS_PDL or not t.is_cuda or triton_interpret():
         return {"PDL": False}
     index = t.device.index if t.device.index is not None else torch.cuda.current_device()
     if index not in _PDL_DEVICES:

@@ -1,5 +1,5 @@
-"""eagle_zoo/envs.py is the one place that reads EAGLE_ZOO_* environment variables, and
-documents each of them."""
+"""eagle_zoo/envs.py is the one place that reads environment variables (eagle-zoo's own
+EAGLE_ZOO_* ones and the other tools' it honours), and documents each of them."""
 from __future__ import annotations
 
 import re
@@ -25,6 +25,26 @@ def test_no_other_module_names_an_eagle_zoo_variable():
                 if "environ" in line or "getenv" in line or re.search(rf"[\"']{name}[\"']", line):
                     found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
     assert not found, "read EAGLE_ZOO_* variables through eagle_zoo/envs.py:\n" + "\n".join(found)
+
+
+def test_no_other_module_reads_the_environment():
+    # os.environ passed on whole (a worker process's environment) is not a read of a variable.
+    read = re.compile(r"os\.environ(\.get\b|\[)|\bgetenv\(|environ\.get\(")
+    found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+             for path in sorted([*(ROOT / "eagle_zoo").rglob("*.py"), *(ROOT / "kernels").glob("*.py")])
+             if path != ROOT / "eagle_zoo" / "envs.py"
+             for n, line in enumerate(path.read_text().splitlines(), 1) if read.search(line)]
+    assert not found, "read environment variables through eagle_zoo/envs.py:\n" + "\n".join(found)
+
+
+def test_torchrun_variables(monkeypatch):
+    for name in (envs.WORLD_SIZE, envs.RANK, envs.LOCAL_RANK):
+        monkeypatch.delenv(name, raising=False)
+    assert (envs.torchrun_world_size(), envs.torchrun_rank(), envs.torchrun_local_rank()) == (1, 0, None)
+    monkeypatch.setenv(envs.WORLD_SIZE, "4")
+    monkeypatch.setenv(envs.RANK, "2")
+    monkeypatch.setenv(envs.LOCAL_RANK, "0")
+    assert (envs.torchrun_world_size(), envs.torchrun_rank(), envs.torchrun_local_rank()) == (4, 2, 0)
 
 
 def test_every_variable_is_documented_above_its_name():

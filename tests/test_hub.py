@@ -11,7 +11,7 @@ import torch
 
 import checkpoint_factory as cf
 import eagle_zoo
-from eagle_zoo import hub
+from eagle_zoo import envs, hub
 from eagle_zoo.hookspecs import hookimpl
 from eagle_zoo.hub import HubError
 
@@ -135,8 +135,8 @@ def test_cache_dir_precedence(monkeypatch, tmp_path):
     for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert hub.cache_dir() == tmp_path / "xdg" / "huggingface" / "hub"
+    assert envs.hub_cache_dir() == tmp_path / "xdg" / "huggingface" / "hub"
     monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
-    assert hub.cache_dir() == tmp_path / "home" / "hub"
+    assert envs.hub_cache_dir() == tmp_path / "home" / "hub"
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
-    assert hub.cache_dir() == tmp_path / "cache"
+    assert envs.hub_cache_dir() == tmp_path / "cache"

@@ -125,7 +125,7 @@ def check_devices(tp: int, device: torch.device, local_rank: int = 0) -> None:
         )
     count = torch.cuda.device_count()
     if tp > count or local_rank >= count:
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        visible = envs.cuda_visible_devices()
         where = f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
         raise TensorParallelError(
             f"{TP_OPTION}={tp} needs {tp} GPUs on this host, one per rank, but {count} "
@@ -410,7 +410,7 @@ def start(llm_kwargs: dict, speculative, device: torch.device, owner: Any = None
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     pool = None
-    external = dist.is_initialized() or int(os.environ.get("WORLD_SIZE", "1")) > 1
+    external = dist.is_initialized() or envs.torchrun_world_size() > 1
     if backend == "external_launcher" and not external:
         raise TensorParallelError(
             f"distributed_executor_backend='external_launcher' but this process was not started by torchrun "
@@ -424,9 +424,9 @@ def start(llm_kwargs: dict, speculative, device: torch.device, owner: Any = None
         )
     if dist.is_initialized():
         launcher = "external"
-    elif int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    elif envs.torchrun_world_size() > 1:
         launcher = "torchrun"
-        _check_world(int(os.environ["WORLD_SIZE"]), tp, "torchrun started")
+        _check_world(envs.torchrun_world_size(), tp, "torchrun started")
         init_process_group(_backend(device))
         if not _we_initialised:
             _we_initialised = True
@@ -451,11 +451,11 @@ def _local_rank() -> int:
     """This rank's GPU: torchrun's LOCAL_RANK, a spawned worker's rank, else the global rank."""
     import torch.distributed as dist
 
-    if os.environ.get("LOCAL_RANK"):
-        return int(os.environ["LOCAL_RANK"])
+    if envs.torchrun_local_rank() is not None:
+        return envs.torchrun_local_rank()
     if envs.tp_rank() is not None:
         return envs.tp_rank()
-    return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+    return dist.get_rank() if dist.is_initialized() else envs.torchrun_rank()
 
 
 def _check_world(world: int, tp: int, what: str) -> None:
