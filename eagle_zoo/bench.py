@@ -136,7 +136,7 @@ def add_arguments(p):
                            'JSON object like \'{"1": 3, "4": 1, "8": 0}\' (num_speculative_tokens_by_batch_size)')
     perf.add_argument("--spec-options", default=None,
                       help='JSON object merged into every EAGLE speculative_config, e.g. '
-                           '\'{"disable_padded_drafter_batch": true}\'')
+                           '\'{"enforce_eager": true}\'')
     perf.add_argument("--step-costs", default=None,
                       help="target shapes of the step-cost tables (random weights; eagle_zoo/perf_steps.py): "
                            "comma-separated from smollm2, 8b; default smollm2 on CUDA, none on the CPU; '' for none")

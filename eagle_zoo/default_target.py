@@ -123,7 +123,7 @@ def _save_plain(model, out: Path, eos_token_id: int) -> None:
     for key in ("quantization_config", "_pre_quantization_dtype", "_model_name_or_path"):
         if hasattr(config, key):
             delattr(config, key)
-    config._name_or_path = DEFAULT_MODEL_ID
+    config.name_or_path = DEFAULT_MODEL_ID
     config.architectures = [type(model).__name__]
     config.save_pretrained(out)
     model.generation_config.eos_token_id = eos_token_id  # <|im_end|> ends a chat turn

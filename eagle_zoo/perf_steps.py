@@ -235,8 +235,8 @@ def _graph_replays(engine) -> dict:
               "chain step": engine.chain_step_graph, "tree step": engine.tree_step_graph}
     proposer = engine.proposer
     if proposer is not None:
-        owners["drafts"] = getattr(proposer, "_graphed_drafts", None)
-        owners["catch-up"] = getattr(proposer, "_graphed_catch_up", None)
+        owners["drafts"] = getattr(proposer, "graphed_drafts", None)
+        owners["catch-up"] = getattr(proposer, "graphed_catch_up", None)
     out = {}
     for name, owner in owners.items():
         for key, entry in (owner.graphs.items() if owner is not None else ()):

@@ -1,5 +1,4 @@
-"""Adaptive speculation depth (K chosen per step from the batch size) and the unpadded
-drafter batch (speculative_config disable_padded_drafter_batch), end to end on CPU.
+"""Adaptive speculation depth (K chosen per step from the batch size), end to end on CPU.
 
 Greedy speculative output must equal plain output whatever K each step used, and the
 proposer's state must stay right across K changes and plain (K = 0) steps. Output
@@ -191,24 +190,22 @@ def test_schedule_with_tree_is_refused():
         parse({"method": "eagle", "model": "x", "tree": True, "num_speculative_tokens_by_batch_size": "auto"})
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft_model"])
-def test_unpadded_drafter_batch_is_for_eagle_heads(method):
-    obj = {"method": method, "model": "x", "disable_padded_drafter_batch": True}
-    if method == "ngram":
-        obj.pop("model")
-    with pytest.raises(SpeculativeConfigError, match=f"method '{method}' has none: remove it"):
+@pytest.mark.parametrize("method", ["eagle3", "ngram"])
+def test_unpadded_drafter_batch_is_refused_by_name(method):
+    obj = {"method": method, "disable_padded_drafter_batch": True}
+    if method == "eagle3":
+        obj["model"] = "x"
+    with pytest.raises(SpeculativeConfigError, match="disable_padded_drafter_batch=true: .*remove disable_padded"):
         parse(obj)
-    assert parse({"method": "eagle3", "model": "x", "disable_padded_drafter_batch": True}).disable_padded_drafter_batch
+    assert not parse({"method": "eagle3", "model": "x", "disable_padded_drafter_batch": False}).disable_padded_drafter_batch
 
 
 # -- 2. EAGLE / EAGLE-3: greedy equality, drafts after every kind of step ------------------------
-@pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_adaptive_eagle_equals_plain(cases, family, method, padded):
+def test_adaptive_eagle_equals_plain(cases, family, method):
     root, kind, target, prompts, plain = cases(family)
-    spec = eagle_spec(root, kind, method, num_speculative_tokens_by_batch_size=SCHEDULE,
-                      disable_padded_drafter_batch=not padded)
+    spec = eagle_spec(root, kind, method, num_speculative_tokens_by_batch_size=SCHEDULE)
     llm, got, steps = generate_logged(target, prompts, spec, history=True)
     assert got == plain
     schedule = llm.engine.depth_schedule
@@ -223,29 +220,11 @@ def test_adaptive_eagle_equals_plain(cases, family, method, padded):
         assert drafts == reference_eagle_drafts(hf_target, head, method, history, len(drafts))
     assert steps.verify_widths
     for batch_size, shapes in steps.verify_widths:
-        if padded:  # one [B, K+1] pass, K the step's depth (2 or 3 here)
-            assert len(shapes) == 1 and shapes[0][0] == batch_size and shapes[0][1] in (3, 4)
-        else:  # only accepted tokens: one pass per distinct accepted + 1 <= K + 1, each row once
-            assert len({t for _, t in shapes}) == len(shapes) and all(t <= 4 for _, t in shapes)
-            assert sum(b for b, _ in shapes) == batch_size
+        # one [B, K+1] pass, K the step's depth (2 or 3 here)
+        assert len(shapes) == 1 and shapes[0][0] == batch_size and shapes[0][1] in (3, 4)
     m = llm.engine.metrics
     assert len(m.num_accepted_tokens_per_pos) == 3  # sized by the largest K
     assert m.num_drafts > 0 and m.num_draft_tokens == sum(len(d) for _, d, _ in steps.proposals)
-
-
-@pytest.mark.parametrize("method", ["eagle", "eagle3"])
-def test_unpadded_fixed_depth_equals_plain(cases, method):
-    """disable_padded_drafter_batch without a schedule: identical output, and the drafts
-    equal the padded engine's step for step."""
-    root, kind, target, prompts, plain = cases("llama")
-    runs = {}
-    for padded in (True, False):
-        spec = eagle_spec(root, kind, method, num_speculative_tokens=3, disable_padded_drafter_batch=not padded)
-        llm, got, steps = generate_logged(target, prompts, spec, history=True)
-        assert got == plain
-        runs[padded] = [(h, d) for h, d, _ in steps.proposals]
-        assert llm.engine.depth_schedule is None
-    assert runs[True] == runs[False]
 
 
 # -- 3. exact drafts with high acceptance (the bigram head of test_engine) -----------------------
@@ -256,11 +235,10 @@ def bigram(tmp_path_factory):
     return target, ef.write_bigram_eagle_head(root / "head", target)
 
 
-@pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
-def test_bigram_head_counters_exact_unpadded_and_padded(bigram, padded):
+def test_bigram_head_counters_exact(bigram):
     """Fixed K: the counters are predicted exactly (request by request) from the
-    reference continuation and the head's known drafts; the unpadded catch-up ran
-    passes shorter than K+1 (partial acceptance) and of several widths."""
+    reference continuation and the head's known drafts; every verification pass is K+1
+    wide (the padded catch-up)."""
     target, head = bigram
     k = 3
     prompts = ef.random_prompts(LENGTHS, VOCAB, seed=2)
@@ -273,18 +251,14 @@ def test_bigram_head_counters_exact_unpadded_and_padded(bigram, padded):
             draft.append(g[draft[-1]])
         return draft
 
-    spec = {"method": "eagle", "model": str(head), "num_speculative_tokens": k,
-            "disable_padded_drafter_batch": not padded}
+    spec = {"method": "eagle", "model": str(head), "num_speculative_tokens": k}
     llm, got, steps = generate_logged(target, prompts, spec, max_num_seqs=2)
     assert got == [c[:m] for c, m in zip(cont, MAX_TOKENS)]
     m = llm.engine.metrics
     want = expected_counters(prompts, cont, MAX_TOKENS, k, chain)
     assert (m.num_drafts, m.num_draft_tokens, m.num_accepted_tokens, m.num_accepted_tokens_per_pos) == want
     widths = Counter(t for _, shapes in steps.verify_widths for _, t in shapes)
-    if padded:
-        assert set(widths) == {k + 1}
-    else:
-        assert len(widths) >= 3 and max(widths) <= k + 1
+    assert set(widths) == {k + 1}
 
 
 def test_bigram_head_adaptive_drafts_known(bigram):
@@ -294,18 +268,16 @@ def test_bigram_head_adaptive_drafts_known(bigram):
     prompts = ef.random_prompts(LENGTHS, VOCAB, seed=2)
     cont = ef.hf_greedy(target, prompts, list(MAX_TOKENS))
     g = ef.bigram_head_next_tokens(head, target)
-    for padded in (True, False):
-        spec = {"method": "eagle", "model": str(head), "num_speculative_tokens_by_batch_size": SCHEDULE,
-                "disable_padded_drafter_batch": not padded}
-        llm, got, steps = generate_logged(target, prompts, spec, history=True)
-        assert got == cont
-        assert steps.plain_steps
-        for history, drafts, _ in steps.proposals:
-            want = [g[history[-1]]]
-            while len(want) < len(drafts):
-                want.append(g[want[-1]])
-            assert drafts == want
-        assert llm.engine.metrics.num_accepted_tokens > 0
+    spec = {"method": "eagle", "model": str(head), "num_speculative_tokens_by_batch_size": SCHEDULE}
+    llm, got, steps = generate_logged(target, prompts, spec, history=True)
+    assert got == cont
+    assert steps.plain_steps
+    for history, drafts, _ in steps.proposals:
+        want = [g[history[-1]]]
+        while len(want) < len(drafts):
+            want.append(g[want[-1]])
+        assert drafts == want
+    assert llm.engine.metrics.num_accepted_tokens > 0
 
 
 # -- 4. other proposers with a schedule ------------------------------------------------------------

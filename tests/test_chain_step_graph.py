@@ -94,13 +94,11 @@ def test_sampled_chain_steps_take_the_passes(setup):
     assert ("target", 4) in calls  # verification went through the target runner's own graph
 
 
-def test_no_whole_step_graph_with_the_unpadded_catch_up(setup):
-    """The unpadded catch-up reads the accepted counts back on the host, so its step cannot
-    be one graph even where the head's passes have graphs (speculative_config enforce_eager,
-    which leaves the head none: tests/test_gpu_graphs.py)."""
+def test_whole_step_graph_needs_the_heads_graphs(setup):
+    """The chain step is one graph only where the head's passes have graphs (not with
+    speculative_config enforce_eager, which leaves the head none: tests/test_gpu_graphs.py)."""
     target, heads, _, _ = setup
-    calls = []
-    for spec, graphable in (({}, True), ({"disable_padded_drafter_batch": True}, False)):
-        llm = make_llm(target, heads["eagle3"], "eagle3", 1, **spec)
-        llm.engine.proposer.runner.graphed = ef.RunnerGraphStandIn(llm.engine.proposer.runner, "head", calls)
-        assert llm.engine.proposer.whole_step_graphable is graphable
+    llm = make_llm(target, heads["eagle3"], "eagle3", 1)
+    assert llm.engine.proposer.runner.graphed is None and not llm.engine.proposer.whole_step_graphable
+    llm.engine.proposer.runner.graphed = ef.RunnerGraphStandIn(llm.engine.proposer.runner, "head", [])
+    assert llm.engine.proposer.whole_step_graphable

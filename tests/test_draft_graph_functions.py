@@ -27,7 +27,7 @@ def test_full_length_draft_chain_and_catch_up_match_the_runner_path(method, tmp_
     llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=9,
                                                                            ignore_eos=True))
     proposer = llm.engine.proposer
-    assert proposer._graphed_drafts is None  # CPU: no graphs, the functions run as they are
+    assert proposer.graphed_drafts is None  # CPU: no graphs, the functions run as they are
     g = torch.Generator().manual_seed(3)
     proposer.next_hidden.copy_(torch.randn(proposer.next_hidden.shape, generator=g))
     slots = torch.tensor([2, 0])

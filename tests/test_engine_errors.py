@@ -128,8 +128,14 @@ def test_method_the_engine_does_not_run(target):
         LLM(str(target), speculative_config={"method": "mtp", "model": str(target)}, device="cpu")
 
 
-def test_unpadded_drafter_batch_needs_an_eagle_head(target):
-    with pytest.raises(ValueError, match="disable_padded_drafter_batch applies to .* method 'ngram' has none"):
+def test_draft_graphs_under_an_eager_engine_are_refused(target):
+    with pytest.raises(ValueError, match="enforce_eager=false asks for the draft's CUDA graphs.*remove one of them"):
+        LLM(str(target), speculative_config={"method": "draft_model", "model": str(target), "enforce_eager": False},
+            enforce_eager=True, device="cpu")
+
+
+def test_unpadded_drafter_batch_is_refused(target):
+    with pytest.raises(ValueError, match="disable_padded_drafter_batch=true: .*remove disable_padded_drafter_batch"):
         LLM(str(target), speculative_config={"method": "ngram", "disable_padded_drafter_batch": True}, device="cpu")
 
 

@@ -136,11 +136,11 @@ def test_greedy_chain_steps_replay_one_graph(checkpoints, name):
     assert llm.engine.metrics.num_accepted_tokens == accepted_eager
     engine = llm.engine
     assert engine.chain_step_graph.graphs and not engine.greedy_target_graph.graphs
-    assert not engine.proposer._graphed_drafts.graphs and not engine.proposer._graphed_catch_up.graphs
+    assert not engine.proposer.graphed_drafts.graphs and not engine.proposer.graphed_catch_up.graphs
     sampled = llm.generate([{"prompt_token_ids": p} for p in prompts[:2]],
                            SamplingParams(temperature=0.8, seed=3, max_tokens=8))
     assert all(len(o.outputs[0].token_ids) == 8 for o in sampled)
-    assert engine.proposer._graphed_drafts.graphs and engine.proposer._graphed_catch_up.graphs
+    assert engine.proposer.graphed_drafts.graphs and engine.proposer.graphed_catch_up.graphs
 
 
 @pytest.mark.parametrize("name", ["plain", "eagle3 k=3"])

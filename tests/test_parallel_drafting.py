@@ -7,7 +7,7 @@ a KV cache (plain causal attention), fed (next token, fused aux feature) at each
 position followed by K-1 slots of (mask_token_id, fc(mask_hidden)) at the next
 positions; draft 0 is its output at the last verified position, drafts 1..K-1 the
 slots' outputs. Engine drafts must equal it after every kind of step (partial and full
-acceptance, padded or unpadded catch-up, plain steps, changing K), and greedy output
+acceptance, plain steps, changing K), and greedy output
 must equal plain output.
 """
 from __future__ import annotations
@@ -77,12 +77,11 @@ def test_loader_keeps_mask_hidden_and_token(files):
     assert torch.equal(p.head.mask_hidden, written.reshape(-1))
 
 
-@pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
-def test_drafts_after_every_kind_of_step(files, padded):
+def test_drafts_after_every_kind_of_step(files):
     """The proposer driven by hand: pretend x is the target's text; each step verifies
     (depth, accepted) of a schedule, with plain steps (depth 0) in between."""
     target, head_dir = files
-    llm = make_llm(target, {"model": str(head_dir), "disable_padded_drafter_batch": not padded})
+    llm = make_llm(target, {"model": str(head_dir)})
     prop, hf_target = llm.engine.proposer, ef.load_hf(target)
     head = prop.head
     x = ef.random_prompts((60,), VOCAB, seed=3)[0]
@@ -124,14 +123,13 @@ def test_drafts_after_every_kind_of_step(files, padded):
     assert prop.propose(batch)[0][0].tolist() == reference_drafts(hf_target, head, x[:c + 2])
 
 
-@pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
 @pytest.mark.parametrize("adaptive", [False, True], ids=["fixed", "adaptive"])
-def test_greedy_equals_plain(files, padded, adaptive):
+def test_greedy_equals_plain(files, adaptive):
     target, head_dir = files
     prompts = ef.random_prompts((5, 12, 3, 19, 8), VOCAB, seed=1)
     max_tokens = (24, 30, 17, 21, 27)
     want = ef.hf_greedy(target, prompts, max_tokens)
-    spec = {"model": str(head_dir), "disable_padded_drafter_batch": not padded}
+    spec = {"model": str(head_dir)}
     if adaptive:
         spec["num_speculative_tokens_by_batch_size"] = {"1": 3, "2": 0, "3": 2}
     llm = make_llm(target, spec, max_num_seqs=3)

@@ -265,10 +265,10 @@ def test_ngram_lookup_window(given, expected):
 def test_all_user_fields_accepted():
     cfg = parse({
         "method": "eagle3", "model": "x", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 1,
-        "disable_padded_drafter_batch": True, "parallel_drafting": True, "max_model_len": 2048,
-        "revision": "main", "quantization": None, "enforce_eager": True, "tree": {"depth": 4},
+        "disable_padded_drafter_batch": False, "parallel_drafting": True, "max_model_len": 2048,
+        "revision": "main", "quantization": None, "enforce_eager": True,
     })
-    assert cfg.tree == TreeConfig(top_k=10, depth=4, total_tokens=60)
+    assert cfg.num_speculative_tokens == 3 and cfg.parallel_drafting and cfg.draft_tensor_parallel_size == 1
     assert cfg.quantization is None and cfg.revision == "main" and cfg.max_model_len == 2048
     assert cfg.enforce_eager is True
 
@@ -280,9 +280,25 @@ def test_quantization_is_refused_by_name(value):
         parse({"method": "ngram", "quantization": value})
 
 
+@pytest.mark.parametrize("value", [True, False])
+def test_enforce_eager_with_ngram_is_refused(value):
+    with pytest.raises(SpeculativeConfigError, match=rf"enforce_eager={value}: method 'ngram' .*remove enforce_eager"):
+        parse({"method": "ngram", "enforce_eager": value})
+
+
 @pytest.mark.parametrize("tree", [True, {}])
 def test_tree_official_defaults(tree):
     assert parse({"method": "eagle", "model": "x", "tree": tree}).tree == TreeConfig(top_k=10, depth=6, total_tokens=60)
+
+
+def test_tree_takes_no_num_speculative_tokens(tmp_path):
+    """A tree's depth and total_tokens set its drafts: a K given with it is refused by name,
+    and a speculators config's default K (for a chain) is not filled in."""
+    with pytest.raises(SpeculativeConfigError, match="num_speculative_tokens=9 with 'tree'.*remove num_speculative"):
+        parse({"method": "eagle", "model": "x", "tree": {"depth": 4}, "num_speculative_tokens": 9})
+    cfg = parse({"model": checkpoint(tmp_path, "d", SPECULATORS), "tree": {"depth": 4}})
+    assert cfg.num_speculative_tokens is None and cfg.tree == TreeConfig(top_k=10, depth=4, total_tokens=60)
+    assert parse({"model": checkpoint(tmp_path, "e", SPECULATORS)}).num_speculative_tokens is not None
 
 
 def test_tree_false_is_no_tree():

@@ -592,9 +592,6 @@ def test_tree_bound_is_exact():
 def test_tree_refusals(models, tmp_path):
     target, head, _, _ = models("llama", "eagle")
     tree = {"top_k": 2, "depth": 2, "total_tokens": 5}
-    with pytest.raises(NotImplementedError, match="disable_padded_drafter_batch"):
-        make_llm(target, {"method": "eagle", "model": str(head), "tree": tree,
-                          "disable_padded_drafter_batch": True}, 1)
     head3 = models("llama", "eagle3")[1]
     with pytest.raises(NotImplementedError, match="parallel_drafting"):
         make_llm(target, {"method": "eagle3", "model": str(head3), "tree": tree, "parallel_drafting": True}, 1)

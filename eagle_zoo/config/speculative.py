@@ -38,7 +38,6 @@ METHODS = ("eagle", "eagle3", "ngram", "draft_model", "mtp")
 # Only EAGLE-3 heads trained for it (P-EAGLE) draft all K tokens in one pass.
 PARALLEL_DRAFTING_METHODS = ("eagle3",)
 TREE_METHODS = ("eagle", "eagle3")
-PADDED_DRAFTER_METHODS = ("eagle", "eagle3")  # heads with a catch-up pass over verified tokens
 NEEDS_MODEL = ("eagle", "eagle3", "draft_model")  # mtp defaults to the target itself
 NGRAM_MODELS = ("ngram", "[ngram]")
 DEFAULT_PROMPT_LOOKUP = 5
@@ -268,6 +267,7 @@ class SpeculativeConfig(BaseModel):
     model: Optional[str] = None
     num_speculative_tokens: Optional[int] = None
     draft_tensor_parallel_size: Optional[int] = None
+    # vLLM's option for attention backends without padded batches; only false here.
     disable_padded_drafter_batch: bool = False
     parallel_drafting: bool = False
     prompt_lookup_min: Optional[int] = None
@@ -279,7 +279,8 @@ class SpeculativeConfig(BaseModel):
     # Accepted for vLLM's configs; only None: drafts run unquantized in the engine's dtype.
     quantization: Optional[str] = None
     # True: the draft's passes run eagerly (no CUDA graphs) while the target keeps its;
-    # None / False: the draft follows the engine's enforce_eager.
+    # None / False: the draft follows the engine's enforce_eager (False with an eager
+    # engine is refused, LLM).
     enforce_eager: Optional[bool] = None
     tree: Optional[TreeConfig] = None
     # Adaptive depth: "auto" or {"<smallest batch size>": K}; config/depth_schedule.py.
@@ -344,7 +345,15 @@ class SpeculativeConfig(BaseModel):
             found = _infer(str(model), config)
             data["method"], data["inferred_from"] = found.method, found.reason
         _prepare_depth_schedule(data)
-        if data.get("num_speculative_tokens") is None:
+        if data.get("tree") not in (None, False):
+            # A tree's drafts are set by its depth and total_tokens; a speculators config's
+            # default K is for a chain and is not filled in.
+            if data.get("num_speculative_tokens") is not None:
+                raise _error(
+                    f"num_speculative_tokens={data['num_speculative_tokens']!r} with 'tree': the tree's depth "
+                    f"and total_tokens decide what it drafts; remove num_speculative_tokens (or 'tree' for a chain)"
+                )
+        elif data.get("num_speculative_tokens") is None:
             data["num_speculative_tokens"] = _speculators_default_k(config)
         if data.get("parallel_drafting") is None and data["method"] == "eagle3":
             # A P-EAGLE head is trained to draft in parallel; the user may still say false.
@@ -411,6 +420,9 @@ class SpeculativeConfig(BaseModel):
                 f"'eagle3'); method {self.method!r} drafts one token at a time: remove parallel_drafting"
             )
         if self.method == "ngram":
+            if self.enforce_eager is not None:
+                raise _error(f"enforce_eager={self.enforce_eager!r}: method 'ngram' looks drafts up in the prompt "
+                             f"and runs no draft model, eager or graphed: remove enforce_eager")
             lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
             if lo < 1 or hi < 1:
                 raise _error(f"prompt_lookup_min/max must be >= 1, got min={lo}, max={hi}")
@@ -419,10 +431,11 @@ class SpeculativeConfig(BaseModel):
                     f"prompt_lookup_min ({lo}) > prompt_lookup_max ({hi}); "
                     f"the n-gram window needs min <= max: swap them or raise prompt_lookup_max"
                 )
-        if self.disable_padded_drafter_batch and self.method not in PADDED_DRAFTER_METHODS:
+        if self.disable_padded_drafter_batch:
             raise _error(
-                f"disable_padded_drafter_batch applies to the EAGLE heads' catch-up pass (methods "
-                f"{' and '.join(PADDED_DRAFTER_METHODS)}); method {self.method!r} has none: remove it"
+                "disable_padded_drafter_batch=true: this engine's EAGLE catch-up is always the padded "
+                "pass over all K + 1 verified positions, part of the step's CUDA graph, and drafts the "
+                "same tokens the unpadded one would: remove disable_padded_drafter_batch"
             )
         if self.num_speculative_tokens_by_batch_size is not None and self.tree is not None:
             raise _error(

@@ -35,6 +35,7 @@ from typing import Iterable, Optional
 import torch
 
 from . import logprobs as lp
+from . import tree_verify
 from .detokenizer import update_sequence_text
 from ..kernels.step_outputs import step_outputs
 from .graphs import StepGraph
@@ -378,8 +379,6 @@ class EngineCore:
         EAGLE-2 tree step (tree_verify.launch_tree_step, whose max_base is the bound on the
         sequences' cached lengths that kv_len carries). base [B]; last [B, 1]."""
         if self.strategy == "tree":
-            from . import tree_verify  # looked up per step: tests wrap launch_tree_step
-
             return tree_verify.launch_tree_step(self, seqs, slots, base, last[:, 0], kv_len - (k + 1))
         return self._launch(seqs, k, slots, base, last, kv_len)
 

@@ -169,6 +169,11 @@ class LLM:
             )
         if max_num_seqs is None:
             max_num_seqs = 64 if self.device.type == "cuda" else 8
+        if enforce_eager and self.speculative_config and self.speculative_config.enforce_eager is False:
+            raise ValueError(
+                "speculative_config enforce_eager=false asks for the draft's CUDA graphs, but the engine runs "
+                "eagerly (enforce_eager=True): remove one of them"
+            )
         # CUDA graphs for decode-shaped steps unless eager mode is asked for.
         self.graph_pool = GraphPool() if self.device.type == "cuda" and not enforce_eager else None
         with draft_scope(self.parallel):
@@ -231,12 +236,9 @@ class LLM:
                 from .parallel_drafting import ParallelEagleProposer
 
                 return ParallelEagleProposer(head.head, k, *args, target_num_layers=n_layers,
-                                             graph_pool=graph_pool,
-                                             padded_drafter_batch=not spec.disable_padded_drafter_batch,
-                                             source=str(spec.model))
+                                             graph_pool=graph_pool, source=str(spec.model))
             return EagleProposer(head.head, head.method, k, *args, target_num_layers=n_layers,
-                                 graph_pool=graph_pool,
-                                 padded_drafter_batch=not spec.disable_padded_drafter_batch)
+                                 graph_pool=graph_pool)
         if spec.method == "draft_model":
             _refuse_eagle_weights(spec)
             draft = load_model(spec.model, self.dtype, self.device, revision=spec.revision)

@@ -18,8 +18,7 @@ K-1 slots at positions p+1 .. p+K-1, p the last accepted position. The rejected
 positions' keys/values would collide with the slots', so their cache writes are moved
 K columns on (cache_positions; rope positions unchanged): nothing reads them, and the
 next round overwrites them. Draft 0 is the output at p, drafts 1..K-1 the slots'
-outputs. With disable_padded_drafter_batch each sequence feeds its accepted tokens
-then the slots, one contiguous run, grouped by length. The drafts are made at the end
+outputs. The drafts are made at the end
 of a step (and at prefill) for the next one, always K of them; a step of depth
 d < K (adaptive depth) proposes the first d. A plain step (K = 0) runs the same pass
 over its one emitted token.
@@ -32,7 +31,6 @@ from __future__ import annotations
 
 import torch
 
-from .drafter_batch import accepted_groups
 from .host_tensors import device_tensor
 from .proposers import EagleProposer, StepBatch, TargetOutput
 
@@ -55,12 +53,12 @@ class ParallelEagleProposer(EagleProposer):
     step_strategy = "parallel"
 
     def __init__(self, head, k: int, num_slots: int, max_len: int, dtype, device, target_num_layers: int,
-                 graph_pool=None, padded_drafter_batch: bool = True, source: str = "the draft head"):
+                 graph_pool=None, source: str = "the draft head"):
         # Room for the moved writes of rejected positions: up to 2K past the last verified one
         # (with async scheduling one step later still: within the engine's room check,
         # EngineCore._may_run_ahead).
         super().__init__(head, "eagle3", k, num_slots, max_len + k, dtype, device, target_num_layers,
-                         graph_pool, padded_drafter_batch)
+                         graph_pool)
         if "mask_hidden" not in getattr(head, "loaded", ()):
             raise ValueError(
                 f"{source}: parallel_drafting needs the P-EAGLE mask_hidden tensor (the feature of "
@@ -105,17 +103,10 @@ class ParallelEagleProposer(EagleProposer):
     @torch.inference_mode()
     def on_verify(self, batch: StepBatch, out: TargetOutput, num_accepted: torch.Tensor) -> None:
         features, tokens = self._features(out), out.tokens  # -1: a zero row (embedding)
-        if self.padded_drafter_batch:
-            col = torch.arange(tokens.shape[1], device=tokens.device)
-            moved = torch.where(col <= num_accepted.view(-1, 1), out.positions, out.positions + self.num_speculative_tokens)
-            self.drafts[batch.slots] = self._run(tokens, out.positions, moved, batch.slots, batch.kv_len, features,
-                                                 num_accepted)
-            return
-        for n, rows in accepted_groups(num_accepted):
-            pos = out.positions[rows, :n]
-            last = torch.full((len(rows),), n - 1, device=tokens.device)
-            self.drafts[batch.slots[rows]] = self._run(tokens[rows, :n], pos, pos, batch.slots[rows], batch.kv_len,
-                                                       features[rows, :n], last)
+        col = torch.arange(tokens.shape[1], device=tokens.device)
+        moved = torch.where(col <= num_accepted.view(-1, 1), out.positions, out.positions + self.num_speculative_tokens)
+        self.drafts[batch.slots] = self._run(tokens, out.positions, moved, batch.slots, batch.kv_len, features,
+                                             num_accepted)
 
     @torch.inference_mode()
     def on_plain_step(self, batch: StepBatch, out: TargetOutput) -> None:

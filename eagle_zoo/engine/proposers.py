@@ -7,11 +7,10 @@ A proposer answers three calls from the engine (all batched over sequences):
 Drafts are greedy (argmax), so the draft distribution q is one-hot and the
 rejection sampler needs no draft probabilities.
 
-The EAGLE proposers use the padded-batch catch-up by default: after verification the
-head always consumes all K+1 verified positions (fixed shape) and the state is gathered
-at each sequence's number of accepted tokens; unaccepted positions are overwritten
-by the next round before anything attends to them. With disable_padded_drafter_batch
-the head is fed only each sequence's accepted tokens (drafter_batch.py).
+The EAGLE proposers catch up with a padded batch: after verification the head always
+consumes all K+1 verified positions (fixed shape) and the state is gathered at each
+sequence's number of accepted tokens; unaccepted positions are overwritten by the next
+round before anything attends to them.
 
 K may change from step to step (adaptive depth, config/depth_schedule.py): a step's K
 is StepBatch.depth, and a step without drafts (K = 0) calls on_plain_step so that a
@@ -29,7 +28,6 @@ from ..hookspecs import hookimpl
 from ..kernels.scatter_row import scatter_row
 from ..models.fused_layer import cpu_eagle3_drafts, cpu_eagle3_drafts_supported
 from ..specs import ProposerSpec
-from .drafter_batch import catch_up_unpadded
 from .graphs import GraphedForward
 from .host_tensors import device_tensor
 from .runner import ModelRunner
@@ -94,10 +92,9 @@ class EagleProposer(Proposer):
     """EAGLE-1 and EAGLE-3 chains: the head drafts from the target's features."""
 
     def __init__(self, head, method: str, k: int, num_slots: int, max_len: int, dtype, device,
-                 target_num_layers: int, graph_pool=None, padded_drafter_batch: bool = True):
+                 target_num_layers: int, graph_pool=None):
         self.head = head
-        self.padded_drafter_batch = padded_drafter_batch
-        self.device_only_steps = padded_drafter_batch  # the unpadded catch-up reads accepted counts back
+        self.device_only_steps = True
         self.method = method
         self.num_speculative_tokens = k
         self.runner = ModelRunner(head, num_slots, max_len, dtype, device, graph_pool)
@@ -107,16 +104,19 @@ class EagleProposer(Proposer):
         # the scratch slot that padding rows of a graphed batch use.
         self.next_hidden = torch.zeros(num_slots + 1, hidden_size, dtype=dtype, device=device)
         self._offsets: dict[int, torch.Tensor] = {}  # step_positions
-        # With CUDA graphs (the runner has them) the whole drafting loop and the whole
-        # catch-up each replay as one graph: a step's head passes, lm_heads, argmaxes and
-        # index arithmetic, which eagerly cost more launches and Python than the head itself.
-        self._graphed_drafts = self._graphed_catch_up = None
-        if self.runner.graphed is not None:
-            self._graphed_drafts = GraphedForward(self._draft_chain, num_slots, num_slots, graph_pool)
-            self._graphed_catch_up = GraphedForward(self._catch_up, num_slots, num_slots, graph_pool)
+        # A chain's forms (the tree and parallel-drafting subclasses draft otherwise). With
+        # CUDA graphs (the runner has them) the whole drafting loop and the whole catch-up
+        # each replay as one graph: a step's head passes, lm_heads, argmaxes and index
+        # arithmetic, which eagerly cost more launches and Python than the head itself.
+        chain = self.step_strategy == "chain"
+        self.graphed_drafts = self.graphed_catch_up = None
+        if chain and self.runner.graphed is not None:
+            self.graphed_drafts = GraphedForward(self._draft_chain, num_slots, num_slots, graph_pool)
+            self.graphed_catch_up = GraphedForward(self._catch_up, num_slots, num_slots, graph_pool)
         # On the CPU an EAGLE-3 head's drafts of a step run as one C++ call where the head's
         # structure allows (models/fused_layer.py cpu_eagle3_drafts), chosen once here.
-        self.cpu_drafts = method == "eagle3" and self.runner.graphed is None and cpu_eagle3_drafts_supported(head)
+        self.cpu_drafts = (chain and method == "eagle3" and self.runner.graphed is None
+                           and cpu_eagle3_drafts_supported(head))
         if method == "eagle3":
             ids = getattr(head.config, "eagle_aux_hidden_state_layer_ids", None)
             n = target_num_layers
@@ -155,8 +155,8 @@ class EagleProposer(Proposer):
     def propose(self, batch: StepBatch):
         k = self.depth(batch)
         base = batch.base_positions.unsqueeze(1)
-        if self._graphed_drafts is not None and self._graphed_drafts.eligible(base):
-            return self._graphed_drafts(base, base, batch.slots, k), None
+        if self.graphed_drafts is not None and self.graphed_drafts.eligible(base):
+            return self.graphed_drafts(base, base, batch.slots, k), None
         return self._draft_chain(None, base, batch.slots, k, kv_len=batch.kv_len), None
 
     def _draft_chain(self, _, base: torch.Tensor, slots: torch.Tensor, k: int, kv_len: Optional[int] = None):
@@ -190,9 +190,9 @@ class EagleProposer(Proposer):
 
     @property
     def whole_step_graphable(self) -> bool:
-        """Whether greedy_chain_step can be captured: the padded catch-up (device work only)
-        and a head runner with CUDA graphs (not speculative_config enforce_eager)."""
-        return self.padded_drafter_batch and self.runner.graphed is not None
+        """Whether greedy_chain_step can be captured: a head runner with CUDA graphs (not
+        speculative_config enforce_eager)."""
+        return self.runner.graphed is not None
 
     def greedy_chain_step(self, verify, last: torch.Tensor, base: torch.Tensor, slots: torch.Tensor, k: int):
         """A whole greedy chain step in the whole-row forms, device work only, so that
@@ -211,13 +211,10 @@ class EagleProposer(Proposer):
 
     @torch.inference_mode()
     def on_verify(self, batch: StepBatch, out: TargetOutput, num_accepted: torch.Tensor) -> None:
-        if not self.padded_drafter_batch:
-            self.next_hidden[batch.slots] = catch_up_unpadded(self.runner, out, batch, self._features(out), num_accepted)
-            return
         inputs = self._feature_inputs(out)
         accepted = num_accepted.view(-1, 1)
-        if self._graphed_catch_up is not None and self._graphed_catch_up.eligible(out.tokens):
-            self._graphed_catch_up(out.tokens, out.positions, batch.slots, accepted, *inputs)
+        if self.graphed_catch_up is not None and self.graphed_catch_up.eligible(out.tokens):
+            self.graphed_catch_up(out.tokens, out.positions, batch.slots, accepted, *inputs)
         else:
             self._catch_up(out.tokens, out.positions, batch.slots, accepted, *inputs, kv_len=batch.kv_len)
 

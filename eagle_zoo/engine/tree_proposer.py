@@ -171,11 +171,6 @@ def build_tree_proposer(spec, head, target, max_num_seqs: int, max_model_len: in
             "speculative_config: 'tree' drafts level by level and does not combine with "
             "parallel_drafting: set \"parallel_drafting\": false or remove 'tree'"
         )
-    if spec.disable_padded_drafter_batch:
-        raise NotImplementedError(
-            "speculative_config: 'tree' catches the head up with the padded drafter batch only: "
-            "remove disable_padded_drafter_batch or 'tree'"
-        )
     proposer = TreeEagleProposer(head, spec.method, spec.tree, max_num_seqs, max_model_len, dtype, device,
                                  target_num_layers, graph_pool)
     for who, model in (("the target", target), ("the draft head", head)):
