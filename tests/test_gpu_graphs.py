@@ -58,6 +58,24 @@ def test_graphs_give_the_eager_tokens(checkpoints, name):
         assert graphed == plain
 
 
+def test_parallel_drafting_pass_graphed_gives_the_eager_tokens(checkpoints, tmp_path):
+    """A P-EAGLE head's pass after each step replays its graph (graphed_pass): the eager
+    engine's tokens and acceptance, and plain decoding's tokens."""
+    target, _ = checkpoints
+    head = tmp_path / "peagle"
+    cf.write_speculators(head, model_type="peagle", speculative_tokens=3, mask_token_id=5, aux_layer_ids=[1, 2, 3])
+    spec = {"model": str(head)}
+    llm = LLM(str(target), speculative_config=spec, device="cuda", dtype="float32", max_model_len=256, max_num_seqs=4)
+    prompts = ef.random_prompts((20, 31, 44, 25), cf.TINY["vocab_size"], seed=5)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0, max_tokens=96, ignore_eos=True))
+    assert llm.engine.strategy == "parallel" and llm.engine.proposer.graphed_pass.graphs
+    eager, accepted_eager = _generate(target, spec, eager=True)
+    assert [o.outputs[0].token_ids for o in outs] == eager
+    assert llm.engine.metrics.num_accepted_tokens == accepted_eager
+    assert eager == _generate(target, None, eager=True)[0]
+
+
 @pytest.mark.parametrize("name", ["eagle k=3", "eagle3 tree"])
 def test_draft_enforce_eager_keeps_the_target_graphs(checkpoints, name):
     """speculative_config enforce_eager: the head runs without graphs (a greedy tree or

@@ -123,8 +123,24 @@ def test_drafts_after_every_kind_of_step(files):
     assert prop.propose(batch)[0][0].tolist() == reference_drafts(hf_target, head, x[:c + 2])
 
 
+class WholeRowPass:
+    """Stands in for the pass's CUDA graph (ParallelEagleProposer.graphed_pass) on the CPU:
+    runs the function the graph captures in its whole-row form (no kv_len), as a replay does."""
+
+    def __init__(self, fn):
+        self.fn, self.calls = fn, 0
+
+    def eligible(self, tokens):
+        return True
+
+    def __call__(self, *args):
+        self.calls += 1
+        self.fn(*args)
+
+
+@pytest.mark.parametrize("graph_form", [False, True], ids=["eager", "graph-form"])
 @pytest.mark.parametrize("adaptive", [False, True], ids=["fixed", "adaptive"])
-def test_greedy_equals_plain(files, adaptive):
+def test_greedy_equals_plain(files, adaptive, graph_form):
     target, head_dir = files
     prompts = ef.random_prompts((5, 12, 3, 19, 8), VOCAB, seed=1)
     max_tokens = (24, 30, 17, 21, 27)
@@ -134,6 +150,19 @@ def test_greedy_equals_plain(files, adaptive):
         spec["num_speculative_tokens_by_batch_size"] = {"1": 3, "2": 0, "3": 2}
     llm = make_llm(target, spec, max_num_seqs=3)
     prop, seen = llm.engine.proposer, []
+    assert prop.graphed_pass is None  # the CPU has no graphs
+    if graph_form:
+        prop.graphed_pass = WholeRowPass(prop._pass)
+    run = prop.runner.run
+
+    def checked_run(ids, positions, slots, kv_len, *args, cache_positions=None, **kw):
+        # No two tokens of a pass write one cache column (on GPUs the order of such writes is
+        # undefined; on the CPU the last one wins, which would hide the collision).
+        cols = positions if cache_positions is None else cache_positions
+        assert all(len(set(row)) == len(row) for row in cols.tolist()), cols
+        return run(ids, positions, slots, kv_len, *args, cache_positions=cache_positions, **kw)
+
+    prop.runner.run = checked_run
     propose = prop.propose
 
     def recording(batch):
@@ -159,6 +188,9 @@ def test_greedy_equals_plain(files, adaptive):
     assert m.num_drafts > 0 and len(m.num_accepted_tokens_per_pos) == K
     if adaptive:
         assert llm.engine.depth_schedule.steps_by_depth[0] > 0
+    if graph_form:  # every pass after a step (verifications and plain steps) took the graph's form
+        assert prop.graphed_pass.calls == sum(llm.engine.depth_schedule.steps_by_depth.values()) if adaptive \
+            else prop.graphed_pass.calls > 0
 
 
 def test_missing_mask_token_id(tmp_path, files):

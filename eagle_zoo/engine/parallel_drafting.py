@@ -18,19 +18,22 @@ K-1 slots at positions p+1 .. p+K-1, p the last accepted position. The rejected
 positions' keys/values would collide with the slots', so their cache writes are moved
 K columns on (cache_positions; rope positions unchanged): nothing reads them, and the
 next round overwrites them. Draft 0 is the output at p, drafts 1..K-1 the slots'
-outputs. The drafts are made at the end
-of a step (and at prefill) for the next one, always K of them; a step of depth
-d < K (adaptive depth) proposes the first d. A plain step (K = 0) runs the same pass
-over its one emitted token.
+outputs. The drafts are made at the end of a step (and at prefill) for the next one,
+always K of them; a step of depth d < K (adaptive depth) proposes the first d. A plain
+step (K = 0) runs the same pass over its one emitted token (a verification of one token,
+none of it rejected).
 
-The explicit cache positions keep these passes eager (no CUDA graphs yet). The mask
-token must be inside the head's embedding: a checkpoint whose mask_token_id is past
-the target vocabulary needs its own embed_tokens with that row.
+With CUDA graphs the pass after a step is one graph (graphed_pass), captured per batch
+bucket and width in its whole-row form, as the chain's catch-up is; the prompt's pass
+at prefill runs eagerly. The mask token must be inside the head's embedding: a
+checkpoint whose mask_token_id is past the target vocabulary needs its own embed_tokens
+with that row.
 """
 from __future__ import annotations
 
 import torch
 
+from .graphs import GraphedForward
 from .host_tensors import device_tensor
 from .proposers import EagleProposer, StepBatch, TargetOutput
 
@@ -72,20 +75,25 @@ class ParallelEagleProposer(EagleProposer):
                 f"{source}: mask token id {self.mask_token} is outside the head's embedding of {vocab} "
                 f"rows; the checkpoint needs its own embed_tokens with that row"
             )
-        self.drafts = torch.zeros(num_slots, k, dtype=torch.long, device=device)
+        # One row more for the scratch slot that padding rows of a graphed batch use.
+        self.drafts = torch.zeros(num_slots + 1, k, dtype=torch.long, device=device)
         # The slots' feature: constant for the loaded weights, so made once, not per pass.
         with torch.inference_mode():
             self.mask_feature = head.combine_hidden_states(head.mask_hidden.view(1, 1, -1))
+        self.graphed_pass = None
+        if self.runner.graphed is not None:
+            self.graphed_pass = GraphedForward(self._pass, num_slots, num_slots, graph_pool)
 
-    def _run(self, tokens, positions, cache_positions, slots, kv_len: int, features, last: torch.Tensor):
+    def _run(self, tokens, positions, cache_positions, slots, kv_len, features, last: torch.Tensor):
         """Verified columns + K-1 slots in one pass; returns the K drafts [B, K].
-        last [B]: the column of the last accepted position."""
+        last [B]: the column of the last accepted position. kv_len None: the whole cache
+        row (a graph's form)."""
         B, k = tokens.shape[0], self.num_speculative_tokens
         p = positions.gather(1, last.view(-1, 1))
         slot_pos = p + torch.arange(1, k, device=positions.device)
         ids = torch.cat([tokens, tokens.new_full((B, k - 1), self.mask_token)], 1)
         hidden = torch.cat([features, self.mask_feature.to(features.dtype).expand(B, k - 1, -1)], 1)
-        h = self.runner.run(ids, torch.cat([positions, slot_pos], 1), slots, kv_len + k, hidden,
+        h = self.runner.run(ids, torch.cat([positions, slot_pos], 1), slots, None if kv_len is None else kv_len + k, hidden,
                             cache_positions=torch.cat([cache_positions, slot_pos], 1))
         first = h.gather(1, last.view(-1, 1, 1).expand(-1, 1, h.shape[-1]))
         return self._draft_token(torch.cat([first, h[:, h.shape[1] - (k - 1):]], 1))
@@ -100,17 +108,24 @@ class ParallelEagleProposer(EagleProposer):
     def propose(self, batch: StepBatch):
         return self.drafts[batch.slots, : self.depth(batch)], None
 
+    def _pass(self, tokens, positions, slots, num_accepted, *feature_inputs, kv_len=None) -> None:
+        """The pass after a step: its verified tokens [B, T] (-1 past the accepted run: a
+        zero row of the embedding), num_accepted [B, 1], the target's feature inputs; the
+        next step's drafts into drafts[slots]. Device work only (one graph on CUDA)."""
+        col = torch.arange(tokens.shape[1], device=tokens.device)
+        moved = torch.where(col <= num_accepted, positions, positions + self.num_speculative_tokens)
+        self.drafts[slots] = self._run(tokens, positions, moved, slots, kv_len, self._combine(feature_inputs),
+                                       num_accepted.view(-1))
+
     @torch.inference_mode()
     def on_verify(self, batch: StepBatch, out: TargetOutput, num_accepted: torch.Tensor) -> None:
-        features, tokens = self._features(out), out.tokens  # -1: a zero row (embedding)
-        col = torch.arange(tokens.shape[1], device=tokens.device)
-        moved = torch.where(col <= num_accepted.view(-1, 1), out.positions, out.positions + self.num_speculative_tokens)
-        self.drafts[batch.slots] = self._run(tokens, out.positions, moved, batch.slots, batch.kv_len, features,
-                                             num_accepted)
+        args = (out.tokens, out.positions, batch.slots, num_accepted.view(-1, 1), *self._feature_inputs(out))
+        if self.graphed_pass is not None and self.graphed_pass.eligible(out.tokens):
+            self.graphed_pass(*args)
+        else:
+            self._pass(*args, kv_len=batch.kv_len)
 
     @torch.inference_mode()
     def on_plain_step(self, batch: StepBatch, out: TargetOutput) -> None:
-        last = torch.zeros(out.tokens.shape[0], dtype=torch.long, device=out.tokens.device)
-        self.drafts[batch.slots] = self._run(out.tokens, out.positions, out.positions, batch.slots, batch.kv_len,
-                                             self._features(out), last)
+        self.on_verify(batch, out, torch.zeros(out.tokens.shape[0], dtype=torch.long, device=out.tokens.device))
 
