@@ -77,6 +77,10 @@ def add_arguments(p):
                    help="context length: prompt + output (default: the engine's, min(model's, 2048)); the dev "
                         "set's longest prompts need about 4096")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="launch each decode step before the previous one is read back, as LLM(async_scheduling=...);"
+                        " default: on for a CUDA device, off on the CPU and with tensor parallelism; also "
+                        "EAGLE_ZOO_ASYNC_SCHEDULING=0/1")
     p.add_argument("--prompt-lookup-max", type=int, default=None, help="ngram: longest n-gram looked up")
     p.add_argument("--prompt-lookup-min", type=int, default=None, help="ngram: shortest n-gram looked up")
     p.add_argument("--enable-chunked-prefill", action="store_true",
@@ -504,7 +508,8 @@ def build_llm(args, speculative_config):
     from .engine.llm import LLM
 
     kwargs = dict(dtype=args.dtype, device=args.device, seed=args.seed,
-                  tensor_parallel_size=getattr(args, "tp", 1), enforce_eager=getattr(args, "enforce_eager", False))
+                  tensor_parallel_size=getattr(args, "tp", 1), enforce_eager=getattr(args, "enforce_eager", False),
+                  async_scheduling=args.async_scheduling)
     if args.max_num_seqs:
         kwargs["max_num_seqs"] = args.max_num_seqs
     if getattr(args, "max_model_len", None):

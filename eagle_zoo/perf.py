@@ -123,7 +123,8 @@ def run_perf(args) -> int:
     def make(spec=None, max_num_seqs=1):
         # Caches sized to the run: MT-bench prompts + 256 tokens fit in 1024.
         return LLM(model=args.model, speculative_config=spec, dtype=args.dtype, device=args.device,
-                   max_num_seqs=max_num_seqs, max_model_len=args.perf_max_model_len, seed=args.seed)
+                   max_num_seqs=max_num_seqs, max_model_len=args.perf_max_model_len, seed=args.seed,
+                   async_scheduling=args.async_scheduling)
 
     def warm(llm, batch: int = 2):
         warm_up(llm, conversations, batch)

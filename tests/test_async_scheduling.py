@@ -175,3 +175,17 @@ def test_default_is_on_for_one_cuda_device(monkeypatch, models):
     assert LLM(str(target), device="cpu", dtype="float32", max_model_len=64).engine.async_scheduling
     assert not LLM(str(target), device="cpu", dtype="float32", max_model_len=64,
                    async_scheduling=False).engine.async_scheduling
+
+
+@pytest.mark.parametrize("flag, want", [([], False), (["--async-scheduling"], True), (["--no-async-scheduling"], False)])
+def test_bench_takes_the_engine_argument(monkeypatch, models, flag, want):
+    """`eagle-zoo bench --async-scheduling / --no-async-scheduling` is LLM(async_scheduling=...);
+    unset, the engine's default (off on the CPU)."""
+    from eagle_zoo import bench
+    from eagle_zoo.cli import build_parser
+
+    monkeypatch.delenv("EAGLE_ZOO_ASYNC_SCHEDULING", raising=False)
+    target, _ = models
+    args = build_parser().parse_args(["bench", "--model", str(target), "--device", "cpu", "--dtype", "float32",
+                                      "--max-model-len", "64", *flag])
+    assert bench.build_llm(args, None).engine.async_scheduling is want
