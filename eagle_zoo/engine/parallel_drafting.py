@@ -93,8 +93,8 @@ class ParallelEagleProposer(EagleProposer):
         slot_pos = p + torch.arange(1, k, device=positions.device)
         ids = torch.cat([tokens, tokens.new_full((B, k - 1), self.mask_token)], 1)
         hidden = torch.cat([features, self.mask_feature.to(features.dtype).expand(B, k - 1, -1)], 1)
-        h = self.runner.run(ids, torch.cat([positions, slot_pos], 1), slots, None if kv_len is None else kv_len + k, hidden,
-                            cache_positions=torch.cat([cache_positions, slot_pos], 1))
+        h = self.runner.run(ids, torch.cat([positions, slot_pos], 1), slots, None if kv_len is None else kv_len + k,
+                            hidden, cache_positions=torch.cat([cache_positions, slot_pos], 1))
         first = h.gather(1, last.view(-1, 1, 1).expand(-1, 1, h.shape[-1]))
         return self._draft_token(torch.cat([first, h[:, h.shape[1] - (k - 1):]], 1))
 

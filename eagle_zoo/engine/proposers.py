@@ -91,10 +91,11 @@ class Proposer:
 class EagleProposer(Proposer):
     """EAGLE-1 and EAGLE-3 chains: the head drafts from the target's features."""
 
+    device_only_steps = True
+
     def __init__(self, head, method: str, k: int, num_slots: int, max_len: int, dtype, device,
                  target_num_layers: int, graph_pool=None):
         self.head = head
-        self.device_only_steps = True
         self.method = method
         self.num_speculative_tokens = k
         self.runner = ModelRunner(head, num_slots, max_len, dtype, device, graph_pool)
