@@ -64,6 +64,20 @@ def reference_drafts(hf_target, head, history: list[int], k: int = K) -> list[in
     return head.compute_logits(out)[0].argmax(-1).tolist()
 
 
+def check_cache_writes(prop) -> None:
+    """Makes every head pass of ``prop`` check that no two of its tokens write one cache
+    column: the order of such writes is undefined on GPUs (on the CPU the last one wins,
+    which would hide the collision)."""
+    run = prop.runner.run
+
+    def checked_run(ids, positions, slots, kv_len, *args, cache_positions=None, **kw):
+        cols = positions if cache_positions is None else cache_positions
+        assert all(len(set(row)) == len(row) for row in cols.tolist()), cols
+        return run(ids, positions, slots, kv_len, *args, cache_positions=cache_positions, **kw)
+
+    prop.runner.run = checked_run
+
+
 def test_loader_keeps_mask_hidden_and_token(files):
     target, head_dir = files
     llm = make_llm(target, {"model": str(head_dir)})
@@ -87,16 +101,7 @@ def test_drafts_after_every_kind_of_step(files):
     x = ef.random_prompts((60,), VOCAB, seed=3)[0]
     aux = hf_aux(hf_target, x)
     P, slot = 7, 1
-    # No two tokens of one pass may write the same cache column: the order of such writes
-    # is undefined on GPUs (on CPU the last one wins, which would hide the collision).
-    run = prop.runner.run
-
-    def checked_run(ids, positions, slots, kv_len, *args, cache_positions=None, **kw):
-        cols = positions if cache_positions is None else cache_positions
-        assert all(len(set(row)) == len(row) for row in cols.tolist()), cols
-        return run(ids, positions, slots, kv_len, *args, cache_positions=cache_positions, **kw)
-
-    prop.runner.run = checked_run
+    check_cache_writes(prop)
 
     def window(lo, hi, valid):
         ids = torch.tensor([x[lo:hi]])
@@ -153,16 +158,7 @@ def test_greedy_equals_plain(files, adaptive, graph_form):
     assert prop.graphed_pass is None  # the CPU has no graphs
     if graph_form:
         prop.graphed_pass = WholeRowPass(prop._pass)
-    run = prop.runner.run
-
-    def checked_run(ids, positions, slots, kv_len, *args, cache_positions=None, **kw):
-        # No two tokens of a pass write one cache column (on GPUs the order of such writes is
-        # undefined; on the CPU the last one wins, which would hide the collision).
-        cols = positions if cache_positions is None else cache_positions
-        assert all(len(set(row)) == len(row) for row in cols.tolist()), cols
-        return run(ids, positions, slots, kv_len, *args, cache_positions=cache_positions, **kw)
-
-    prop.runner.run = checked_run
+    check_cache_writes(prop)
     propose = prop.propose
 
     def recording(batch):
