@@ -89,12 +89,14 @@ def random_eagle3_head(target, draft_vocab_size: int, dtype: torch.dtype, seed: 
 
 
 def strategy_engine(target, head, strategy: str, k: int, tree: Optional[dict], dtype, device, max_model_len: int,
-                    batch: int = 1):
+                    batch: int = 1, async_scheduling: Optional[bool] = None):
     """An EngineCore of one step strategy ("plain", "chain" with an EAGLE-3 head of k
-    drafts, "tree" with ``tree``'s TreeConfig) for ``batch`` requests, with CUDA graphs and
-    async scheduling on CUDA, as a user's engine runs (scripts/device/identity_random.py)."""
+    drafts, "tree" with ``tree``'s TreeConfig) for ``batch`` requests, with CUDA graphs on
+    CUDA and async scheduling as given, else as LLM's default (on for one CUDA device), as a
+    user's engine runs (scripts/device/identity_random.py)."""
     from .engine.core import EngineCore
     from .engine.graphs import GraphPool
+    from .engine.llm import default_async_scheduling
     from .engine.proposers import EagleProposer
 
     pool = GraphPool() if device.type == "cuda" else None
@@ -110,7 +112,9 @@ def strategy_engine(target, head, strategy: str, k: int, tree: Optional[dict], d
         proposer = TreeEagleProposer(head, "eagle3", TreeConfig(**tree), batch, max_model_len, dtype, device,
                                      target_num_layers=n_layers, graph_pool=pool)
     return EngineCore(target, None, max_model_len=max_model_len, max_num_seqs=batch, dtype=dtype, device=device,
-                      proposer=proposer, graph_pool=pool, async_scheduling=device.type == "cuda")
+                      proposer=proposer, graph_pool=pool,
+                      async_scheduling=default_async_scheduling(device, 1) if async_scheduling is None
+                      else async_scheduling)
 
 
 def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, reps: int = 10) -> float:
@@ -275,7 +279,7 @@ def _steps_model_len(strategy: str, k: int, tree: Optional[dict], steps: int) ->
 
 
 def warm_engine(target, head, strategy: str, k: int, tree: Optional[dict], dtype, device, steps: int,
-                 batch: int = 1, max_model_len: int = 0):
+                 batch: int = 1, max_model_len: int = 0, async_scheduling: Optional[bool] = None):
     """An engine of ``strategy`` serving ``batch`` greedy requests (random prompts of
     PROMPT_TOKENS tokens) that outlive ``steps`` more engine steps, after their prefills,
     graph captures and 30 steps of warm-up; its caches hold max_model_len tokens, or what
@@ -288,7 +292,7 @@ def warm_engine(target, head, strategy: str, k: int, tree: Optional[dict], dtype
     if max_model_len > limit:  # step_cost_table refuses a --perf-max-model-len over it first
         raise ValueError(f"step costs: {steps} steps need max_model_len={max_model_len}, over the shape's "
                          f"max_position_embeddings={limit}; give fewer --step-cost-steps")
-    engine = strategy_engine(target, head, strategy, k, tree, dtype, device, max_model_len, batch)
+    engine = strategy_engine(target, head, strategy, k, tree, dtype, device, max_model_len, batch, async_scheduling)
     vocab, rng = target.config.vocab_size, torch.Generator().manual_seed(1)
     params = SamplingParams(temperature=0, max_tokens=(32 + steps) * per_step, ignore_eos=True)
     seqs = [engine.add_request(torch.randint(0, vocab, (PROMPT_TOKENS,), generator=rng).tolist(), params)
@@ -390,11 +394,11 @@ def prefill_profile(target, head, strategy: str, *, prompt_tokens: int, requests
 
 def measure_strategy(target, head, strategy: str, *, k: int = 3, tree: Optional[dict] = None,
                      dtype: torch.dtype, device: torch.device, steps: int = 200, batch: int = 1,
-                     max_model_len: int = 0) -> dict:
+                     max_model_len: int = 0, async_scheduling: Optional[bool] = None) -> dict:
     """One strategy's row: engine-step wall, host and device time, syncs and graphs (module
     doc); tokens_per_step is a request's mean; max_model_len as warm_engine's."""
     engine, seqs = warm_engine(target, head, strategy, k, tree, dtype, device, 2 * steps, batch,  # timed, profiled
-                                max_model_len)
+                                max_model_len, async_scheduling)
 
     def tokens() -> int:
         return sum(len(seq.output_token_ids) for seq in seqs)
@@ -425,12 +429,12 @@ def measure_strategy(target, head, strategy: str, *, k: int = 3, tree: Optional[
 def step_cost_table(shape_name: str, *, shape: Optional[dict] = None, k: int = 3, tree: Optional[dict] = None,
                     dtype: torch.dtype = torch.bfloat16, device: Optional[torch.device] = None, steps: int = 200,
                     acceptance_profile: Optional[list[float]] = None, batch: int = 1,
-                    max_model_len: int = 0) -> dict:
+                    max_model_len: int = 0, async_scheduling: Optional[bool] = None) -> dict:
     """The table for one target shape (SHAPES[shape_name], or ``shape`` given) at ``batch``
     requests a step: rows for plain, chain k and (with ``tree``) a tree; ratios to plain;
     the plain step against the weight-read floor; the projection. Every row's engine caches
     max_model_len tokens, or what the deepest strategy's timed steps need where that is
-    more (the table's max_model_len)."""
+    more (the table's max_model_len); async_scheduling as strategy_engine's."""
     if batch < 1:
         raise ValueError(f"step_cost_table: batch={batch}; a step serves 1 request or more")
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -445,14 +449,18 @@ def step_cost_table(shape_name: str, *, shape: Optional[dict] = None, k: int = 3
     # one asked for, or what the deepest strategy's timed steps need.
     max_model_len = max([max_model_len] + [_steps_model_len(name, k, kw.get("tree"), 2 * steps)
                                            for name, kw in strategies])
+    if async_scheduling is None:
+        from .engine.llm import default_async_scheduling
+
+        async_scheduling = default_async_scheduling(device, 1)
     rows = [measure_strategy(target, head, name, dtype=dtype, device=device, steps=steps, batch=batch,
-                             max_model_len=max_model_len, **kw)
+                             max_model_len=max_model_len, async_scheduling=async_scheduling, **kw)
             for name, kw in strategies]
     plain_us = rows[0]["step_us"]
     for row in rows:
         row["vs_plain"] = row["step_us"] / plain_us
     table = {"shape": shape_name, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
-             "batch": batch, "max_model_len": max_model_len, "rows": rows,
+             "batch": batch, "max_model_len": max_model_len, "async_scheduling": async_scheduling, "rows": rows,
              "plain_tokens_per_s": batch * 1e6 / plain_us}
     table["chain_read_ratio"] = chain_read_ratio(target, head, k)
     if device.type == "cuda":
@@ -523,7 +531,9 @@ def parse_acceptance_profile(text: Optional[str]) -> Optional[list[float]]:
 def format_table(table: dict) -> str:
     """The table as Markdown rows (BENCHMARKS.md's step-cost tables)."""
     lines = [f"shape {table['shape']}, {table['device']}, {table['dtype']}, batch {table['batch']}" +
-             (f", max_model_len {table['max_model_len']}" if "max_model_len" in table else "") + "; plain "
+             (f", max_model_len {table['max_model_len']}" if "max_model_len" in table else "") +
+             (f", async scheduling {'on' if table['async_scheduling'] else 'off'}" if "async_scheduling" in table
+              else "") + "; plain "
              f"{table['plain_tokens_per_s']:.1f} tokens/s" +
              (f"; plain step {table['plain_vs_floor']:.2f}x the weight-read floor "
               f"({table['weight_read_floor_us']:.1f} us at a measured copy bandwidth of "
@@ -567,7 +577,8 @@ def run_step_costs(args, record) -> None:
         try:
             table = step_cost_table(name, k=args.tput_k, tree=tree, dtype=dtype, device=device,
                                     steps=args.step_cost_steps, acceptance_profile=profile,
-                                    batch=args.step_cost_batch, max_model_len=args.perf_max_model_len)
+                                    batch=args.step_cost_batch, max_model_len=args.perf_max_model_len,
+                                    async_scheduling=getattr(args, "async_scheduling", None))
         except Exception as exc:  # one shape's failure must not cost the tables after it
             traceback.print_exc()
             record("step_costs", {"shape": name, "error": f"{type(exc).__name__}: {exc}"})

@@ -47,9 +47,31 @@ def test_a_batch_table_steps_every_request_together():
     assert table["batch"] == 3 and plain["tokens_per_step"] == 1.0
     assert 1.0 <= chain["tokens_per_step"] <= 3.0 and 1.0 <= tree["tokens_per_step"] <= 3.0
     assert table["plain_tokens_per_s"] == pytest.approx(3e6 / plain["step_us"])
-    assert format_table(table).startswith("shape tiny, cpu, float32, batch 3, max_model_len 512;")
+    assert format_table(table).startswith("shape tiny, cpu, float32, batch 3, max_model_len 512, "
+                                          "async scheduling off;")
     with pytest.raises(ValueError, match="batch=0; a step serves 1 request or more"):
         step_cost_table("tiny", shape=TINY, device=torch.device("cpu"), batch=0)
+
+
+@pytest.mark.parametrize("given, want", [(None, False), (True, True), (False, False)])
+def test_async_scheduling_as_given_else_the_engine_default(monkeypatch, given, want):
+    """`bench --perf --async-scheduling / --no-async-scheduling` reaches every row's engine;
+    unset, LLM's default (off on the CPU), and the table's first line says which."""
+    from eagle_zoo.engine.core import EngineCore
+
+    monkeypatch.delenv("EAGLE_ZOO_ASYNC_SCHEDULING", raising=False)
+    seen = []
+    init = EngineCore.__init__
+
+    def spy(self, *args, **kw):
+        seen.append(kw["async_scheduling"])
+        init(self, *args, **kw)
+
+    monkeypatch.setattr(EngineCore, "__init__", spy)
+    table = step_cost_table("tiny", shape=TINY, k=2, dtype=torch.float32, device=torch.device("cpu"), steps=4,
+                            async_scheduling=given)
+    assert seen == [want, want] and table["async_scheduling"] is want
+    assert f"async scheduling {'on' if want else 'off'};" in format_table(table)
 
 
 def test_every_row_caches_the_max_model_len_asked_for_or_what_the_deepest_steps_need():
@@ -72,7 +94,7 @@ def test_every_row_caches_the_max_model_len_asked_for_or_what_the_deepest_steps_
         seen.clear()
         table = step_cost_table("tiny", max_model_len=256, **kw)
         assert table["max_model_len"] == 512 and seen == [512, 512]
-    assert format_table(table).startswith("shape tiny, cpu, float32, batch 1, max_model_len 512;")
+    assert format_table(table).startswith("shape tiny, cpu, float32, batch 1, max_model_len 512, async scheduling off;")
     with pytest.raises(ValueError, match="--perf-max-model-len 8192 is over the shape's max_position_embeddings=4096"):
         step_cost_table("tiny", max_model_len=8192, **kw)
 
