@@ -4,11 +4,13 @@ A local directory is used as it is. Anything else is a Hugging Face repo id (a
 catalog id is one, and may pin a revision) fetched through huggingface_hub's own
 cache, so a snapshot downloaded once (by us, `hf download` or transformers) is found
 again offline. The environment is read at call time, not when huggingface_hub was
-imported, so HF_HOME / HF_HUB_CACHE / HF_HUB_OFFLINE set later still count.
+imported, so HF_HOME / HF_HUB_CACHE / HF_HUB_OFFLINE set later still count. An engine
+may name another cache directory and a token (vLLM's download_dir and hf_token: Fetch).
 Every failure comes out as a HubError that says what to download and how.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -20,6 +22,22 @@ ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.bin"]
 
 class HubError(RuntimeError):
     """An id could not be turned into a local directory; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """How hub ids are fetched: ``download_dir``, a cache directory in huggingface_hub's
+    layout instead of its default one (HF_HUB_CACHE / HF_HOME); ``token``, the token for
+    gated or private repos instead of HF_TOKEN / the `hf auth login` one."""
+
+    download_dir: Optional[str] = None
+    token: Optional[str] = None
+
+    def cache_dir(self) -> Path:
+        return Path(self.download_dir).expanduser() if self.download_dir else envs.hub_cache_dir()
+
+
+DEFAULT_FETCH = Fetch()
 
 
 def _looks_like_path(text: str) -> bool:
@@ -39,7 +57,7 @@ def _catalog_revision(repo_id: str) -> Optional[str]:
     return getattr(entry, "revision", None) if entry is not None else None
 
 
-def resolve(id_or_path, revision: Optional[str] = None) -> Path:
+def resolve(id_or_path, revision: Optional[str] = None, fetch: Fetch = DEFAULT_FETCH) -> Path:
     """A local directory holding the checkpoint named by ``id_or_path``."""
     text = str(id_or_path)
     path = Path(text).expanduser()
@@ -54,7 +72,7 @@ def resolve(id_or_path, revision: Optional[str] = None) -> Path:
     if shipped is not None:
         _refuse_revision(revision, f"{text} ships inside its plugin package ({shipped})")
         return shipped
-    return _snapshot(text, revision or _catalog_revision(text))
+    return _snapshot(text, revision or _catalog_revision(text), fetch)
 
 
 def _refuse_revision(revision: Optional[str], where: str) -> None:
@@ -80,7 +98,7 @@ def _catalog_path(repo_id: str) -> Optional[Path]:
     return path
 
 
-def _snapshot(repo_id: str, revision: Optional[str]) -> Path:
+def _snapshot(repo_id: str, revision: Optional[str], fetch: Fetch) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -91,7 +109,7 @@ def _snapshot(repo_id: str, revision: Optional[str]) -> Path:
         RevisionNotFoundError,
     )
 
-    cache = envs.hub_cache_dir()
+    cache = fetch.cache_dir()
     is_offline = envs.hub_offline()
     where = f"{repo_id!r} (revision {revision or 'main'!r})"
     hint = _download_hint(repo_id, revision)
@@ -101,6 +119,7 @@ def _snapshot(repo_id: str, revision: Optional[str]) -> Path:
                 repo_id,
                 revision=revision,
                 cache_dir=str(cache),
+                token=fetch.token,
                 local_files_only=is_offline,
                 allow_patterns=ALLOW_PATTERNS,
             )

@@ -77,12 +77,13 @@ def load(
     revision: Optional[str] = None,
     dtype: Union[torch.dtype, str, None] = None,
     device: Any = None,
+    fetch: hub.Fetch = hub.DEFAULT_FETCH,
 ) -> LoadedHead:
     """Load a head. ``target``: the target model (an object with ``.config``,
     ``embed_tokens`` and ``lm_head``), or only its config (a transformers config or a
     dict) to check compatibility; heads without their own embeddings / lm_head need
-    the model."""
-    path = hub.resolve(id_or_path, revision)
+    the model. ``fetch``: the cache directory and token for a hub id (hub.Fetch)."""
+    path = hub.resolve(id_or_path, revision, fetch)
     fmt = detect_format(path)
     raw: RawCheckpoint = fmt.read(path)
     source = str(raw.files[0]) if len(raw.files) == 1 else str(path)

@@ -65,3 +65,14 @@ def test_serve_with_a_bad_engine_argument_is_one_line_before_loading(capsys):
     assert cli.main(["serve", "default", "--max-model-len", "0"]) == 2
     assert capsys.readouterr().err == ("eagle-zoo serve: error: max_model_len must be an integer >= 1 "
                                        "(or None for the default), got 0\n")
+
+
+def test_serve_passes_download_dir_and_hf_token_to_the_engine(monkeypatch, capsys, tmp_path):
+    """`serve --download-dir DIR --hf-token T` is LLM(download_dir=DIR, hf_token=T); a hub id
+    missing from that cache is one line naming it, before anything is served."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert cli.main(["serve", "org/not-there", "--download-dir", str(tmp_path), "--hf-token", "hf_x",
+                     "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("eagle-zoo serve: error: 'org/not-there' (revision 'main') is not in the Hugging Face "
+                          f"cache at {tmp_path}")

@@ -140,3 +140,61 @@ def test_cache_dir_precedence(monkeypatch, tmp_path):
     assert envs.hub_cache_dir() == tmp_path / "home" / "hub"
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
     assert envs.hub_cache_dir() == tmp_path / "cache"
+
+
+def test_download_dir_is_the_cache_an_engine_reads(hf_home, tmp_path, eagle3_head):
+    """vLLM's download_dir (hub.Fetch): a cache in huggingface_hub's layout other than the
+    environment's; the environment's cache does not have the repo."""
+    elsewhere = tmp_path / "downloads"
+    snapshot = add_to_cache(elsewhere, "org/head", eagle3_head.path)
+    assert hub.resolve("org/head", fetch=hub.Fetch(download_dir=str(elsewhere))) == snapshot
+    with pytest.raises(HubError, match="not in the Hugging Face cache"):
+        hub.resolve("org/head")
+    loaded = eagle_zoo.load("org/head", fetch=hub.Fetch(download_dir=str(elsewhere)))
+    assert loaded.path == snapshot
+
+
+def test_fetch_passes_its_cache_and_token_to_huggingface_hub(monkeypatch, tmp_path):
+    import huggingface_hub
+
+    seen = {}
+
+    def snapshot_download(repo_id, **kw):
+        seen.update(kw, repo_id=repo_id)
+        return str(tmp_path)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    assert hub.resolve("org/gated", fetch=hub.Fetch(download_dir=str(tmp_path / "d"), token="hf_x")) == tmp_path
+    assert (seen["repo_id"], seen["cache_dir"], seen["token"]) == ("org/gated", str(tmp_path / "d"), "hf_x")
+    hub.resolve("org/gated")
+    assert seen["token"] is None and seen["cache_dir"] == str(envs.hub_cache_dir())
+
+
+def test_llm_reads_its_target_from_download_dir(hf_home, tmp_path, monkeypatch):
+    """LLM(download_dir=..., hf_token=...): the target comes from that cache, fetched with
+    that token."""
+    import huggingface_hub
+
+    import engine_fixtures as ef
+
+    from eagle_zoo import LLM, SamplingParams
+
+    source = ef.write_target(tmp_path / "src", ef.kind_of("llama"))
+    elsewhere = tmp_path / "downloads"
+    snapshot = add_to_cache(elsewhere, "org/target", source)
+    tokens, fetch = [], huggingface_hub.snapshot_download
+
+    def snapshot_download(*args, **kw):
+        tokens.append(kw.get("token"))
+        return fetch(*args, **kw)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    llm = LLM("org/target", device="cpu", dtype="float32", max_model_len=64, download_dir=str(elsewhere),
+              hf_token="hf_x")
+    assert llm.model_path == snapshot and tokens == ["hf_x"]
+    out = llm.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=2), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 2
+    with pytest.raises(HubError, match="not in the Hugging Face cache"):
+        LLM("org/target", device="cpu", dtype="float32", max_model_len=64)
+    with pytest.raises(ValueError, match="hf_token must be a string"):
+        LLM("org/target", device="cpu", hf_token=123)

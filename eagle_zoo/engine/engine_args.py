@@ -53,8 +53,6 @@ NO_EFFECT: dict[str, EngineArg] = {
     "disable_async_output_proc": EngineArg("outputs are processed where the step is read back", None),
     "compilation_config": EngineArg("no torch.compile: CUDA graphs (off with enforce_eager) and Triton kernels",
                                     str),
-    "download_dir": EngineArg("checkpoints are read through the Hugging Face cache (set HF_HOME)", str),
-    "hf_token": EngineArg("the hub token comes from HF_TOKEN or `hf auth login`", str),
     "max_parallel_loading_workers": EngineArg("weights load in this process", int),
     "enable_sleep_mode": EngineArg("the engine has no sleep mode", None),
     "scheduling_policy": EngineArg("requests are served first come, first served (order never changes "

@@ -6,9 +6,11 @@
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import operator
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,7 +18,7 @@ from typing import Any, Optional, Sequence as Seq, Union
 
 import torch
 
-from .. import envs
+from .. import envs, hub
 from ..config.depth_schedule import DepthSchedule
 from ..config.speculative import SpeculativeConfig
 from ..models.layers import add_exact_bf16_copies
@@ -61,7 +63,8 @@ def resolve_dtype(dtype: Union[str, torch.dtype, None], device: torch.device) ->
     return _DTYPES[dtype]
 
 
-def check_own_args(max_model_len, max_num_seqs, seed, enforce_eager, async_scheduling) -> None:
+def check_own_args(max_model_len, max_num_seqs, seed, enforce_eager, async_scheduling, download_dir=None,
+                   hf_token=None) -> None:
     """Refuse, by name and before anything loads, values of LLM's own arguments that mean
     nothing (vLLM's types: an integer length, count and seed, a yes / no switch)."""
     def integer(value) -> bool:
@@ -76,6 +79,12 @@ def check_own_args(max_model_len, max_num_seqs, seed, enforce_eager, async_sched
         raise ValueError(f"enforce_eager must be True or False, got {enforce_eager!r}")
     if async_scheduling is not None and not isinstance(async_scheduling, bool):
         raise ValueError(f"async_scheduling must be True, False or None (the default), got {async_scheduling!r}")
+    if download_dir is not None and not isinstance(download_dir, (str, os.PathLike)):
+        raise ValueError(f"download_dir must be a directory path (or None for huggingface_hub's cache), got "
+                         f"{download_dir!r}")
+    if hf_token is not None and not isinstance(hf_token, str):
+        raise ValueError(f"hf_token must be a string (or None for HF_TOKEN / the `hf auth login` token), got "
+                         f"{type(hf_token).__name__}")
 
 
 def default_async_scheduling(device: torch.device, tensor_parallel_size: int) -> bool:
@@ -106,6 +115,8 @@ class LLM:
         distributed_executor_backend: Optional[str] = None,
         revision: Optional[str] = None,
         tokenizer: Optional[str] = None,
+        download_dir: Optional[str] = None,
+        hf_token: Optional[str] = None,
         enforce_eager: bool = False,
         async_scheduling: Optional[bool] = None,
         max_logprobs: int = 20,
@@ -115,13 +126,16 @@ class LLM:
         ``enable_prefix_caching``, ``quantization``, ...): accepted where they have no effect
         here (one logged line names them), an error where they would change results
         (engine/engine_args.py). ``max_logprobs``: the most logprobs / prompt_logprobs a
-        request may ask for (vLLM's default 20; -1: the vocabulary size)."""
+        request may ask for (vLLM's default 20; -1: the vocabulary size). ``download_dir`` /
+        ``hf_token``: as vLLM's, the Hugging Face cache directory hub ids (target, draft,
+        tokenizer) are read from and downloaded to, and the token for gated repos."""
         from . import engine_args as _engine_args
 
         _engine_args.check(engine_args, _OWN_ARGS)
         # tensor-parallel workers rebuild from these (engine_args are checked, and do nothing)
         init_args = {k: v for k, v in locals().items() if k in _OWN_ARGS}
-        check_own_args(max_model_len, max_num_seqs, seed, enforce_eager, async_scheduling)
+        check_own_args(max_model_len, max_num_seqs, seed, enforce_eager, async_scheduling, download_dir, hf_token)
+        self._fetch = hub.Fetch(None if download_dir is None else os.fspath(download_dir), hf_token)
         if async_scheduling and isinstance(tensor_parallel_size, int) and tensor_parallel_size > 1:  # before ranks start
             raise ValueError("async_scheduling=True is not supported with tensor_parallel_size > 1 (the ranks' "
                              "run-ahead is untested): leave async_scheduling off")
@@ -130,7 +144,8 @@ class LLM:
                              f"{max_logprobs!r}")
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
-        self.speculative_config = SpeculativeConfig.parse(speculative_config, config_reader=read_draft_config)
+        self.speculative_config = SpeculativeConfig.parse(
+            speculative_config, config_reader=functools.partial(read_draft_config, fetch=self._fetch))
         # Checks the parallel sizes; with tensor_parallel_size > 1 brings up this rank
         # (and, in a plain process, starts the other ranks): engine/parallel.py.
         self.parallel = start_parallel(init_args, self.speculative_config, self.device, owner=self)
@@ -140,7 +155,7 @@ class LLM:
             async_scheduling = default_async_scheduling(self.device, tensor_parallel_size)
         torch.manual_seed(seed)
         with target_scope(self.parallel):
-            loaded = load_model(model, self.dtype, self.device, revision=revision)
+            loaded = load_model(model, self.dtype, self.device, revision=revision, fetch=self._fetch)
         self.model_path = loaded.path
         self._model_name = model
         self.model_config = loaded.config
@@ -149,7 +164,8 @@ class LLM:
             from transformers import AutoTokenizer
 
             try:
-                self.tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+                self.tokenizer = AutoTokenizer.from_pretrained(tokenizer, cache_dir=self._fetch.download_dir,
+                                                               token=self._fetch.token)
             except (OSError, ValueError) as exc:
                 raise ValueError(f"tokenizer={tokenizer!r}: cannot be loaded as a tokenizer ({exc}); give a "
                                  f"tokenizer directory or hub id, or leave it unset for the model's own") from None
@@ -217,7 +233,8 @@ class LLM:
         if spec.method in ("eagle", "eagle3"):
             from ..loading import load as load_head
 
-            head = load_head(spec.model, target=loaded.model, revision=spec.revision, dtype=self.dtype, device=self.device)
+            head = load_head(spec.model, target=loaded.model, revision=spec.revision, dtype=self.dtype,
+                             device=self.device, fetch=self._fetch)
             if head.method != spec.method:
                 raise ValueError(
                     f"speculative_config method={spec.method!r} but {spec.model!r} is an {head.method} head: "
@@ -240,8 +257,8 @@ class LLM:
             return EagleProposer(head.head, head.method, k, *args, target_num_layers=n_layers,
                                  graph_pool=graph_pool)
         if spec.method == "draft_model":
-            _refuse_eagle_weights(spec)
-            draft = load_model(spec.model, self.dtype, self.device, revision=spec.revision)
+            _refuse_eagle_weights(spec, self._fetch)
+            draft = load_model(spec.model, self.dtype, self.device, revision=spec.revision, fetch=self._fetch)
             if draft.config.vocab_size != loaded.config.vocab_size:
                 raise ValueError(
                     f"draft model {spec.model!r} has vocab_size {draft.config.vocab_size}, the target "
@@ -408,7 +425,7 @@ class LLM:
 _OWN_ARGS = tuple(p for p in inspect.signature(LLM.__init__).parameters if p not in ("self", "engine_args"))
 
 
-def _refuse_eagle_weights(spec: SpeculativeConfig) -> None:
+def _refuse_eagle_weights(spec: SpeculativeConfig, fetch: hub.Fetch) -> None:
     """A head's directory taken as a separate draft model fails here, saying to set
     ``method``, instead of with a missing-weight error from the model loader."""
     from ..checkpoints.tensors import CheckpointError, tensor_names
@@ -416,7 +433,7 @@ def _refuse_eagle_weights(spec: SpeculativeConfig) -> None:
     from .model_loader import resolve_model_dir
 
     try:
-        names = tensor_names(resolve_model_dir(str(spec.model), spec.revision))
+        names = tensor_names(resolve_model_dir(str(spec.model), spec.revision, fetch))
     except (CheckpointError, OSError, ValueError):  # the loader reports what is wrong with it
         return
     error = eagle_weights_error(str(spec.model), names, spec.inferred_from)
@@ -424,7 +441,7 @@ def _refuse_eagle_weights(spec: SpeculativeConfig) -> None:
         raise error
 
 
-def read_draft_config(model: str) -> Optional[dict]:
+def read_draft_config(model: str, fetch: hub.Fetch = hub.DEFAULT_FETCH) -> Optional[dict]:
     """The draft's config.json for method inference, without downloading anything: a
     local directory, a head shipped inside a plugin (catalog `path`), or a snapshot
     already in the Hugging Face cache. None when it is not available offline."""
@@ -440,7 +457,8 @@ def read_draft_config(model: str) -> Optional[dict]:
     try:
         from huggingface_hub import try_to_load_from_cache
 
-        cached = try_to_load_from_cache(model, "config.json", revision=getattr(entry, "revision", None))
+        cached = try_to_load_from_cache(model, "config.json", revision=getattr(entry, "revision", None),
+                                        cache_dir=str(fetch.cache_dir()))
     except Exception:  # not a valid repo id: the name rules decide
         return None
     return json.loads(Path(cached).read_text()) if isinstance(cached, str) else None

@@ -29,11 +29,11 @@ class LoadedModel:
     tokenizer: Any
 
 
-def resolve_model_dir(model: str, revision: Optional[str] = None) -> Path:
+def resolve_model_dir(model: str, revision: Optional[str] = None, fetch: hub.Fetch = hub.DEFAULT_FETCH) -> Path:
     default = resolve_default(model)
     if default is not None:
         return Path(default)
-    return Path(hub.resolve(model, revision=revision))
+    return Path(hub.resolve(model, revision=revision, fetch=fetch))
 
 
 def load_config(path: Path):
@@ -63,8 +63,9 @@ def load_model(
     device: torch.device,
     revision: Optional[str] = None,
     tokenizer_required: bool = False,
+    fetch: hub.Fetch = hub.DEFAULT_FETCH,
 ) -> LoadedModel:
-    path = resolve_model_dir(model, revision)
+    path = resolve_model_dir(model, revision, fetch)
     config = load_config(path)
     family = get_registry().family_for_config(config)
     if family.target_model is None:

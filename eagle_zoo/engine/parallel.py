@@ -42,7 +42,7 @@ from typing import Any, Optional
 
 import torch
 
-from .. import envs
+from .. import envs, hub
 from ..models import parallel_state as ps
 
 # Options a user can reach this module through (error messages name them).
@@ -403,7 +403,8 @@ def start(llm_kwargs: dict, speculative, device: torch.device, owner: Any = None
             )
     local_rank = _local_rank()
     check_devices(tp, device, local_rank)
-    config = load_config(resolve_model_dir(llm_kwargs["model"], llm_kwargs.get("revision")))
+    fetch = hub.Fetch(llm_kwargs.get("download_dir"), llm_kwargs.get("hf_token"))
+    config = load_config(resolve_model_dir(llm_kwargs["model"], llm_kwargs.get("revision"), fetch))
     check_divisible(config, tp)
 
     if device.type == "cuda":

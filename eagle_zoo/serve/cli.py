@@ -55,6 +55,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="server log verbosity (default info)")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory or id (default: the model's)")
     p.add_argument("--revision", default=None, help="the model's hub revision")
+    p.add_argument("--download-dir", default=None, metavar="DIR",
+                   help="the Hugging Face cache directory hub ids are read from and downloaded to, as LLM("
+                        "download_dir=...) (default: huggingface_hub's, HF_HUB_CACHE / HF_HOME)")
+    p.add_argument("--hf-token", default=None, metavar="TOKEN",
+                   help="the token for gated or private hub repos, as LLM(hf_token=...) (default: HF_TOKEN or "
+                        "the `hf auth login` one)")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs, as LLM(enforce_eager=True)")
     p.add_argument("--max-logprobs", type=int, default=20, metavar="N",
                    help="the most logprobs / top_logprobs / prompt_logprobs a request may ask for, as LLM("
@@ -106,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
     llm = LLM(args.model, spec, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
               max_num_seqs=args.max_num_seqs, seed=args.seed, tensor_parallel_size=args.tensor_parallel_size,
               async_scheduling=args.async_scheduling, tokenizer=args.tokenizer, revision=args.revision,
+              download_dir=args.download_dir, hf_token=args.hf_token,
               enforce_eager=args.enforce_eager, max_logprobs=args.max_logprobs, **from_cli(args))
     if args.chat_template is not None:
         try:
