@@ -66,7 +66,8 @@ def resolve_dtype(dtype: Union[str, torch.dtype, None], device: torch.device) ->
 def check_own_args(max_model_len, max_num_seqs, seed, enforce_eager, async_scheduling, download_dir=None,
                    hf_token=None) -> None:
     """Refuse, by name and before anything loads, values of LLM's own arguments that mean
-    nothing (vLLM's types: an integer length, count and seed, a yes / no switch)."""
+    nothing (vLLM's types: an integer length, count and seed, a yes / no switch, a
+    directory path and a token string)."""
     def integer(value) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
 
