@@ -45,9 +45,10 @@ def _looks_like_path(text: str) -> bool:
     return text.startswith(("/", "./", "../", "~")) or text in (".", "..") or text.count("/") > 1
 
 
-def _download_hint(repo_id: str, revision: Optional[str]) -> str:
-    rev = f" --revision {revision}" if revision else ""
-    return f"`hf download {repo_id}{rev}` (or `huggingface-cli download {repo_id}{rev}`)"
+def _download_hint(repo_id: str, revision: Optional[str], fetch: Fetch = DEFAULT_FETCH) -> str:
+    options = (f" --revision {revision}" if revision else "") + (f" --cache-dir {fetch.download_dir}"
+                                                                  if fetch.download_dir else "")
+    return f"`hf download {repo_id}{options}` (or `huggingface-cli download {repo_id}{options}`)"
 
 
 def _catalog_revision(repo_id: str) -> Optional[str]:
@@ -112,7 +113,7 @@ def _snapshot(repo_id: str, revision: Optional[str], fetch: Fetch) -> Path:
     cache = fetch.cache_dir()
     is_offline = envs.hub_offline()
     where = f"{repo_id!r} (revision {revision or 'main'!r})"
-    hint = _download_hint(repo_id, revision)
+    hint = _download_hint(repo_id, revision, fetch)
     try:
         return Path(
             snapshot_download(

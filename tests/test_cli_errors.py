@@ -76,3 +76,4 @@ def test_serve_passes_download_dir_and_hf_token_to_the_engine(monkeypatch, capsy
     err = capsys.readouterr().err
     assert err.startswith("eagle-zoo serve: error: 'org/not-there' (revision 'main') is not in the Hugging Face "
                           f"cache at {tmp_path}")
+    assert f"`hf download org/not-there --cache-dir {tmp_path}`" in err  # the download that lands there
