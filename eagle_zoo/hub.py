@@ -45,7 +45,7 @@ def _looks_like_path(text: str) -> bool:
     return text.startswith(("/", "./", "../", "~")) or text in (".", "..") or text.count("/") > 1
 
 
-def _download_hint(repo_id: str, revision: Optional[str], fetch: Fetch = DEFAULT_FETCH) -> str:
+def _download_hint(repo_id: str, revision: Optional[str], fetch: Fetch) -> str:
     options = (f" --revision {revision}" if revision else "") + (f" --cache-dir {fetch.download_dir}"
                                                                   if fetch.download_dir else "")
     return f"`hf download {repo_id}{options}` (or `huggingface-cli download {repo_id}{options}`)"

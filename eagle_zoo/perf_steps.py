@@ -411,7 +411,7 @@ def measure_strategy(target, head, strategy: str, *, k: int = 3, tree: Optional[
     row = {"strategy": strategy, "step_us": seconds / steps * 1e6,
            "host_us": (seconds - waits.seconds) / steps * 1e6,
            "syncs_per_step": (waits.count + implicit.count) / steps,
-           "tokens_per_step": (tokens() - n0) / steps / batch}
+           "tokens_per_step": (tokens() - n0) / steps / batch, "async_scheduling": engine.async_scheduling}
     if strategy == "chain":
         row["k"] = k
     if strategy == "tree":
@@ -449,10 +449,6 @@ def step_cost_table(shape_name: str, *, shape: Optional[dict] = None, k: int = 3
     # one asked for, or what the deepest strategy's timed steps need.
     max_model_len = max([max_model_len] + [_steps_model_len(name, k, kw.get("tree"), 2 * steps)
                                            for name, kw in strategies])
-    if async_scheduling is None:
-        from .engine.llm import default_async_scheduling
-
-        async_scheduling = default_async_scheduling(device, 1)
     rows = [measure_strategy(target, head, name, dtype=dtype, device=device, steps=steps, batch=batch,
                              max_model_len=max_model_len, async_scheduling=async_scheduling, **kw)
             for name, kw in strategies]
@@ -460,7 +456,8 @@ def step_cost_table(shape_name: str, *, shape: Optional[dict] = None, k: int = 3
     for row in rows:
         row["vs_plain"] = row["step_us"] / plain_us
     table = {"shape": shape_name, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
-             "batch": batch, "max_model_len": max_model_len, "async_scheduling": async_scheduling, "rows": rows,
+             "batch": batch, "max_model_len": max_model_len, "async_scheduling": rows[0]["async_scheduling"],
+             "rows": rows,
              "plain_tokens_per_s": batch * 1e6 / plain_us}
     table["chain_read_ratio"] = chain_read_ratio(target, head, k)
     if device.type == "cuda":

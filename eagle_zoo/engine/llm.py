@@ -63,8 +63,8 @@ def resolve_dtype(dtype: Union[str, torch.dtype, None], device: torch.device) ->
     return _DTYPES[dtype]
 
 
-def check_own_args(max_model_len, max_num_seqs, seed, enforce_eager, async_scheduling, download_dir=None,
-                   hf_token=None) -> None:
+def check_own_args(max_model_len, max_num_seqs, seed, enforce_eager, async_scheduling, download_dir,
+                   hf_token) -> None:
     """Refuse, by name and before anything loads, values of LLM's own arguments that mean
     nothing (vLLM's types: an integer length, count and seed, a yes / no switch, a
     directory path and a token string)."""
