@@ -186,37 +186,57 @@ def eagle3_draft_rows(h, k: int, embed, norm_f, eps_f, lm_head, d2t, norm_e, eps
 
 def bench_products(modules: dict, rounds: int = 5) -> None:
     """few_row_linear of each module (label: built extension) over SmolLM2-135M's four
-    products of 30 layers, with float32 weights (the embedded target's, 425 MB) and
-    bfloat16 ones (an EAGLE head's, 212 MB), read from memory, not cache, as a decode step
-    reads them, and few_row_linear_int8 over an int8 weight of its lm_head's shape (49,152
-    x 576, 29 MB), at 1 to 4 rows (a plain step; a verification at k = 1 to 3): the best
-    of `rounds` passes, the modules alternating pass by pass. Checks that the modules give
-    the same bits."""
+    products of 30 layers, with float32 weights (425 MB), bfloat16 ones (an EAGLE head's,
+    212 MB) and 4-bit blocks (the embedded target's exact form, 80 MB), read from memory,
+    not cache, as a decode step reads them, and few_row_linear_int8 over an int8 weight of
+    its lm_head's shape (49,152 x 576, 29 MB), at 1 to 4 rows (a plain step; a
+    verification at k = 1 to 3): the best of `rounds` passes, the modules alternating pass
+    by pass (a module that refuses a weight, one built before it took 4-bit blocks, is left
+    out of its lines). Checks that the modules give the same bits."""
+    from ..models.layers import exact_q4_blocks
+
     torch.manual_seed(0)
     shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
     q = torch.randint(-127, 128, (49152, 576), dtype=torch.int8)
     d = 0.01 * torch.rand(49152, 576 // 32)
 
     def compare(what: str, run, nbytes: Optional[int] = None) -> None:
-        outs = {label: run(module) for label, module in modules.items()}  # also the warm-up pass
+        outs = {}
+        for label, module in modules.items():  # also the warm-up pass
+            try:
+                outs[label] = run(module)
+            except RuntimeError:
+                continue
         same = all(torch.equal(a, b) for out in outs.values() for a, b in zip(out, outs[next(iter(outs))]))
-        times = {label: [] for label in modules}
+        times = {label: [] for label in outs}
         for _ in range(rounds):
-            for label, module in modules.items():
+            for label in outs:
                 start = time.perf_counter()
-                run(module)
+                run(modules[label])
                 times[label].append(time.perf_counter() - start)
         cells = "  ".join(f"{label} {min(t) * 1e3:.3f} ms" + (f" ({nbytes / min(t) / 1e9:.1f} GB/s)" if nbytes else "")
                           for label, t in times.items())
         print(f"{what}: {cells}{'' if same else '  (results differ)'}")
 
-    for dtype in (torch.float32, torch.bfloat16):
-        layers = [[(0.03 * torch.randn(n, k)).to(dtype) for n, k in shapes] for _ in range(30)]
+    def q4_exact(n: int, k: int) -> torch.Tensor:
+        """A weight of Q4_1's values: per block of 32, 4-bit q (0 and 15 among them) times a
+        float16 d plus a float16 m."""
+        q4 = torch.randint(0, 16, (n, k // 32, 32)).float()
+        q4[..., 0], q4[..., 1] = 0, 15
+        d4 = (0.004 * torch.rand(n, k // 32)).half().float()
+        m4 = (-0.03 * torch.rand(n, k // 32)).half().float()
+        return exact_q4_blocks((q4 * d4[..., None] + m4[..., None]).reshape(n, k))
+
+    weight_sets = {str(dtype)[6:]: [[(0.03 * torch.randn(n, k)).to(dtype) for n, k in shapes] for _ in range(30)]
+                   for dtype in (torch.float32, torch.bfloat16)}
+    weight_sets["4-bit block"] = [[q4_exact(n, k) for n, k in shapes] for _ in range(30)]
+    for kind, layers in weight_sets.items():
         nbytes = sum(w.numel() * w.element_size() for layer in layers for w in layer)
         for rows in (1, 2, 3, 4):
             x = {k: torch.randn(rows, k) for k in (576, 1536)}
-            compare(f"{rows} row{'s' if rows > 1 else ' '}, 30 layers of {str(dtype)[6:]} weights",
-                    lambda m: [m.few_row_linear(x[w.shape[1]], w) for layer in layers for w in layer], nbytes)
+            compare(f"{rows} row{'s' if rows > 1 else ' '}, 30 layers of {kind} weights",
+                    lambda m: [m.few_row_linear(x[w.shape[1] if w.dtype != torch.uint8 else w.shape[1] // 24 * 32], w)
+                               for layer in layers for w in layer], nbytes)
     for rows in (1, 2, 3, 4):
         x = torch.randn(rows, 576)
         compare(f"{rows} row{'s' if rows > 1 else ' '}, the int8 lm_head", lambda m: [m.few_row_linear_int8(x, q, d)])

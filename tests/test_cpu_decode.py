@@ -53,7 +53,7 @@ def test_bad_inputs_name_the_problem():
     w = torch.randn(8, 16)
     with pytest.raises(RuntimeError, match="at most 8 rows"):
         cpu_decode._module.few_row_linear(torch.randn(9, 16), w)
-    with pytest.raises(RuntimeError, match="float32 x and a float32 or bfloat16 weight only"):
+    with pytest.raises(RuntimeError, match="float32 x and a float32, bfloat16 or 4-bit \(uint8\) weight only"):
         cpu_decode._module.few_row_linear(torch.randn(2, 16, dtype=torch.float64), w.double())
     with pytest.raises(RuntimeError, match=r"x \[M, K\] and w \[N, K\]"):
         cpu_decode._module.few_row_linear(torch.randn(2, 15), w)
@@ -457,6 +457,36 @@ def test_int8_copy_gives_the_float32_weights_bits(shape):
         cpu_decode.few_row_linear_int8(torch.randn(1, 64), torch.zeros(2, 64, dtype=torch.int8), torch.zeros(2, 3))
 
 
+def _q4_weight(N, K, generator):
+    """A weight as a GGUF Q4_1 tensor dequantizes: per block of 32, 4-bit q (0 and 15 among
+    them: the block's least and largest value) times a float16 d plus a float16 m, in float32."""
+    q = torch.randint(0, 16, (N, K // 32, 32), generator=generator).float()
+    q[:, :, 3], q[:, :, 20] = 0, 15
+    d = (0.004 * torch.rand(N, K // 32, generator=generator)).half().float()
+    m = (-0.03 * torch.rand(N, K // 32, generator=generator)).half().float()
+    return (q * d[..., None] + m[..., None]).view(N, K)
+
+
+@needs_kernel
+@pytest.mark.parametrize("shape", [(300, 576), (65, 64)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_q4_copy_gives_the_float32_weights_bits(shape):
+    N, K = shape
+    g = torch.Generator().manual_seed(N + 1)
+    w = _q4_weight(N, K, g)
+    w[0, :32] = 0.25  # a block of one value: d = 0
+    blocks = layers.exact_q4_blocks(w)
+    assert blocks.dtype == torch.uint8 and blocks.shape == (N, K // 32 * layers.Q4_BLOCK_BYTES)
+    assert layers.exact_q4_blocks(w + 1e-4) is None  # no longer 4-bit blocks of float16 d and m
+    assert layers.exact_q4_blocks(_q8_weight(N, K, g)) is None
+    x = torch.randn(cpu_decode.MAX_ROWS, K, generator=g)
+    for m in range(1, cpu_decode.MAX_ROWS + 1):
+        assert torch.equal(cpu_decode.few_row_linear(x[:m], blocks), cpu_decode.few_row_linear(x[:m], w)), m
+    with pytest.raises(RuntimeError, match=r"x \[M, K\] and w \[N, K / 32 blocks\]"):
+        cpu_decode.few_row_linear(torch.randn(1, 64), torch.zeros(2, 50, dtype=torch.uint8))
+    with pytest.raises(RuntimeError, match=r"x \[M, K\] and w \[N, K / 32 blocks\]"):
+        cpu_decode.few_row_linear(torch.randn(1, 32), torch.zeros(2, 36, dtype=torch.uint8))  # 1.5 blocks a row
+
+
 @needs_kernel
 def test_exact_int8_copies_only_for_q8_weights_and_only_while_current():
     g = torch.Generator().manual_seed(3)
@@ -484,32 +514,42 @@ def test_exact_int8_copies_only_for_q8_weights_and_only_while_current():
 
 
 @needs_kernel
-def test_the_embedded_targets_lm_head_decodes_from_its_int8_copy():
-    """SmolLM2's GGUF stores the tied embedding as Q8_0: a CPU float32 engine reads its
-    lm_head from the exact int8 copy, with the float32 weight's tokens and logprobs; its
-    layers (Q4_1) keep float32."""
+def test_the_embedded_target_decodes_from_its_int8_and_q4_copies():
+    """SmolLM2's GGUF stores the tied embedding as Q8_0 and the decoder layers' weights as
+    Q4_1: a CPU float32 engine reads its lm_head from the exact int8 copy and its layers
+    from the exact 4-bit copies, with the float32 weights' tokens and logprobs."""
     from eagle_zoo import LLM, SamplingParams
 
     llm = LLM(model="HuggingFaceTB/SmolLM2-135M-Instruct", device="cpu", dtype="float32", max_model_len=64)
     target = llm.engine.target
     assert hasattr(target.lm_head.weight, "_int8_copy")
-    assert not any(hasattr(m.weight, "_int8_copy") for m in target.layers[0].modules() if hasattr(m, "weight")
-                   and isinstance(m, layers.LinearBase))
+    layer_weights = [m.weight for layer in target.layers for m in layer.modules() if isinstance(m, layers.LinearBase)]
+    assert len(layer_weights) == 4 * len(target.layers)  # qkv, o, gate_up, down
+    assert all(hasattr(w, "_q4_copy") and not hasattr(w, "_int8_copy") for w in layer_weights)
     params = SamplingParams(temperature=0.0, max_tokens=6, logprobs=1)
 
     def decode():
         out = llm.generate("The capital of France is", params, use_tqdm=False)[0].outputs[0]
         return out.token_ids, [entry[t].logprob for t, entry in zip(out.token_ids, out.logprobs)]
 
-    calls = []
-    kernel = cpu_decode.few_row_linear_int8
+    int8_calls, stack_weights = [], []
+    int8_kernel, stack = cpu_decode.few_row_linear_int8, cpu_decode.llama_stack_rows
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cpu_decode, "few_row_linear_int8", lambda x, q, d: calls.append(tuple(q.shape)) or kernel(x, q, d))
-        from_copy = decode()
-        assert set(calls) == {tuple(target.lm_head.weight.shape)} and len(calls) >= 5  # each decode step's lm_head
-        del target.lm_head.weight._int8_copy  # the float32 weight itself
-        calls.clear()
-        assert decode() == from_copy and calls == []
+        mp.setattr(cpu_decode, "few_row_linear_int8",
+                   lambda x, q, d: int8_calls.append(tuple(q.shape)) or int8_kernel(x, q, d))
+        mp.setattr(cpu_decode, "llama_stack_rows",
+                   lambda h, weights, *a, **k: stack_weights.append({w.dtype for w in weights})
+                   or stack(h, weights, *a, **k))
+        from_copies = decode()
+        assert set(int8_calls) == {tuple(target.lm_head.weight.shape)} and len(int8_calls) >= 5  # each decode step's
+        assert len(stack_weights) >= 5 and all(dtypes == {torch.float32, torch.uint8} for dtypes in stack_weights)
+        del target.lm_head.weight._int8_copy  # the float32 weights themselves
+        for w in layer_weights:
+            del w._q4_copy
+        int8_calls.clear()
+        stack_weights.clear()
+        assert decode() == from_copies and int8_calls == []
+        assert stack_weights and all(dtypes == {torch.float32} for dtypes in stack_weights)
 
 
 def test_the_benches_against_a_commit_refuse_one_git_does_not_know():

@@ -14,7 +14,7 @@ from torch import nn
 
 from ..models.attention import AttentionContext, use_context
 from ..models.fused_layer import choose_decode_paths
-from ..models.layers import add_exact_int8_copies, prepare_one_row_copies
+from ..models.layers import add_exact_int8_copies, add_exact_q4_copies, prepare_one_row_copies
 from .cache import allocate_kv_caches
 from .graphs import GraphedForward, GraphPool
 from .prefill_graphs import GraphedPrefill
@@ -42,8 +42,11 @@ class ModelRunner:
             # within a memory budget (models/layers.py, CPU_ONE_ROW_COPY_BYTES).
             prepare_one_row_copies(model)
             # Weights that are exactly int8 blocks times a scale (a GGUF's Q8_0 tensors:
-            # SmolLM2's lm_head) are read from an int8 copy, same bits (models/layers.py).
+            # SmolLM2's lm_head) are read from an int8 copy, those that are 4-bit blocks
+            # times a scale plus a minimum (Q4_1: SmolLM2's decoder layers) from a 4-bit
+            # copy, same bits (models/layers.py).
             add_exact_int8_copies(model)
+            add_exact_q4_copies(model)
         self.graphed = self.graphed_prefill = None
         if graph_pool is not None:
             self.graphed = GraphedForward(self.forward_full_length, num_slots, self.scratch_slot, graph_pool)

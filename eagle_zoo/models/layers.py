@@ -172,6 +172,22 @@ def add_exact_int8_copies(module: nn.Module) -> int:
     return _add_exact_copies(module, "_int8_copy", _exact_int8)
 
 
+Q4_BLOCK_BYTES = 24  # a 4-bit copy's bytes per INT8_BLOCK weights: 16 of q, d and m as float32
+
+
+@torch.no_grad()
+def add_exact_q4_copies(module: nn.Module) -> int:
+    """Give each float32 CPU weight of ``module``'s linear layers and lm heads whose every
+    block of INT8_BLOCK values along a row is exactly q * d + m (4-bit q, d and m float16
+    values) a 4-bit copy (exact_q4_blocks), which linear() and the decoder layers' C++ calls
+    hand kernels/cpu_decode.py for a few rows; returns the copies' bytes. Such a weight is
+    what a GGUF Q4_1 tensor dequantizes to (SmolLM2's decoder layers: 424 MB of float32
+    read by every decode step on the CPU, 3/16 of that as 4-bit blocks); the kernel
+    multiplies back the same float32 values, so every product and sum is the float32
+    weight's, bit for bit."""
+    return _add_exact_copies(module, "_q4_copy", _exact_q4)
+
+
 def _add_exact_copies(module: nn.Module, attr: str, exact_copy, keep: Sequence[torch.Tensor] = ()) -> int:
     """Set ``attr`` of each float32 CPU weight of ``module``'s linear layers and lm heads
     (but those in ``keep``) to (exact_copy(w), w's stamp) where exact_copy gives one (a
@@ -222,14 +238,42 @@ def exact_int8_blocks(w: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Ten
     return q.to(torch.int8).view(w.shape), d
 
 
+def _exact_q4(w: torch.Tensor) -> Optional[torch.Tensor]:
+    if w.shape[1] % INT8_BLOCK or not w.is_contiguous() or exact_q4_blocks(w[:8]) is None:
+        return None  # most weights that are not 4-bit blocks fail on their first rows, cheaply
+    return exact_q4_blocks(w)
+
+
+def exact_q4_blocks(w: torch.Tensor) -> Optional[torch.Tensor]:
+    """w [N, K] as 4-bit blocks, uint8 [N, K / INT8_BLOCK * Q4_BLOCK_BYTES] (the layout
+    kernels/csrc/cpu_decode.cpp's dot_rows_q4 reads: per block 16 bytes holding q[j] in
+    byte j's low half and q[j + 16] in its high half, then d and m as float32), with
+    q * d + m == w exactly, block by block, or None. m is the block's least value and d
+    its range over 15 rounded to float16, Q4_1's scale and minimum (each block's least
+    value is its q = 0), q the nearest integers of (w - m) / d."""
+    blocks = w.view(w.shape[0], -1, INT8_BLOCK)
+    m = blocks.amin(-1)
+    d = ((blocks.amax(-1) - m) / 15).half().float()
+    if not torch.equal(m.half().float(), m):
+        return None
+    q = ((blocks - m[..., None]) / torch.where(d > 0, d, 1)[..., None]).round_().clamp_(0, 15)
+    if not torch.equal(q * d[..., None] + m[..., None], blocks):
+        return None
+    q = q.to(torch.uint8)
+    half = INT8_BLOCK // 2
+    nibbles = q[..., :half] | (q[..., half:] << 4)
+    scales = torch.stack([d, m], -1).view(torch.uint8)  # [N, K / 32, 8]
+    return torch.cat([nibbles, scales], -1).reshape(w.shape[0], -1).contiguous()
+
+
 def _few_row_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ weight^T by the few-row kernel, from the weight's exact int8 or bfloat16
-    copy while it is current (the same bits from fewer bytes), else the weight itself."""
+    """x [M, K] @ weight^T by the few-row kernel, from the weight's exact int8, 4-bit or
+    bfloat16 copy while it is current (the same bits from fewer bytes), else the weight
+    itself."""
     int8 = _current_copy(weight, "_int8_copy")
     if int8 is not None:
         return cpu_decode.few_row_linear_int8(x, *int8)
-    bf16 = _current_copy(weight, "_bf16_copy")
-    return cpu_decode.few_row_linear(x, weight if bf16 is None else bf16)
+    return cpu_decode.few_row_linear(x, cpu_layer_weight(weight))
 
 
 def has_exact_int8_copy(weight: torch.Tensor) -> bool:
@@ -239,10 +283,14 @@ def has_exact_int8_copy(weight: torch.Tensor) -> bool:
 
 def cpu_layer_weight(weight: torch.Tensor) -> torch.Tensor:
     """What kernels/cpu_decode.py's decoder-layer calls read for ``weight``: its exact
-    bfloat16 copy while current (an EAGLE head's weights: the same bits from half the
-    bytes), else the weight itself."""
-    bf16 = _current_copy(weight, "_bf16_copy")
-    return weight if bf16 is None else bf16
+    4-bit copy while current (a GGUF Q4_1 target's layers: the same bits from 3/16 of the
+    bytes), else its exact bfloat16 copy (an EAGLE head's weights: from half the bytes),
+    else the weight itself."""
+    for attr in ("_q4_copy", "_bf16_copy"):
+        copy = _current_copy(weight, attr)
+        if copy is not None:
+            return copy
+    return weight
 
 
 def _current_copy(weight: torch.Tensor, attr: str):

@@ -1,6 +1,7 @@
 // The float32 CPU kernels of decode steps (a few rows): few_row_linear, y[M, N] =
 // x[M, K] @ w[N, K]^T (w float32, or bfloat16 read as its exact float32 values;
-// few_row_linear_int8 reads int8 blocks whose exact float32 values w holds), and
+// few_row_linear_int8 reads int8 blocks whose exact float32 values w holds; or 4-bit
+// blocks, kQ4BlockBytes bytes per 32 weights, whose exact float32 values w holds), and
 // rms_norm_rows, for M <= 8; llama_layer_rows, a whole Llama decoder layer, and
 // eagle3_layer_rows, an EAGLE-3 head's first layer (both from layer_from_qkv).
 //
@@ -143,18 +144,35 @@ inline __m256 transpose_sum8(const __m256* a) {
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
+// A weight of 4-bit blocks (a GGUF Q4_1 tensor's exact form, models/layers.py
+// add_exact_q4_copies): per row, for each 32 inputs, 16 bytes of 4-bit q (byte j: q[j] in
+// its low half, q[j + 16] in its high half), then d and m as float32; the weight's
+// values are q * d + m. Stored as uint8 [N, K / 32 * kQ4BlockBytes].
+constexpr int64_t kQ4BlockBytes = 24;
+
+bool is_q4(const torch::Tensor& w) { return w.scalar_type() == torch::kByte; }
+
+// The inputs a weight [N, ...] multiplies: its last dimension, or a 4-bit weight's blocks
+// times 32.
+int64_t in_features(const torch::Tensor& w) {
+  const int64_t last = w.size(w.dim() - 1);
+  return is_q4(w) ? last / kQ4BlockBytes * 32 : last;
+}
+
 // The checks both entry points make: CPU tensors, contiguous, at most 8 rows of float32
-// x [M, K] and a weight whose last dimension is K, float32 (or bfloat16 where
-// bf16_weight is allowed).
+// x [M, K] and a weight whose last dimension is K, float32 (or, where packed_weight is
+// allowed, bfloat16 or 4-bit blocks over K).
 void check_rows(const char* fn, const torch::Tensor& x, const torch::Tensor& w, int64_t w_dim,
-                bool bf16_weight = false) {
+                bool packed_weight = false) {
   TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), fn, ": CPU tensors only");
   TORCH_CHECK(x.scalar_type() == torch::kFloat && (w.scalar_type() == torch::kFloat ||
-                                                   (bf16_weight && w.scalar_type() == torch::kBFloat16)),
-              fn, ": float32 x and a float32", bf16_weight ? " or bfloat16" : "", " weight only, got ",
-              x.scalar_type(), " and ", w.scalar_type());
-  TORCH_CHECK(x.dim() == 2 && w.dim() == w_dim && x.size(1) == w.size(w_dim - 1), fn, ": x [M, K] and w [",
-              w_dim == 2 ? "N, K" : "K", "], got ", x.sizes(), " and ", w.sizes());
+                                                   (packed_weight && (w.scalar_type() == torch::kBFloat16 || is_q4(w)))),
+              fn, ": float32 x and a float32", packed_weight ? ", bfloat16 or 4-bit (uint8)" : "",
+              " weight only, got ", x.scalar_type(), " and ", w.scalar_type());
+  TORCH_CHECK(x.dim() == 2 && w.dim() == w_dim && x.size(1) == in_features(w) &&
+              (!is_q4(w) || w.size(w_dim - 1) % kQ4BlockBytes == 0),
+              fn, ": x [M, K] and w [", w_dim == 2 ? "N, K" : "K", is_q4(w) ? " / 32 blocks" : "", "], got ",
+              x.sizes(), " and ", w.sizes());
   TORCH_CHECK(x.is_contiguous() && w.is_contiguous(), fn, ": contiguous x and w");
   TORCH_CHECK(x.size(0) <= 8, fn, ": at most 8 rows, got ", x.size(0));
 }
@@ -213,10 +231,44 @@ inline void dot_rows_int8(const float* const* a, const int8_t* q, const float* d
     *out[r] = hsum8(_mm256_add_ps(_mm256_add_ps(s[r][0], s[r][1]), _mm256_add_ps(s[r][2], s[r][3])));
 }
 
+// Dot products as dot_rows', for a weight of 4-bit blocks (kQ4BlockBytes each) whose
+// float32 values are exactly q * d + m (checked when the copy is made, models/layers.py
+// add_exact_q4_copies; q * d is exact, a 4-bit integer times a float16 value, so one
+// rounding whether or not the compiler fuses it with the add): the same products and sums
+// in the same order as dot_rows over the float32 weight, bit for bit, from 3/16 of the
+// bytes. K is a multiple of 32.
+template <int R>
+inline void dot_rows_q4(const float* const* a, const uint8_t* w, int64_t K, float* const* out) {
+  __m256 s[R][4];
+  for (int r = 0; r < R; ++r) s[r][0] = s[r][1] = s[r][2] = s[r][3] = _mm256_setzero_ps();
+  const __m128i low_half = _mm_set1_epi8(0x0F);
+  for (int64_t k = 0; k < K; k += 32, w += kQ4BlockBytes) {
+    prefetch_ahead(w);
+    float dm[2];
+    std::memcpy(dm, w + 16, sizeof(dm));
+    const __m256 d = _mm256_set1_ps(dm[0]), m = _mm256_set1_ps(dm[1]);
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w));
+    const __m128i lo = _mm_and_si128(bytes, low_half), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low_half);
+    auto values8 = [&](__m128i q) {  // the low 8 bytes of q, each a 4-bit q, as q * d + m
+      return _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)), d), m);
+    };
+    const __m256 b0 = values8(lo), b1 = values8(_mm_srli_si128(lo, 8));
+    const __m256 b2 = values8(hi), b3 = values8(_mm_srli_si128(hi, 8));
+    for (int r = 0; r < R; ++r) {
+      s[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k), b0, s[r][0]);
+      s[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k + 8), b1, s[r][1]);
+      s[r][2] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k + 16), b2, s[r][2]);
+      s[r][3] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k + 24), b3, s[r][3]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    *out[r] = hsum8(_mm256_add_ps(_mm256_add_ps(s[r][0], s[r][1]), _mm256_add_ps(s[r][2], s[r][3])));
+}
+
 }  // namespace
 
 torch::Tensor few_row_linear(const torch::Tensor& x, const torch::Tensor& w) {
-  check_rows("few_row_linear", x, w, 2, /*bf16_weight=*/true);
+  check_rows("few_row_linear", x, w, 2, /*packed_weight=*/true);
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   auto y = torch::empty({M, N}, x.options());
   auto times = [&](const auto* wp) {
@@ -225,7 +277,15 @@ torch::Tensor few_row_linear(const torch::Tensor& x, const torch::Tensor& w) {
                             dot_rows<decltype(rows)::value>(a, wp + n * K, K, out);
                           });
   };
-  if (w.scalar_type() == torch::kBFloat16) {
+  if (is_q4(w)) {
+    const uint8_t* wp = w.data_ptr<uint8_t>();
+    const int64_t row_bytes = w.size(1);
+    // Groups of four rows on any build, as the int8 weights' (few_row_linear_int8).
+    rows_times_weights<4>(x.data_ptr<float>(), y.data_ptr<float>(), M, K, N,
+                          [&](auto rows, const float* const* a, int64_t n, float* const* out) {
+                            dot_rows_q4<decltype(rows)::value>(a, wp + n * row_bytes, K, out);
+                          });
+  } else if (w.scalar_type() == torch::kBFloat16) {
     times(w.data_ptr<at::BFloat16>());
   } else {
     times(w.data_ptr<float>());
@@ -538,7 +598,8 @@ torch::Tensor layer_from_qkv(const char* fn, torch::Tensor qkv, const torch::Ten
 }
 
 // The checks of both layer entry points: caches, angles, and projections of the heads'
-// widths for a qkv input of qkv_in floats and a residual of H (w_* float32 or bfloat16).
+// widths for a qkv input of qkv_in floats and a residual of H (w_* float32, bfloat16 or
+// 4-bit blocks).
 void check_layer(const char* fn, const torch::Tensor& k_cache, const torch::Tensor& v_cache, int64_t slot,
                  const torch::Tensor& cache_positions, int64_t T, int64_t kv_len, int64_t num_heads,
                  int64_t num_kv_heads, const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& w_qkv,
@@ -549,7 +610,7 @@ void check_layer(const char* fn, const torch::Tensor& k_cache, const torch::Tens
               fn, ": cos / sin [T, d/2]");
   const int64_t q_width = num_heads * d, kv_width = num_kv_heads * d;
   TORCH_CHECK(w_qkv.dim() == 2 && w_o.dim() == 2 && w_qkv.size(0) == q_width + 2 * kv_width &&
-              w_qkv.size(1) == qkv_in && w_o.size(0) == H && w_o.size(1) == q_width,
+              in_features(w_qkv) == qkv_in && w_o.size(0) == H && in_features(w_o) == q_width,
               fn, ": w_qkv [", q_width + 2 * kv_width, ", ", qkv_in, "] and w_o [", H, ", ", q_width, "] for ",
               num_heads, " heads, ", num_kv_heads, " kv heads of ", d, ", got ", w_qkv.sizes(), " and ", w_o.sizes());
 }
@@ -561,7 +622,8 @@ void check_layer(const char* fn, const torch::Tensor& k_cache, const torch::Tens
 // call: the module path runs ~13 torch ops and their Python a layer, ~12 ms a SmolLM2 step
 // on the development CPU against ~17 ms of matmuls (BENCHMARKS.md, CPU). Every token row
 // goes through the same code whatever T is, so verification gives plain decoding's bits.
-// Weights float32, or bfloat16 read as their exact float32 values (an EAGLE head's).
+// Weights float32, or bfloat16 (an EAGLE head's) or 4-bit blocks (a GGUF Q4_1 target's)
+// read as their exact float32 values.
 torch::Tensor llama_layer_rows(const torch::Tensor& h, const torch::Tensor& norm1, double eps1,
                                const torch::Tensor& w_qkv, const torch::Tensor& w_o, const torch::Tensor& norm2,
                                double eps2, const torch::Tensor& w_gate_up, const torch::Tensor& w_down,
