@@ -193,7 +193,7 @@ def bench_products(modules: dict, rounds: int = 5) -> None:
     verification at k = 1 to 3): the best of `rounds` passes, the modules alternating pass
     by pass (a module that refuses a weight, one built before it took 4-bit blocks, is left
     out of its lines). Checks that the modules give the same bits."""
-    from ..models.layers import exact_q4_blocks
+    from ..models.layers import Q4_BLOCK_BYTES, exact_q4_blocks
 
     torch.manual_seed(0)
     shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
@@ -235,7 +235,7 @@ def bench_products(modules: dict, rounds: int = 5) -> None:
         for rows in (1, 2, 3, 4):
             x = {k: torch.randn(rows, k) for k in (576, 1536)}
             compare(f"{rows} row{'s' if rows > 1 else ' '}, 30 layers of {kind} weights",
-                    lambda m: [m.few_row_linear(x[w.shape[1] if w.dtype != torch.uint8 else w.shape[1] // 24 * 32], w)
+                    lambda m: [m.few_row_linear(x[w.shape[1] if w.dtype != torch.uint8 else w.shape[1] // Q4_BLOCK_BYTES * 32], w)
                                for layer in layers for w in layer], nbytes)
     for rows in (1, 2, 3, 4):
         x = torch.randn(rows, 576)

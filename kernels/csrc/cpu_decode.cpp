@@ -61,6 +61,18 @@ inline void prefetch_ahead(const void* p) {
   _mm_prefetch(static_cast<const char*>(p) + kPrefetchL2Bytes, _MM_HINT_T2);
 }
 
+// One block of 32 weights, b[0..3] as float32, against R input rows: s[r][i] += a[r][k + 8i
+// .. k + 8i + 8) * b[i], dot_rows' order, which every weight format's dot products share.
+template <int R>
+inline void add_block32(const float* const* a, int64_t k, const __m256 (&b)[4], __m256 (&s)[R][4]) {
+  for (int r = 0; r < R; ++r) {
+    s[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k), b[0], s[r][0]);
+    s[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k + 8), b[1], s[r][1]);
+    s[r][2] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k + 16), b[2], s[r][2]);
+    s[r][3] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k + 24), b[3], s[r][3]);
+  }
+}
+
 // Dot products of R rows a[r] with the same weight row b over K: per row four 8-wide fp32
 // accumulators over blocks of 32, one over the remaining blocks of 8, then a fixed-order
 // horizontal sum and the scalar tail. b's vectors are loaded once for the R rows
@@ -76,14 +88,9 @@ inline void dot_rows(const float* const* a, const W* b, int64_t K, float* const*
   for (; k + 32 <= K; k += 32) {
     prefetch_ahead(b + k);  // 32 weights: one 64-byte line of bfloat16, two of float32
     if (sizeof(W) == 4) prefetch_ahead(b + k + 16);
-    const __m256 b0 = load_weights8(b + k), b1 = load_weights8(b + k + 8);
-    const __m256 b2 = load_weights8(b + k + 16), b3 = load_weights8(b + k + 24);
-    for (int r = 0; r < R; ++r) {
-      s[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k), b0, s[r][0]);
-      s[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k + 8), b1, s[r][1]);
-      s[r][2] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k + 16), b2, s[r][2]);
-      s[r][3] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k + 24), b3, s[r][3]);
-    }
+    const __m256 w[4] = {load_weights8(b + k), load_weights8(b + k + 8), load_weights8(b + k + 16),
+                         load_weights8(b + k + 24)};
+    add_block32<R>(a, k, w, s);
   }
   for (; k + 8 <= K; k += 8) {
     const __m256 b0 = load_weights8(b + k);
@@ -216,16 +223,11 @@ inline void dot_rows_int8(const float* const* a, const int8_t* q, const float* d
     const __m256 scale = _mm256_set1_ps(d[k / 32]);
     const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + k));
     const __m128i lo = _mm256_castsi256_si128(bytes), hi = _mm256_extracti128_si256(bytes, 1);
-    const __m256 b0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), scale);
-    const __m256 b1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), scale);
-    const __m256 b2 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), scale);
-    const __m256 b3 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), scale);
-    for (int r = 0; r < R; ++r) {
-      s[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k), b0, s[r][0]);
-      s[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k + 8), b1, s[r][1]);
-      s[r][2] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k + 16), b2, s[r][2]);
-      s[r][3] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k + 24), b3, s[r][3]);
-    }
+    auto values8 = [&](__m128i v) {  // the low 8 bytes of v, each an int8 q, as q * d
+      return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), scale);
+    };
+    const __m256 w[4] = {values8(lo), values8(_mm_srli_si128(lo, 8)), values8(hi), values8(_mm_srli_si128(hi, 8))};
+    add_block32<R>(a, k, w, s);
   }
   for (int r = 0; r < R; ++r)
     *out[r] = hsum8(_mm256_add_ps(_mm256_add_ps(s[r][0], s[r][1]), _mm256_add_ps(s[r][2], s[r][3])));
@@ -252,14 +254,8 @@ inline void dot_rows_q4(const float* const* a, const uint8_t* w, int64_t K, floa
     auto values8 = [&](__m128i q) {  // the low 8 bytes of q, each a 4-bit q, as q * d + m
       return _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)), d), m);
     };
-    const __m256 b0 = values8(lo), b1 = values8(_mm_srli_si128(lo, 8));
-    const __m256 b2 = values8(hi), b3 = values8(_mm_srli_si128(hi, 8));
-    for (int r = 0; r < R; ++r) {
-      s[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k), b0, s[r][0]);
-      s[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k + 8), b1, s[r][1]);
-      s[r][2] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k + 16), b2, s[r][2]);
-      s[r][3] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + k + 24), b3, s[r][3]);
-    }
+    const __m256 w[4] = {values8(lo), values8(_mm_srli_si128(lo, 8)), values8(hi), values8(_mm_srli_si128(hi, 8))};
+    add_block32<R>(a, k, w, s);
   }
   for (int r = 0; r < R; ++r)
     *out[r] = hsum8(_mm256_add_ps(_mm256_add_ps(s[r][0], s[r][1]), _mm256_add_ps(s[r][2], s[r][3])));
