@@ -1,0 +1,37 @@
+"""scripts/cpu_step_parts.py, where BENCHMARKS.md's CPU step breakdown comes from: it runs,
+times every decode step of both engines with their C++ calls, and names a bad option."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from eagle_zoo.kernels import cpu_decode
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "scripts/cpu_step_parts.py", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="2"))
+
+
+@pytest.mark.skipif(not cpu_decode.available(), reason="kernels/cpu_decode.py could not be built here")
+def test_it_times_the_steps_of_both_engines_and_their_cpp_calls():
+    run = run_script("--categories", "chat", "--k", "2", "--rounds", "1")
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.strip().splitlines()
+    assert [line.split(":")[0] for line in lines] == ["k = 2", "plain"], lines
+    for line in lines:
+        assert int(re.search(r": (\d+) steps", line).group(1)) > 0, line
+        assert "step " in line and "llama_stack_rows " in line and "outside the C++ calls" in line, line
+    assert "eagle3_draft_rows " in lines[0] and "eagle3_draft_rows " not in lines[1]  # the head drafts only there
+
+
+def test_a_category_without_a_demo_prompt_is_named():
+    run = run_script("--categories", "no-such-kind")
+    assert run.returncode != 0 and "--categories no-such-kind: no demo prompt of these categories" in run.stderr
