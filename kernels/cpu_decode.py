@@ -1,6 +1,7 @@
 """The float32 CPU kernels of decode steps (csrc/cpu_decode.cpp), for up to MAX_ROWS rows:
-few_row_linear (y = x @ w^T, a row-major AVX2 dot product per output; w float32 or
-bfloat16; few_row_linear_int8 from a weight's exact int8 blocks), rms_norm_rows,
+few_row_linear (y = x @ w^T, a row-major AVX2 dot product per output; w float32,
+bfloat16 or exact 4-bit blocks, which q4_blocks makes; few_row_linear_int8 from a weight's
+exact int8 blocks), rms_norm_rows,
 cache_attention (flash-decoding over one sequence's cache row), llama_layer_rows (a
 whole Llama decoder layer), eagle3_layer_rows (an EAGLE-3 head's first layer) and
 eagle3_draft_rows (an EAGLE-3 head's greedy drafts).
@@ -99,6 +100,14 @@ def few_row_linear_int8(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor) -> to
     return _module.few_row_linear_int8(x.contiguous(), q, d)
 
 
+def q4_blocks(w: torch.Tensor) -> Optional[torch.Tensor]:
+    """w [N, K] (float32, K a multiple of 32) as exact 4-bit blocks, or None where a block is
+    not q * d + m (models/layers.py exact_q4_blocks_torch, the reference: the same test and
+    bytes in one C++ pass). The caller checks available()."""
+    out = _module.q4_blocks(w.contiguous())
+    return out if out.numel() else None
+
+
 def rms_norm_rows_torch(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """Reference: kernels/norm.py's formula in float32."""
     return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
@@ -193,7 +202,7 @@ def bench_products(modules: dict, rounds: int = 5) -> None:
     verification at k = 1 to 3): the best of `rounds` passes, the modules alternating pass
     by pass (a module that refuses a weight, one built before it took 4-bit blocks, is left
     out of its lines). Checks that the modules give the same bits."""
-    from ..models.layers import Q4_BLOCK_BYTES, exact_q4_blocks
+    from ..models.layers import Q4_BLOCK_BYTES
 
     torch.manual_seed(0)
     shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
@@ -225,7 +234,7 @@ def bench_products(modules: dict, rounds: int = 5) -> None:
         q4[..., 0], q4[..., 1] = 0, 15
         d4 = (0.004 * torch.rand(n, k // 32)).half().float()
         m4 = (-0.03 * torch.rand(n, k // 32)).half().float()
-        return exact_q4_blocks((q4 * d4[..., None] + m4[..., None]).reshape(n, k))
+        return q4_blocks((q4 * d4[..., None] + m4[..., None]).reshape(n, k))
 
     weight_sets = {str(dtype)[6:]: [[(0.03 * torch.randn(n, k)).to(dtype) for n, k in shapes] for _ in range(30)]
                    for dtype in (torch.float32, torch.bfloat16)}

@@ -474,10 +474,14 @@ def test_q4_copy_gives_the_float32_weights_bits(shape):
     g = torch.Generator().manual_seed(N + 1)
     w = _q4_weight(N, K, g)
     w[0, :32] = 0.25  # a block of one value: d = 0
-    blocks = layers.exact_q4_blocks(w)
+    blocks = cpu_decode.q4_blocks(w)
     assert blocks.dtype == torch.uint8 and blocks.shape == (N, K // 32 * layers.Q4_BLOCK_BYTES)
-    assert layers.exact_q4_blocks(w + 1e-4) is None  # no longer 4-bit blocks of float16 d and m
-    assert layers.exact_q4_blocks(_q8_weight(N, K, g)) is None
+    assert torch.equal(blocks, layers.exact_q4_blocks_torch(w))  # the reference's bytes
+    for not_q4 in (w + 1e-4, _q8_weight(N, K, g)):  # no longer float16 d and m; 255 levels a block
+        assert cpu_decode.q4_blocks(not_q4) is None and layers.exact_q4_blocks_torch(not_q4) is None
+    last = w.clone()
+    last[-1, -1] += 1e-3  # only the last block breaks
+    assert cpu_decode.q4_blocks(last) is None and layers.exact_q4_blocks_torch(last) is None
     x = torch.randn(cpu_decode.MAX_ROWS, K, generator=g)
     for m in range(1, cpu_decode.MAX_ROWS + 1):
         assert torch.equal(cpu_decode.few_row_linear(x[:m], blocks), cpu_decode.few_row_linear(x[:m], w)), m

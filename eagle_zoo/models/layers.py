@@ -179,7 +179,7 @@ Q4_BLOCK_BYTES = 24  # a 4-bit copy's bytes per INT8_BLOCK weights: 16 of q, d a
 def add_exact_q4_copies(module: nn.Module) -> int:
     """Give each float32 CPU weight of ``module``'s linear layers and lm heads whose every
     block of INT8_BLOCK values along a row is exactly q * d + m (4-bit q, d and m float16
-    values) a 4-bit copy (exact_q4_blocks), which linear() and the decoder layers' C++ calls
+    values) a 4-bit copy (kernels/cpu_decode.py q4_blocks), which linear() and the decoder layers' C++ calls
     hand kernels/cpu_decode.py for a few rows; returns the copies' bytes. Such a weight is
     what a GGUF Q4_1 tensor dequantizes to (SmolLM2's decoder layers: 424 MB of float32
     read by every decode step on the CPU, 3/16 of that as 4-bit blocks); the kernel
@@ -239,13 +239,15 @@ def exact_int8_blocks(w: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Ten
 
 
 def _exact_q4(w: torch.Tensor) -> Optional[torch.Tensor]:
-    if w.shape[1] % INT8_BLOCK or not w.is_contiguous() or exact_q4_blocks(w[:8]) is None:
-        return None  # most weights that are not 4-bit blocks fail on their first rows, cheaply
-    return exact_q4_blocks(w)
+    if w.shape[1] % INT8_BLOCK or not w.is_contiguous():
+        return None
+    return cpu_decode.q4_blocks(w)  # _add_exact_copies runs only where the kernels are built
 
 
-def exact_q4_blocks(w: torch.Tensor) -> Optional[torch.Tensor]:
-    """w [N, K] as 4-bit blocks, uint8 [N, K / INT8_BLOCK * Q4_BLOCK_BYTES] (the layout
+def exact_q4_blocks_torch(w: torch.Tensor) -> Optional[torch.Tensor]:
+    """The reference of kernels/cpu_decode.py q4_blocks, which the engine runs (one pass
+    over a model's weights instead of a dozen): w [N, K] as 4-bit blocks, uint8
+    [N, K / INT8_BLOCK * Q4_BLOCK_BYTES] (the layout
     kernels/csrc/cpu_decode.cpp's dot_rows_q4 reads: per block 16 bytes holding q[j] in
     byte j's low half and q[j + 16] in its high half, then d and m as float32), with
     q * d + m == w exactly, block by block, or None. m is the block's least value and d

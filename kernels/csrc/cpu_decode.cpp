@@ -19,6 +19,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -312,6 +313,49 @@ torch::Tensor few_row_linear_int8(const torch::Tensor& x, const torch::Tensor& q
                           dot_rows_int8<decltype(rows)::value>(a, qp + n * K, dp + n * (K / 32), K, out);
                         });
   return y;
+}
+
+// w [N, K] float32 as 4-bit blocks (kQ4BlockBytes per 32 values, dot_rows_q4's layout) with
+// q * d + m == w exactly, block by block, or an empty tensor where a block is not: m the
+// block's least value (a float16 value), d its range over 15 rounded to float16, q the
+// nearest integers (ties to even) of (w - m) / d, or 0 where d is 0; the same test and
+// packing as models/layers.py exact_q4_blocks_torch, in one pass (the engine checks every
+// float32 weight of a model it loads on the CPU).
+torch::Tensor q4_blocks(const torch::Tensor& w) {
+  TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == torch::kFloat && w.dim() == 2 && w.is_contiguous() &&
+              w.size(1) % 32 == 0, "q4_blocks: a contiguous float32 CPU weight [N, K], K a multiple of 32, got ",
+              w.scalar_type(), " ", w.sizes());
+  const int64_t N = w.size(0), blocks = w.size(1) / 32;
+  auto out = torch::empty({N, blocks * kQ4BlockBytes}, w.options().dtype(torch::kByte));
+  const float* wp = w.data_ptr<float>();
+  uint8_t* op = out.data_ptr<uint8_t>();
+  std::atomic<bool> exact{true};
+  auto half = [](float x) { return static_cast<float>(c10::Half(x)); };
+  at::parallel_for(0, N * blocks, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end && exact.load(std::memory_order_relaxed); ++b) {
+      const float* x = wp + b * 32;
+      float lo = x[0], hi = x[0];
+      for (int j = 1; j < 32; ++j) lo = std::min(lo, x[j]), hi = std::max(hi, x[j]);
+      const float m = lo, d = half((hi - lo) / 15.f), divisor = d > 0.f ? d : 1.f;
+      uint8_t q[32];
+      bool ok = half(m) == m;
+      for (int j = 0; j < 32 && ok; ++j) {
+        const float v = std::min(std::max(std::nearbyint((x[j] - m) / divisor), 0.f), 15.f);
+        const float product = v * d;  // exact: a 4-bit integer times a float16 value
+        ok = product + m == x[j];
+        q[j] = static_cast<uint8_t>(v);
+      }
+      if (!ok) {
+        exact.store(false, std::memory_order_relaxed);
+        return;
+      }
+      uint8_t* block = op + b * kQ4BlockBytes;
+      for (int j = 0; j < 16; ++j) block[j] = static_cast<uint8_t>(q[j] | (q[j + 16] << 4));
+      std::memcpy(block + 16, &d, sizeof(float));
+      std::memcpy(block + 20, &m, sizeof(float));
+    }
+  });
+  return exact.load() ? out : torch::empty({0}, w.options().dtype(torch::kByte));
 }
 
 // RMSNorm of each row: y = w * (x * rstd), rstd = 1 / sqrt(mean(x^2) + eps), the order of
@@ -762,4 +806,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("few_row_linear", &few_row_linear, "y = x @ w^T for a few float32 rows (CPU)");
   m.def("few_row_linear_int8", &few_row_linear_int8, "few_row_linear from a weight's exact int8 blocks (CPU)");
   m.def("rms_norm_rows", &rms_norm_rows, "RMSNorm of a few float32 rows (CPU)");
+  m.def("q4_blocks", &q4_blocks, "a float32 weight's exact 4-bit blocks, or an empty tensor (CPU)");
 }
