@@ -53,7 +53,7 @@ def test_bad_inputs_name_the_problem():
     w = torch.randn(8, 16)
     with pytest.raises(RuntimeError, match="at most 8 rows"):
         cpu_decode._module.few_row_linear(torch.randn(9, 16), w)
-    with pytest.raises(RuntimeError, match="float32 x and a float32, bfloat16 or 4-bit \(uint8\) weight only"):
+    with pytest.raises(RuntimeError, match=r"float32 x and a float32, bfloat16 or 4-bit \(uint8\) weight only"):
         cpu_decode._module.few_row_linear(torch.randn(2, 16, dtype=torch.float64), w.double())
     with pytest.raises(RuntimeError, match=r"x \[M, K\] and w \[N, K\]"):
         cpu_decode._module.few_row_linear(torch.randn(2, 15), w)
