@@ -152,7 +152,7 @@ def llama_stack_rows(h, weights: list, eps: list, k_caches: list, v_caches: list
     per layer norm1, w_qkv, w_o, norm2, w_gate_up, w_down, eps per layer eps1, eps2, and
     k_caches / v_caches one cache per layer. -> [the last layer's output, then the input
     of each layer in keep]. The caller checks available() and the layers' type
-    (models/fused_layer.py cpu_decoder_stack)."""
+    (models/fused_layer.py CpuDecoderStack)."""
     return _module.llama_stack_rows(h.contiguous(), weights, [float(e) for e in eps], k_caches, v_caches,
                                     cos.contiguous(), sin.contiguous(), int(slot), cache_positions.contiguous(),
                                     int(kv_len), int(num_heads), int(num_kv_heads), float(scale),

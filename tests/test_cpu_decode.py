@@ -113,7 +113,7 @@ def test_rmsnorm_module_uses_it_for_few_rows(monkeypatch):
 @needs_kernel
 @pytest.mark.parametrize("family", ["llama", "mistral"])
 def test_whole_llama_layer_in_one_call_gives_transformers_greedy(family, tmp_path, monkeypatch):
-    """models/fused_layer.py cpu_decoder_stack, cpu_decoder_layer, cpu_eagle3_layer and
+    """models/fused_layer.py CpuDecoderStack, cpu_decoder_layer, cpu_eagle3_layer and
     cpu_eagle3_drafts: plain decoding and EAGLE / EAGLE-3 chain verification of a tiny
     random Llama target run the target's decoder layers as one C++ call (counted), the
     EAGLE-3 head's layer as one call and its drafts of a step as one, and give
@@ -595,9 +595,10 @@ def test_the_stack_in_one_call_is_the_layers_one_call_each(monkeypatch):
     model = LlamaForCausalLM(config)
     for p in model.parameters():
         p.data.normal_(0, 0.2)
-    assert not model.cpu_stack_call
+    assert model.cpu_stack is None
     choose_decode_paths(model)
-    assert model.cpu_stack_call and all(layer.fused_decode for layer in model.layers)
+    one_call_stack = model.cpu_stack
+    assert one_call_stack is not None and all(layer.fused_decode for layer in model.layers)
     stack_calls = []
     stack = cpu_decode.llama_stack_rows
     monkeypatch.setattr(cpu_decode, "llama_stack_rows", lambda *a: stack_calls.append(1) or stack(*a))
@@ -609,7 +610,7 @@ def test_the_stack_in_one_call_is_the_layers_one_call_each(monkeypatch):
         positions = torch.arange(20, 20 + T).view(1, T)
         results = []
         for one_call in (True, False):
-            model.cpu_stack_call = one_call
+            model.cpu_stack = one_call_stack if one_call else None
             caches = [(k.clone(), v.clone()) for k, v in base]
             stack_calls.clear()
             with torch.no_grad(), use_context(AttentionContext(caches, torch.tensor([1]), positions, 40)):

@@ -1,6 +1,6 @@
 """A Llama-style decoder layer in 6 kernels for decode-shaped steps on CUDA, and in one
 C++ call on the CPU (cpu_decoder_layer and cpu_eagle3_layer, at the end; a target's
-whole stack of such layers in one call, cpu_decoder_stack).
+whole stack of such layers in one call, CpuDecoderStack).
 
 The module path runs ~13 kernels a layer (norm, qkv, rope, KV write, attention split and
 merge, o_proj, add, norm, gate_up, silu-and-mul, down_proj, add). At batch 1 a step of a
@@ -90,7 +90,7 @@ def choose_decode_paths(model) -> None:
 
 def stack_supports_cpu_call(layers) -> bool:
     """Whether a model's decoder layers can run as one C++ call on the CPU
-    (cpu_decoder_stack): weights on the CPU, every layer chose the regrouped path, of one
+    (CpuDecoderStack): weights on the CPU, every layer chose the regrouped path, of one
     attention shape (heads, kv heads, scale), none with a sliding window (the C++
     attention is causal only)."""
     if not layers or not all(getattr(layer, "fused_decode", False) for layer in layers):
@@ -278,33 +278,46 @@ def cpu_decoder_layer(layer, positions: torch.Tensor, h: torch.Tensor) -> Option
     return out.unsqueeze(0)
 
 
-def cpu_decoder_stack(layers, positions: torch.Tensor, h: torch.Tensor,
-                      keep=()) -> Optional[tuple[torch.Tensor, list[torch.Tensor]]]:
-    """A model's whole stack of decoder layers (stack_supports_cpu_call) for up to 8
-    float32 tokens of one sequence in one C++ call (kernels/cpu_decode.py
-    llama_stack_rows: cpu_decoder_layer's call for each layer in turn, the same bits), or
-    None where cpu_decoder_layer would not apply (_cpu_step_context of the first layer;
-    the C++ checks every layer's cache). -> (the last layer's output, the input of each
-    layer in keep)."""
-    ctx = _cpu_step_context(layers[0], h)
-    if ctx is None:
-        return None
-    weights, eps, k_caches, v_caches = [], [], [], []
-    for layer in layers:
-        attn, mlp, norm1, norm2 = layer.self_attn, layer.mlp, layer.input_layernorm, layer.post_attention_layernorm
-        weights += [norm1.weight, cpu_layer_weight(attn.qkv_proj.weight), cpu_layer_weight(attn.o_proj.weight),
-                    norm2.weight, cpu_layer_weight(mlp.gate_up_proj.weight), cpu_layer_weight(mlp.down_proj.weight)]
-        eps += [norm1.eps, norm2.eps]
-        k_cache, v_cache = ctx.kv_caches[attn.attn.layer_idx]
-        k_caches.append(k_cache)
-        v_caches.append(v_cache)
-    core = layers[0].self_attn.attn
-    cos, sin = layers[0].self_attn.rotary_emb.angles(positions)
-    T, half = h.shape[1], cos.shape[-1]
-    out, *kept = cpu_decode.llama_stack_rows(h[0], weights, eps, k_caches, v_caches, cos.reshape(T, half),
-                                             sin.reshape(T, half), single_slot(ctx), ctx.cache_positions.reshape(T),
-                                             ctx.kv_len, core.num_heads, core.num_kv_heads, core.scale, keep)
-    return out.unsqueeze(0), [x.unsqueeze(0) for x in kept]
+class CpuDecoderStack:
+    """A model's whole stack of decoder layers (stack_supports_cpu_call) for up to 8 float32
+    tokens of one sequence in one C++ call a step (kernels/cpu_decode.py llama_stack_rows:
+    cpu_decoder_layer's call for each layer in turn, the same bits). Made once, when the
+    model chooses its decode path after its weights are loaded (a layer Parameter replaced
+    later is not seen; its data changed in place is): the layers' norms, projection weights,
+    eps values and cache indices, so a step does not walk ~500 module attributes of 30
+    layers. Each step still reads every projection through cpu_layer_weight, whose exact
+    copy applies only while its weight is unchanged."""
+
+    def __init__(self, layers):
+        self.first = layers[0]
+        self.layers = [(layer.input_layernorm.weight, layer.self_attn.qkv_proj.weight, layer.self_attn.o_proj.weight,
+                        layer.post_attention_layernorm.weight, layer.mlp.gate_up_proj.weight,
+                        layer.mlp.down_proj.weight) for layer in layers]
+        self.eps = [eps for layer in layers for eps in (layer.input_layernorm.eps, layer.post_attention_layernorm.eps)]
+        self.cache_index = [layer.self_attn.attn.layer_idx for layer in layers]
+        self.rotary_emb = self.first.self_attn.rotary_emb
+        core = self.first.self_attn.attn
+        self.heads = (core.num_heads, core.num_kv_heads, core.scale)
+
+    def __call__(self, positions: torch.Tensor, h: torch.Tensor,
+                 keep=()) -> Optional[tuple[torch.Tensor, list[torch.Tensor]]]:
+        """-> (the last layer's output, the input of each layer in keep), or None where
+        cpu_decoder_layer would not apply (_cpu_step_context of the first layer; the C++
+        checks every layer's cache)."""
+        ctx = _cpu_step_context(self.first, h)
+        if ctx is None:
+            return None
+        weights = [w for norm1, qkv, o, norm2, gate_up, down in self.layers
+                   for w in (norm1, cpu_layer_weight(qkv), cpu_layer_weight(o), norm2, cpu_layer_weight(gate_up),
+                             cpu_layer_weight(down))]
+        caches = [ctx.kv_caches[i] for i in self.cache_index]
+        cos, sin = self.rotary_emb.angles(positions)
+        T, half = h.shape[1], cos.shape[-1]
+        out, *kept = cpu_decode.llama_stack_rows(h[0], weights, self.eps, [k for k, _ in caches],
+                                                 [v for _, v in caches], cos.reshape(T, half), sin.reshape(T, half),
+                                                 single_slot(ctx), ctx.cache_positions.reshape(T), ctx.kv_len,
+                                                 *self.heads, keep)
+        return out.unsqueeze(0), [x.unsqueeze(0) for x in kept]
 
 
 def cpu_eagle3_layer(layer, positions: torch.Tensor, embeds: torch.Tensor,

@@ -6,7 +6,7 @@ attributes; the mapping table as data; one @hookimpl registering a FamilySpec.
 """
 from __future__ import annotations
 
-from typing import ClassVar, Sequence
+from typing import ClassVar, Optional, Sequence
 
 import torch
 from torch import nn
@@ -14,7 +14,7 @@ from torch import nn
 from ..hookspecs import hookimpl
 from ..specs import FamilySpec, WeightMapping
 from .attention import Attention
-from .fused_layer import cpu_decoder_stack, fused_decoder_layer, layer_supports_fusion, stack_supports_cpu_call
+from .fused_layer import CpuDecoderStack, fused_decoder_layer, layer_supports_fusion, stack_supports_cpu_call
 from .heads import Eagle3Head, EagleHead, cfg, rms_norm
 from .layers import (
     MergedColumnParallelLinear,
@@ -132,8 +132,8 @@ class LlamaForCausalLM(nn.Module):
         if bad:
             raise ValueError(f"aux_layer_ids {bad} out of range: the model has {len(self.layers)} layers")
         h = self.embed_tokens(input_ids)
-        if self.cpu_stack_call:
-            stack = cpu_decoder_stack(self.layers, positions, h, aux_layer_ids)  # None: not a CPU decode step
+        if self.cpu_stack is not None:
+            stack = self.cpu_stack(positions, h, aux_layer_ids)  # None: not a CPU decode step
             if stack is not None:
                 return self.norm(stack[0]), stack[1]
         aux = {}
@@ -143,14 +143,13 @@ class LlamaForCausalLM(nn.Module):
             h = layer(positions, h)
         return self.norm(h), [aux[i] for i in aux_layer_ids]
 
-    # Whether decode-shaped CPU steps run the decoder layers as one C++ call
-    # (models/fused_layer.py cpu_decoder_stack): chosen once, after the layers chose their
-    # own paths, when an engine's runner takes the loaded model; the layers' own calls
-    # until then.
-    cpu_stack_call = False
+    # The decoder layers as one C++ call for decode-shaped CPU steps (models/fused_layer.py
+    # CpuDecoderStack), or None: chosen once, after the layers chose their own paths, when an
+    # engine's runner takes the loaded model; the layers' own calls until then.
+    cpu_stack: Optional[CpuDecoderStack] = None
 
     def choose_decode_path(self) -> None:
-        self.cpu_stack_call = stack_supports_cpu_call(self.layers)
+        self.cpu_stack = CpuDecoderStack(self.layers) if stack_supports_cpu_call(self.layers) else None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
