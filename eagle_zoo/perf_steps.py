@@ -575,7 +575,7 @@ def run_step_costs(args, record) -> None:
             table = step_cost_table(name, k=args.tput_k, tree=tree, dtype=dtype, device=device,
                                     steps=args.step_cost_steps, acceptance_profile=profile,
                                     batch=args.step_cost_batch, max_model_len=args.perf_max_model_len,
-                                    async_scheduling=getattr(args, "async_scheduling", None))
+                                    async_scheduling=args.async_scheduling)
         except Exception as exc:  # one shape's failure must not cost the tables after it
             traceback.print_exc()
             record("step_costs", {"shape": name, "error": f"{type(exc).__name__}: {exc}"})

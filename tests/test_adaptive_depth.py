@@ -190,16 +190,6 @@ def test_schedule_with_tree_is_refused():
         parse({"method": "eagle", "model": "x", "tree": True, "num_speculative_tokens_by_batch_size": "auto"})
 
 
-@pytest.mark.parametrize("method", ["eagle3", "ngram"])
-def test_unpadded_drafter_batch_is_refused_by_name(method):
-    obj = {"method": method, "disable_padded_drafter_batch": True}
-    if method == "eagle3":
-        obj["model"] = "x"
-    with pytest.raises(SpeculativeConfigError, match="disable_padded_drafter_batch=true: .*remove disable_padded"):
-        parse(obj)
-    assert not parse({"method": "eagle3", "model": "x", "disable_padded_drafter_batch": False}).disable_padded_drafter_batch
-
-
 # -- 2. EAGLE / EAGLE-3: greedy equality, drafts after every kind of step ------------------------
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])
 @pytest.mark.parametrize("family", FAMILIES)

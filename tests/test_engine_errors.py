@@ -134,11 +134,6 @@ def test_draft_graphs_under_an_eager_engine_are_refused(target):
             enforce_eager=True, device="cpu")
 
 
-def test_unpadded_drafter_batch_is_refused(target):
-    with pytest.raises(ValueError, match="disable_padded_drafter_batch=true: .*remove disable_padded_drafter_batch"):
-        LLM(str(target), speculative_config={"method": "ngram", "disable_padded_drafter_batch": True}, device="cpu")
-
-
 def test_draft_max_model_len_caps_the_default_and_refuses_a_longer_one(target):
     """speculative_config max_model_len is the longest context the draft serves: the
     engine's default max_model_len fits in it, and a longer explicit one is refused."""

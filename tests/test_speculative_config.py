@@ -286,6 +286,15 @@ def test_enforce_eager_with_ngram_is_refused(value):
         parse({"method": "ngram", "enforce_eager": value})
 
 
+@pytest.mark.parametrize("method", ["eagle3", "ngram"])
+def test_unpadded_drafter_batch_is_refused_by_name(method):
+    obj = {"method": method, "disable_padded_drafter_batch": True}
+    if method == "eagle3":
+        obj["model"] = "x"
+    with pytest.raises(SpeculativeConfigError, match="disable_padded_drafter_batch=true: .*remove disable_padded"):
+        parse(obj)
+
+
 @pytest.mark.parametrize("tree", [True, {}])
 def test_tree_official_defaults(tree):
     assert parse({"method": "eagle", "model": "x", "tree": tree}).tree == TreeConfig(top_k=10, depth=6, total_tokens=60)

@@ -452,10 +452,11 @@ def _local_rank() -> int:
     """This rank's GPU: torchrun's LOCAL_RANK, a spawned worker's rank, else the global rank."""
     import torch.distributed as dist
 
-    if envs.torchrun_local_rank() is not None:
-        return envs.torchrun_local_rank()
-    if envs.tp_rank() is not None:
-        return envs.tp_rank()
+    local_rank, tp_rank = envs.torchrun_local_rank(), envs.tp_rank()
+    if local_rank is not None:
+        return local_rank
+    if tp_rank is not None:
+        return tp_rank
     return dist.get_rank() if dist.is_initialized() else envs.torchrun_rank()
 
 
