@@ -178,19 +178,21 @@ def eagle3_layer_rows(embeds, norm_e, eps_e, hidden, norm_h, eps_h, norm_before_
 def eagle3_draft_rows(h, k: int, embed, norm_f, eps_f, lm_head, d2t, norm_e, eps_e, norm_h, eps_h,
                       norm_before_residual: bool, w_qkv, w_o, norm2, eps2, w_gate_up, w_down, cos, sin, k_cache,
                       v_cache, slot: int, cache_positions, kv_len: int, num_heads: int, num_kv_heads: int,
-                      scale: float):
+                      scale: float, min_confidence: float = 0.0):
     """An EAGLE-3 head's k greedy drafts [k] (target ids, int64) for one sequence from its
     hidden state h [1, H] float32: per draft the final norm (norm_f), the lm_head over the
     draft vocabulary, its argmax + d2t, then (but after the last) the token's row of embed
     [V, H] float32 through eagle3_layer_rows at the next of cache_positions [k - 1] (cos /
-    sin [k - 1, d/2]). The caller checks available() and the head's structure
-    (models/fused_layer.py cpu_eagle3_drafts); EagleProposer._draft_chain's module path
-    is the reference."""
+    sin [k - 1, d/2]). With min_confidence > 0, the first n <= k of them [n]: drafting
+    stops before the draft at which the product of the drafts' top softmax probabilities
+    falls below min_confidence (n = 0 when the first one's does). The caller checks
+    available() and the head's structure (models/fused_layer.py cpu_eagle3_drafts);
+    EagleProposer._draft_chain's module path is the reference for the drafts made."""
     return _module.eagle3_draft_rows(h.contiguous(), int(k), embed, norm_f, float(eps_f), lm_head, d2t, norm_e,
                                      float(eps_e), norm_h, float(eps_h), bool(norm_before_residual), w_qkv, w_o, norm2,
                                      float(eps2), w_gate_up, w_down, cos.contiguous(), sin.contiguous(), k_cache,
                                      v_cache, int(slot), cache_positions.contiguous(), int(kv_len), int(num_heads),
-                                     int(num_kv_heads), float(scale))
+                                     int(num_kv_heads), float(scale), float(min_confidence))
 
 
 def bench_products(modules: dict, rounds: int = 5) -> None:

@@ -144,6 +144,8 @@ def test_whole_llama_layer_in_one_call_gives_transformers_greedy(family, tmp_pat
         spec = method and {"method": method, "model": str(heads[method]), "num_speculative_tokens": 3}
         llm = LLM(str(target), speculative_config=spec, device="cpu", dtype="float32", max_model_len=96,
                   max_num_seqs=1)
+        if method == "eagle3":
+            llm.engine.proposer.cpu_min_confidence = 0.0  # k drafts every step: catch-ups of k + 1 tokens
         got = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
         assert got == want, method
         if family == "mistral":
@@ -419,6 +421,7 @@ def test_an_eagle3_heads_drafts_in_one_call_are_the_module_paths(tmp_path, monke
         monkeypatch.setattr(proposer, "_draft_chain", lambda *a, **kw: drafts.append(chain(*a, **kw).tolist())
                             or torch.tensor(drafts[-1]))
         runs = []
+        proposer.cpu_min_confidence = 0.0  # the module path drafts k: so does the call
         for in_one_call in (True, False):
             proposer.cpu_drafts = in_one_call
             drafts.clear()
@@ -428,6 +431,64 @@ def test_an_eagle3_heads_drafts_in_one_call_are_the_module_paths(tmp_path, monke
     head = llm("eagle3", 3).engine.proposer.head
     head.norm_output = True
     assert not cpu_eagle3_drafts_supported(head)
+
+
+@needs_kernel
+def test_cpu_drafts_stop_where_the_heads_confidence_falls(tmp_path, monkeypatch):
+    """EagleProposer.cpu_min_confidence: the one-call drafts are the leading ones of the
+    module path's k drafts whose running product of top softmax probabilities (from the
+    head's compute_draft_logits) stays at or above it; a step whose first draft falls
+    below is a plain step; the greedy outputs stay the target's."""
+    import checkpoint_factory as cf
+    import engine_fixtures as ef
+    from eagle_zoo import LLM, SamplingParams
+
+    kind = ef.kind_of("llama")
+    target = ef.write_target(tmp_path / "target", kind)
+    head_dir = ef.write_head(tmp_path / "eagle3", kind, "eagle3", seed=4, scale=0.6)
+    prompts = [{"prompt_token_ids": p} for p in ef.random_prompts((5, 12, 3), cf.TINY["vocab_size"], seed=1)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in LLM(str(target), device="cpu", dtype="float32", max_model_len=96,
+                                                 max_num_seqs=1).generate(prompts, params)]
+    spec = {"method": "eagle3", "model": str(head_dir), "num_speculative_tokens": 3}
+    engine = LLM(str(target), speculative_config=spec, device="cpu", dtype="float32", max_model_len=96,
+                 max_num_seqs=1)
+    proposer, head = engine.engine.proposer, engine.engine.proposer.head
+    assert proposer.cpu_drafts and proposer.cpu_min_confidence > 0
+
+    top_probabilities = []  # the module path's, one per draft
+    draft_argmax = head.draft_argmax
+    monkeypatch.setattr(head, "draft_argmax", lambda h: top_probabilities.append(
+        torch.softmax(head.compute_draft_logits(h), -1).max().item()) or draft_argmax(h))
+    chain, steps = proposer._draft_chain, []
+
+    def both_paths(*a, **kw):  # the module path's k drafts, then the call's (same cache writes)
+        proposer.cpu_drafts = False
+        top_probabilities.clear()
+        full = chain(*a, **kw)[0].tolist()
+        proposer.cpu_drafts = True
+        drafts = chain(*a, **kw)
+        steps.append((full, list(top_probabilities), drafts[0].tolist()))
+        return drafts
+    monkeypatch.setattr(proposer, "_draft_chain", both_paths)
+
+    proposer.cpu_min_confidence = 0.0
+    engine.generate(prompts, params)
+    products = sorted(p for _, probs, _ in steps for p in torch.tensor(probs).cumprod(0).tolist())
+    # A threshold among the products, so that steps keep different numbers of drafts.
+    proposer.cpu_min_confidence = products[len(products) // 2]
+    steps.clear()
+    got = [o.outputs[0].token_ids for o in engine.generate(prompts, params)]
+    assert got == want
+    kept = []
+    for full, probs, drafts in steps:
+        running = torch.tensor(probs, dtype=torch.float64).cumprod(0)
+        if (running - proposer.cpu_min_confidence).abs().min() < 1e-5:
+            continue  # too near the threshold for float32 against float64
+        n = int((running >= proposer.cpu_min_confidence).cumprod(0).sum())
+        assert drafts == full[:n], (full, probs, drafts)
+        kept.append(n)
+    assert len(kept) > 10 and {0, 3} <= set(kept), kept
 
 
 def _q8_weight(N, K, generator):

@@ -88,6 +88,16 @@ class Proposer:
         return self.num_speculative_tokens if batch.depth is None else batch.depth
 
 
+# The CPU one-call drafts (cpu_drafts) stop early: a draft is verified only while the
+# product of the drafts' top probabilities so far is at least this, the head's own
+# estimate that all of them are accepted. On two CPU cores each verified row costs about a
+# third of a plain step (four rows of the target's products are compute-bound there), so a
+# draft unlikely to be accepted costs more than it returns; on a GPU a row is nearly free
+# and CUDA graphs want fixed shapes, so chains there always verify k. Chosen on the dev set
+# (BENCHMARKS.md, "Decided by measurement"): 0.35 against 0 (always k), 0.2, 0.25, 0.45, 0.5.
+CPU_DRAFT_MIN_CONFIDENCE = 0.35
+
+
 class EagleProposer(Proposer):
     """EAGLE-1 and EAGLE-3 chains: the head drafts from the target's features."""
 
@@ -115,9 +125,11 @@ class EagleProposer(Proposer):
             self.graphed_drafts = GraphedForward(self._draft_chain, num_slots, num_slots, graph_pool)
             self.graphed_catch_up = GraphedForward(self._catch_up, num_slots, num_slots, graph_pool)
         # On the CPU an EAGLE-3 head's drafts of a step run as one C++ call where the head's
-        # structure allows (models/fused_layer.py cpu_eagle3_drafts), chosen once here.
+        # structure allows (models/fused_layer.py cpu_eagle3_drafts), chosen once here; they
+        # stop at cpu_min_confidence, so a step verifies up to k drafts.
         self.cpu_drafts = (chain and method == "eagle3" and self.runner.graphed is None
                            and cpu_eagle3_drafts_supported(head))
+        self.cpu_min_confidence = CPU_DRAFT_MIN_CONFIDENCE
         if method == "eagle3":
             ids = getattr(head.config, "eagle_aux_hidden_state_layer_ids", None)
             n = target_num_layers
@@ -161,7 +173,8 @@ class EagleProposer(Proposer):
         return self._draft_chain(None, base, batch.slots, k, kv_len=batch.kv_len), None
 
     def _draft_chain(self, _, base: torch.Tensor, slots: torch.Tensor, k: int, kv_len: Optional[int] = None):
-        """K greedy drafts [B, K] from next_hidden[slots]; base [B, 1] holds each sequence's
+        """K greedy drafts [B, K] from next_hidden[slots] (the CPU one-call drafts: the first
+        n <= K [1, n], cpu_min_confidence); base [B, 1] holds each sequence's
         last verified position (the first argument fills GraphedForward's input_ids place).
         Device work only, so one graph on CUDA; captured, kv_len is None (runner.run's
         whole-row form)."""
@@ -169,7 +182,7 @@ class EagleProposer(Proposer):
         positions = self.step_positions(base, k)  # draft j + 1 is fed at base + j
         if self.cpu_drafts and kv_len is not None:
             drafts = cpu_eagle3_drafts(self.head, hidden, positions[:, :k - 1], self.runner.kv_caches, slots,
-                                       min(kv_len, self.runner.max_len), k)
+                                       min(kv_len, self.runner.max_len), k, self.cpu_min_confidence)
             if drafts is not None:
                 return drafts
         token = self._draft_token(hidden)

@@ -348,12 +348,13 @@ def cpu_eagle3_drafts_supported(head) -> bool:
 
 
 def cpu_eagle3_drafts(head, hidden: torch.Tensor, positions: torch.Tensor, kv_caches, slot_ids: torch.Tensor,
-                      kv_len: int, k: int) -> Optional[torch.Tensor]:
+                      kv_len: int, k: int, min_confidence: float = 0.0) -> Optional[torch.Tensor]:
     """The k greedy drafts [1, k] of a head that cpu_eagle3_drafts_supported from its
     hidden state [1, H] for one float32 sequence in one C++ call (kernels/cpu_decode.py
     eagle3_draft_rows: what the module path's k draft_argmax calls and k - 1 layer passes
     at positions [1, k - 1] compute, the same bits), or None where the C++ layer or
-    lm_head call would not apply (the module path then runs)."""
+    lm_head call would not apply (the module path then runs). With min_confidence, the
+    first n <= k of them [1, n], as eagle3_draft_rows stops."""
     layer, lm_head = head.layers[0], head.lm_head.weight
     ctx = AttentionContext(kv_caches, slot_ids, positions, kv_len)
     if (not layer.self_attn.attn.cpu_kernel_applies(ctx, hidden.unsqueeze(1))
@@ -364,7 +365,7 @@ def cpu_eagle3_drafts(head, hidden: torch.Tensor, positions: torch.Tensor, kv_ca
     drafts = cpu_decode.eagle3_draft_rows(hidden, k, head.embed_tokens.weight, norm.weight, norm.eps,
                                           cpu_layer_weight(lm_head), head.d2t, e_norm.weight, e_norm.eps,
                                           h_norm.weight, h_norm.eps, layer.norm_before_residual,
-                                          *_cpu_layer_arguments(layer, positions, ctx))
+                                          *_cpu_layer_arguments(layer, positions, ctx), min_confidence)
     return drafts.unsqueeze(0)
 
 

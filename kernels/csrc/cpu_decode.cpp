@@ -144,6 +144,17 @@ inline __m256 exp8(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 
+// The softmax probability of the largest of n logits l (its value max): 1 / sum e^(l - max).
+inline float top_probability(const float* l, int64_t n, float max) {
+  const __m256 m = _mm256_set1_ps(max);
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) acc = _mm256_add_ps(acc, exp8(_mm256_sub_ps(_mm256_loadu_ps(l + i), m)));
+  float sum = hsum8(acc);
+  for (; i < n; ++i) sum += std::exp(l[i] - max);
+  return 1.0f / sum;
+}
+
 // r[j] = the sum of a[j]'s lanes, j = 0..7, in a fixed order: eight keys' scores at once.
 inline __m256 transpose_sum8(const __m256* a) {
   const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
@@ -750,9 +761,11 @@ torch::Tensor eagle3_draft_rows(torch::Tensor h, int64_t k, const torch::Tensor&
                                 const torch::Tensor& w_gate_up, const torch::Tensor& w_down, const torch::Tensor& cos,
                                 const torch::Tensor& sin, torch::Tensor k_cache, torch::Tensor v_cache, int64_t slot,
                                 const torch::Tensor& cache_positions, int64_t kv_len, int64_t num_heads,
-                                int64_t num_kv_heads, double scale) {
+                                int64_t num_kv_heads, double scale, double min_confidence) {
   TORCH_CHECK(k >= 1 && h.dim() == 2 && h.size(0) == 1, "eagle3_draft_rows: k >= 1 drafts from h [1, H], got k = ",
               k, " and h ", h.sizes());
+  TORCH_CHECK(min_confidence >= 0 && min_confidence < 1, "eagle3_draft_rows: min_confidence in [0, 1), got ",
+              min_confidence);
   TORCH_CHECK(embed.dim() == 2 && embed.scalar_type() == torch::kFloat && embed.is_contiguous() &&
               embed.size(1) == h.size(1), "eagle3_draft_rows: a contiguous float32 embedding [V, ", h.size(1),
               "], got ", embed.scalar_type(), " ", embed.sizes());
@@ -763,17 +776,29 @@ torch::Tensor eagle3_draft_rows(torch::Tensor h, int64_t k, const torch::Tensor&
   auto drafts = torch::empty({k}, torch::kLong);
   int64_t* out = drafts.data_ptr<int64_t>();
   const int64_t* offsets = d2t.data_ptr<int64_t>();
-  for (int64_t j = 0; j < k; ++j) {
-    const int64_t id = at::argmax(few_row_linear(rms_norm_rows(h, norm_f, eps_f), lm_head), 1).item<int64_t>();
-    out[j] = id + offsets[id];
-    if (j + 1 == k) break;
-    TORCH_CHECK(out[j] >= 0 && out[j] < embed.size(0), "eagle3_draft_rows: d2t maps draft id ", id, " to ", out[j],
+  // With min_confidence, drafting stops before the first draft at which the product of
+  // the drafts' top probabilities falls below it: the chance, as the head sees it, that
+  // every draft so far is accepted.
+  double confidence = 1.0;
+  int64_t n = 0;  // drafts kept
+  while (n < k) {
+    const auto logits = few_row_linear(rms_norm_rows(h, norm_f, eps_f), lm_head);
+    const int64_t id = at::argmax(logits, 1).item<int64_t>();
+    if (min_confidence > 0) {
+      const float* l = logits.data_ptr<float>();
+      confidence *= top_probability(l, logits.size(1), l[id]);
+      if (confidence < min_confidence) break;
+    }
+    const int64_t token = out[n++] = id + offsets[id];
+    if (n == k) break;
+    TORCH_CHECK(token >= 0 && token < embed.size(0), "eagle3_draft_rows: d2t maps draft id ", id, " to ", token,
                 ", outside the embedding's ", embed.size(0), " rows");
-    h = eagle3_layer_rows(embed.narrow(0, out[j], 1), norm_e, eps_e, h, norm_h, eps_h, norm_before_residual, w_qkv,
+    const int64_t j = n - 1;  // the position after the draft just made
+    h = eagle3_layer_rows(embed.narrow(0, token, 1), norm_e, eps_e, h, norm_h, eps_h, norm_before_residual, w_qkv,
                           w_o, norm2, eps2, w_gate_up, w_down, cos.narrow(0, j, 1), sin.narrow(0, j, 1), k_cache,
                           v_cache, slot, cache_positions.narrow(0, j, 1), kv_len, num_heads, num_kv_heads, scale);
   }
-  return drafts;
+  return drafts.narrow(0, 0, n);
 }
 
 // Attention of T <= 8 tokens of one sequence (cache row ``slot``) over their cache:
