@@ -70,3 +70,14 @@ def smol_tokenizer(default_target_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(default_target_dir))
+
+
+@pytest.fixture
+def cpu_drafts_always_k(monkeypatch):
+    """EAGLE proposers made in the test draft K every step on the CPU too
+    (engine/proposers.py CPU_DRAFT_MIN_CONFIDENCE 0): for tests that compare the one-call
+    drafts, or counters that depend on them, with a path that always drafts K (the module
+    path, tensor parallelism, a graph stand-in, a depth schedule's K)."""
+    from eagle_zoo.engine import proposers
+
+    monkeypatch.setattr(proposers, "CPU_DRAFT_MIN_CONFIDENCE", 0.0)

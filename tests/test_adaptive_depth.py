@@ -191,6 +191,7 @@ def test_schedule_with_tree_is_refused():
 
 
 # -- 2. EAGLE / EAGLE-3: greedy equality, drafts after every kind of step ------------------------
+@pytest.mark.usefixtures("cpu_drafts_always_k")  # counters compared with paths that draft K
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_adaptive_eagle_equals_plain(cases, family, method):

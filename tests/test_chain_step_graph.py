@@ -61,6 +61,7 @@ def with_graph_stand_ins(llm, calls):
     return llm
 
 
+@pytest.mark.usefixtures("cpu_drafts_always_k")  # counters compared with paths that draft K
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])
 @pytest.mark.parametrize("max_num_seqs", [1, 3])
 def test_chain_step_as_one_function_is_lossless_and_counts_like_the_passes(setup, method, max_num_seqs):

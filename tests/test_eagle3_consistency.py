@@ -107,6 +107,7 @@ def _trainer_drafts(head, target_model, x: list[int], c: int, drafts: list[int])
 
 # Two layers: heads grown past the published one (`train --head-layers`): the engine's
 # per-layer caches, the trainer's and the reference's must agree for every layer.
+@pytest.mark.usefixtures("cpu_drafts_always_k")  # counters compared with paths that draft K
 @pytest.mark.parametrize("method,layers", [("eagle", 1), ("eagle3", 1), ("eagle3", 2)])
 @torch.inference_mode()
 def test_engine_drafts_equal_reference_and_trainer(target, method, layers):

@@ -104,6 +104,8 @@ def check_metrics(llm, outs, k: int, method: str):
     lose up to K to max_tokens. For methods that always draft K tokens the number of
     steps is num_drafts, so
         sum(len(out)) = R + num_drafts + num_accepted - cut,   0 <= cut <= K * R.
+    n-gram lookup and the CPU's one-call EAGLE-3 drafts (EagleProposer.cpu_min_confidence)
+    may draft fewer than K, or none (a plain step, not counted).
     """
     m = llm.engine.metrics
     lens = [len(t) for t in tokens(outs)]
@@ -116,7 +118,8 @@ def check_metrics(llm, outs, k: int, method: str):
     assert sum(per_pos) == m.num_accepted_tokens
     assert all(a >= b for a, b in zip(per_pos, per_pos[1:])), per_pos  # a prefix is accepted
     assert per_pos[0] <= m.num_drafts
-    if method == "ngram":
+    proposer = llm.engine.proposer
+    if method == "ngram" or (getattr(proposer, "cpu_drafts", False) and proposer.cpu_min_confidence > 0):
         # A lookup may find fewer than K tokens, or none (a step without a draft, not
         # counted): steps >= num_drafts, and each step keeps at least one token.
         assert m.num_drafts <= m.num_draft_tokens <= k * m.num_drafts

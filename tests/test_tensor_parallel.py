@@ -136,6 +136,7 @@ def draft_tp_sizes(llm) -> tuple[int, int]:
 
 
 # -- workers started by the engine (this process is rank 0) ----------------------------
+@pytest.mark.usefixtures("cpu_drafts_always_k")  # counters compared with paths that draft K
 @pytest.mark.parametrize("name", ["plain", "eagle-dtp1", "eagle3-dtp2", "ngram"])
 def test_engine_started_workers_match_tp1_and_transformers(models, name):
     spec = spec_for(models, name)
@@ -228,6 +229,7 @@ def test_draft_that_does_not_split_stops_the_workers(models, tmp_path):
 
 
 # -- torchrun: the user's script on every rank ---------------------------------------------
+@pytest.mark.usefixtures("cpu_drafts_always_k")  # counters compared with paths that draft K
 def test_torchrun_every_family_and_draft_tp(models):
     root = models["root"] / "torchrun"
     jobs, want = {}, {}
