@@ -2,22 +2,15 @@
 times every decode step of both engines with their C++ calls, and names a bad option."""
 from __future__ import annotations
 
-import os
+import functools
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from eagle_zoo.kernels import cpu_decode
+from script_runs import run_repo_script
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def run_script(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "scripts/cpu_step_parts.py", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="2"))
+run_script = functools.partial(run_repo_script, "cpu_step_parts.py")
 
 
 @pytest.mark.skipif(not cpu_decode.available(), reason="kernels/cpu_decode.py could not be built here")
