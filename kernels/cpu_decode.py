@@ -178,7 +178,7 @@ def eagle3_layer_rows(embeds, norm_e, eps_e, hidden, norm_h, eps_h, norm_before_
 def eagle3_draft_rows(h, k: int, embed, norm_f, eps_f, lm_head, d2t, norm_e, eps_e, norm_h, eps_h,
                       norm_before_residual: bool, w_qkv, w_o, norm2, eps2, w_gate_up, w_down, cos, sin, k_cache,
                       v_cache, slot: int, cache_positions, kv_len: int, num_heads: int, num_kv_heads: int,
-                      scale: float, min_confidence: float = 0.0):
+                      scale: float, min_confidence: float):
     """An EAGLE-3 head's k greedy drafts [k] (target ids, int64) for one sequence from its
     hidden state h [1, H] float32: per draft the final norm (norm_f), the lm_head over the
     draft vocabulary, its argmax + d2t, then (but after the last) the token's row of embed
@@ -238,6 +238,9 @@ def bench_products(modules: dict, rounds: int = 5) -> None:
         m4 = (-0.03 * torch.rand(n, k // 32)).half().float()
         return q4_blocks((q4 * d4[..., None] + m4[..., None]).reshape(n, k))
 
+    def in_features(w):  # a 4-bit weight's row holds Q4_BLOCK_BYTES per 32 values
+        return w.shape[1] // Q4_BLOCK_BYTES * 32 if w.dtype == torch.uint8 else w.shape[1]
+
     weight_sets = {str(dtype)[6:]: [[(0.03 * torch.randn(n, k)).to(dtype) for n, k in shapes] for _ in range(30)]
                    for dtype in (torch.float32, torch.bfloat16)}
     weight_sets["4-bit block"] = [[q4_exact(n, k) for n, k in shapes] for _ in range(30)]
@@ -246,8 +249,7 @@ def bench_products(modules: dict, rounds: int = 5) -> None:
         for rows in (1, 2, 3, 4):
             x = {k: torch.randn(rows, k) for k in (576, 1536)}
             compare(f"{rows} row{'s' if rows > 1 else ' '}, 30 layers of {kind} weights",
-                    lambda m: [m.few_row_linear(x[w.shape[1] if w.dtype != torch.uint8 else w.shape[1] // Q4_BLOCK_BYTES * 32], w)
-                               for layer in layers for w in layer], nbytes)
+                    lambda m: [m.few_row_linear(x[in_features(w)], w) for layer in layers for w in layer], nbytes)
     for rows in (1, 2, 3, 4):
         x = torch.randn(rows, 576)
         compare(f"{rows} row{'s' if rows > 1 else ' '}, the int8 lm_head", lambda m: [m.few_row_linear_int8(x, q, d)])

@@ -348,13 +348,13 @@ def cpu_eagle3_drafts_supported(head) -> bool:
 
 
 def cpu_eagle3_drafts(head, hidden: torch.Tensor, positions: torch.Tensor, kv_caches, slot_ids: torch.Tensor,
-                      kv_len: int, k: int, min_confidence: float = 0.0) -> Optional[torch.Tensor]:
+                      kv_len: int, k: int, min_confidence: float) -> Optional[torch.Tensor]:
     """The k greedy drafts [1, k] of a head that cpu_eagle3_drafts_supported from its
     hidden state [1, H] for one float32 sequence in one C++ call (kernels/cpu_decode.py
     eagle3_draft_rows: what the module path's k draft_argmax calls and k - 1 layer passes
     at positions [1, k - 1] compute, the same bits), or None where the C++ layer or
-    lm_head call would not apply (the module path then runs). With min_confidence, the
-    first n <= k of them [1, n], as eagle3_draft_rows stops."""
+    lm_head call would not apply (the module path then runs). With min_confidence > 0, the
+    first n <= k of them [1, n], as eagle3_draft_rows stops (0: all k)."""
     layer, lm_head = head.layers[0], head.lm_head.weight
     ctx = AttentionContext(kv_caches, slot_ids, positions, kv_len)
     if (not layer.self_attn.attn.cpu_kernel_applies(ctx, hidden.unsqueeze(1))
