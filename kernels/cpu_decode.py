@@ -3,7 +3,8 @@ few_row_linear (y = x @ w^T, a row-major AVX2 dot product per output; w float32,
 bfloat16 or exact 4-bit blocks, which q4_blocks makes; few_row_linear_int8 from a weight's
 exact int8 blocks), rms_norm_rows,
 cache_attention (flash-decoding over one sequence's cache row), llama_layer_rows (a
-whole Llama decoder layer), eagle3_layer_rows (an EAGLE-3 head's first layer) and
+whole Llama decoder layer), eagle3_layer_rows (an EAGLE-3 head's first layer),
+eagle3_catch_up_rows (an EAGLE-3 head's catch-up over verified tokens) and
 eagle3_draft_rows (an EAGLE-3 head's greedy drafts).
 All are batch invariant (a row's bits do not depend on how many rows there are). Built
 on first use with torch's C++ extension loader (g++ with OpenMP; about 30 s, then
@@ -175,6 +176,22 @@ def eagle3_layer_rows(embeds, norm_e, eps_e, hidden, norm_h, eps_h, norm_before_
                                      int(num_kv_heads), float(scale))
 
 
+def eagle3_catch_up_rows(aux: list, w_fc, ids, embed, norm_e, eps_e, norm_h, eps_h, norm_before_residual: bool,
+                         w_qkv, w_o, norm2, eps2, w_gate_up, w_down, cos, sin, k_cache, v_cache, slot: int,
+                         cache_positions, kv_len: int, num_heads: int, num_kv_heads: int, scale: float):
+    """An EAGLE-3 head's catch-up over T <= MAX_ROWS verified tokens of one sequence: the
+    features fc(cat(aux)) (aux: the target's aux residual streams [T, H_t], float32), the
+    rows of embed [V, H] float32 for ids [T] int64 (-1: a zero row), then
+    eagle3_layer_rows at cache_positions [T] (cos / sin [T, d/2]). -> the layer's output
+    [T, H]. The caller checks available() and the head's structure (models/fused_layer.py
+    CpuEagle3Head); EagleProposer._catch_up's module path is the reference."""
+    return _module.eagle3_catch_up_rows([a.contiguous() for a in aux], w_fc, ids.contiguous(), embed, norm_e,
+                                        float(eps_e), norm_h, float(eps_h), bool(norm_before_residual), w_qkv, w_o,
+                                        norm2, float(eps2), w_gate_up, w_down, cos.contiguous(), sin.contiguous(),
+                                        k_cache, v_cache, int(slot), cache_positions.contiguous(), int(kv_len),
+                                        int(num_heads), int(num_kv_heads), float(scale))
+
+
 def eagle3_draft_rows(h, k: int, embed, norm_f, eps_f, lm_head, d2t, norm_e, eps_e, norm_h, eps_h,
                       norm_before_residual: bool, w_qkv, w_o, norm2, eps2, w_gate_up, w_down, cos, sin, k_cache,
                       v_cache, slot: int, cache_positions, kv_len: int, num_heads: int, num_kv_heads: int,
@@ -186,7 +203,7 @@ def eagle3_draft_rows(h, k: int, embed, norm_f, eps_f, lm_head, d2t, norm_e, eps
     sin [k - 1, d/2]). With min_confidence > 0, the first n <= k of them [n]: drafting
     stops before the draft at which the product of the drafts' top softmax probabilities
     falls below min_confidence (n = 0 when the first one's does). The caller checks
-    available() and the head's structure (models/fused_layer.py cpu_eagle3_drafts);
+    available() and the head's structure (models/fused_layer.py CpuEagle3Head);
     EagleProposer._draft_chain's module path is the reference for the drafts made."""
     return _module.eagle3_draft_rows(h.contiguous(), int(k), embed, norm_f, float(eps_f), lm_head, d2t, norm_e,
                                      float(eps_e), norm_h, float(eps_h), bool(norm_before_residual), w_qkv, w_o, norm2,

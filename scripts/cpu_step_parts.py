@@ -20,8 +20,8 @@ from eagle_zoo.engine.llm import LLM
 from eagle_zoo.engine.sampling_params import SamplingParams
 from eagle_zoo.kernels import cpu_decode
 
-CALLS = ("llama_stack_rows", "few_row_linear_int8", "few_row_linear", "eagle3_draft_rows", "eagle3_layer_rows",
-         "llama_layer_rows", "rms_norm_rows", "cache_attention")
+CALLS = ("llama_stack_rows", "few_row_linear_int8", "few_row_linear", "eagle3_draft_rows", "eagle3_catch_up_rows",
+         "eagle3_layer_rows", "llama_layer_rows", "rms_norm_rows", "cache_attention")
 
 
 def main() -> None:

@@ -78,7 +78,7 @@ class StepLog:
         self.verify_widths = []  # per catch-up: (batch size, [input shape of each head pass])
         p = llm.engine.proposer
         propose, plain = p.propose, p.on_plain_step
-        run = p.runner.run if hasattr(p, "runner") else None
+        head_pass = getattr(p, "_head_pass", None)  # an EAGLE head's passes over verified tokens
 
         def recording_propose(batch):
             drafts, num = propose(batch)
@@ -92,16 +92,16 @@ class StepLog:
             return plain(batch, out)
 
         p.propose, p.on_plain_step = recording_propose, recording_plain
-        if hasattr(p, "on_verify") and run is not None:
+        if hasattr(p, "on_verify") and head_pass is not None:
             verify = p.on_verify
 
             def recording_verify(batch, out, accepted):
                 calls = []
-                p.runner.run = lambda ids, *a, **kw: calls.append(ids.shape) or run(ids, *a, **kw)
+                p._head_pass = lambda ids, *a, **kw: calls.append(ids.shape) or head_pass(ids, *a, **kw)
                 try:
                     return verify(batch, out, accepted)
                 finally:
-                    p.runner.run = run
+                    p._head_pass = head_pass
                     self.verify_widths.append((len(batch.slots), [tuple(c) for c in calls]))
 
             p.on_verify = recording_verify

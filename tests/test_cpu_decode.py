@@ -114,10 +114,10 @@ def test_rmsnorm_module_uses_it_for_few_rows(monkeypatch):
 @pytest.mark.parametrize("family", ["llama", "mistral"])
 def test_whole_llama_layer_in_one_call_gives_transformers_greedy(family, tmp_path, monkeypatch):
     """models/fused_layer.py CpuDecoderStack, cpu_decoder_layer, cpu_eagle3_layer and
-    cpu_eagle3_drafts: plain decoding and EAGLE / EAGLE-3 chain verification of a tiny
+    CpuEagle3Head: plain decoding and EAGLE / EAGLE-3 chain verification of a tiny
     random Llama target run the target's decoder layers as one C++ call (counted), the
-    EAGLE-3 head's layer as one call and its drafts of a step as one, and give
-    transformers' greedy tokens.
+    EAGLE-3 head's layer as one call, its catch-up of a step as one and its drafts of a
+    step as one, and give transformers' greedy tokens.
     The tiny Mistral target has a sliding window, which the calls do not do: it keeps the
     module path, with the same result."""
     import checkpoint_factory as cf
@@ -129,18 +129,20 @@ def test_whole_llama_layer_in_one_call_gives_transformers_greedy(family, tmp_pat
     heads = {m: ef.write_head(tmp_path / m, kind, m, seed=4, scale=0.6) for m in ("eagle", "eagle3")}
     prompts = ef.random_prompts((5, 12, 3), cf.TINY["vocab_size"], seed=1)
     want = ef.hf_greedy(target, prompts, [20, 26, 14])
-    stack_calls, calls, head_calls, draft_calls = [], [], [], []
+    stack_calls, calls, head_calls, draft_calls, catch_up_calls = [], [], [], [], []
     stack, kernel, head_kernel = cpu_decode.llama_stack_rows, cpu_decode.llama_layer_rows, cpu_decode.eagle3_layer_rows
-    drafts_kernel = cpu_decode.eagle3_draft_rows
+    drafts_kernel, catch_up_kernel = cpu_decode.eagle3_draft_rows, cpu_decode.eagle3_catch_up_rows
     monkeypatch.setattr(cpu_decode, "eagle3_draft_rows",
                         lambda h, k, *a: draft_calls.append(k) or drafts_kernel(h, k, *a))
+    monkeypatch.setattr(cpu_decode, "eagle3_catch_up_rows",
+                        lambda aux, w, ids, *a: catch_up_calls.append(ids.numel()) or catch_up_kernel(aux, w, ids, *a))
     monkeypatch.setattr(cpu_decode, "llama_stack_rows", lambda h, *a: stack_calls.append(h.shape[0]) or stack(h, *a))
     monkeypatch.setattr(cpu_decode, "llama_layer_rows", lambda h, *a: calls.append(h.shape[0]) or kernel(h, *a))
     monkeypatch.setattr(cpu_decode, "eagle3_layer_rows",
                         lambda e, *a: head_calls.append(e.shape[0]) or head_kernel(e, *a))
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (20, 26, 14)]
     for method in (None, "eagle", "eagle3"):
-        stack_calls.clear(), calls.clear(), head_calls.clear(), draft_calls.clear()
+        stack_calls.clear(), calls.clear(), head_calls.clear(), draft_calls.clear(), catch_up_calls.clear()
         spec = method and {"method": method, "model": str(heads[method]), "num_speculative_tokens": 3}
         llm = LLM(str(target), speculative_config=spec, device="cpu", dtype="float32", max_model_len=96,
                   max_num_seqs=1)
@@ -149,7 +151,7 @@ def test_whole_llama_layer_in_one_call_gives_transformers_greedy(family, tmp_pat
         got = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
         assert got == want, method
         if family == "mistral":
-            assert not stack_calls and not calls and not head_calls and not draft_calls
+            assert not stack_calls and not calls and not head_calls and not draft_calls and not catch_up_calls
             continue
         # Prompts of up to 8 tokens are prefilled through it too; then one token a step
         # (plain) or the last token and 3 drafts (verification).
@@ -157,9 +159,11 @@ def test_whole_llama_layer_in_one_call_gives_transformers_greedy(family, tmp_pat
         assert 12 not in stack_calls  # prefill-sized: the module path
         # No layer alone: the EAGLE-1 head's layer drops its input norm, so keeps its modules.
         assert not calls
-        # The EAGLE-3 head's layer: the prompts' passes and the catch-ups' of 4 tokens; its
-        # three drafts a step in one call (the two one-token passes between them inside).
-        assert set(head_calls) == (set() if method != "eagle3" else {5, 3, 4}), sorted(set(head_calls))
+        # The EAGLE-3 head's layer: the prompts' passes; a step's catch-up of 4 tokens in one
+        # call (fc, embedding and layer); its three drafts a step in one call (the two
+        # one-token passes between them inside).
+        assert set(head_calls) == (set() if method != "eagle3" else {5, 3}), sorted(set(head_calls))
+        assert set(catch_up_calls) == (set() if method != "eagle3" else {4}), sorted(set(catch_up_calls))
         assert set(draft_calls) == (set() if method != "eagle3" else {3}) and (method != "eagle3" or
                                                                                len(draft_calls) >= 12)
 
@@ -394,13 +398,14 @@ def test_a_bf16_eagle3_head_on_the_cpu_drafts_the_same_tokens_from_bf16_copies(t
 
 @needs_kernel
 def test_an_eagle3_heads_drafts_in_one_call_are_the_module_paths(tmp_path, monkeypatch):
-    """EagleProposer on the CPU: an EAGLE-3 head's k drafts of a step in one C++ call
-    (models/fused_layer.py cpu_eagle3_drafts) give the module path's drafts, step for
-    step, and so its outputs; an EAGLE-1 head and a norm_output head keep the module path."""
+    """EagleProposer on the CPU: an EAGLE-3 head's k drafts of a step in one C++ call and
+    its catch-up in one (models/fused_layer.py CpuEagle3Head) give the module path's
+    drafts and the head's state they start from (bit for bit), step for step, and so its
+    outputs; an EAGLE-1 head and a norm_output head keep the module path."""
     import checkpoint_factory as cf
     import engine_fixtures as ef
     from eagle_zoo import LLM, SamplingParams
-    from eagle_zoo.models.fused_layer import cpu_eagle3_drafts_supported
+    from eagle_zoo.models.fused_layer import CpuEagle3Head
 
     kind = ef.kind_of("llama")
     target = ef.write_target(tmp_path / "target", kind)
@@ -417,20 +422,26 @@ def test_an_eagle3_heads_drafts_in_one_call_are_the_module_paths(tmp_path, monke
         engine = llm("eagle3", k)
         proposer = engine.engine.proposer
         assert proposer.cpu_drafts
-        chain, drafts = proposer._draft_chain, []
-        monkeypatch.setattr(proposer, "_draft_chain", lambda *a, **kw: drafts.append(chain(*a, **kw).tolist())
-                            or torch.tensor(drafts[-1]))
+        chain, drafts, states = proposer._draft_chain, [], []
+
+        def recorded_chain(_, base, slots, *a, **kw):  # the head's state (the catch-up's), then the drafts
+            states.append(proposer.next_hidden[slots].clone())
+            drafts.append(chain(_, base, slots, *a, **kw).tolist())
+            return torch.tensor(drafts[-1])
+        monkeypatch.setattr(proposer, "_draft_chain", recorded_chain)
         runs = []
         proposer.cpu_min_confidence = 0.0  # the module path drafts k: so does the call
         for in_one_call in (True, False):
             proposer.cpu_drafts = in_one_call
-            drafts.clear()
-            runs.append(([o.outputs[0].token_ids for o in engine.generate(prompts, params)], list(drafts)))
-        assert runs[0] == runs[1] and len(runs[0][1]) > 10, k
+            drafts.clear(), states.clear()
+            runs.append(([o.outputs[0].token_ids for o in engine.generate(prompts, params)], list(drafts),
+                         torch.cat(states)))
+        assert runs[0][:2] == runs[1][:2] and len(runs[0][1]) > 10, k
+        assert torch.equal(runs[0][2], runs[1][2]), k
     assert not llm("eagle", 3).engine.proposer.cpu_drafts
-    head = llm("eagle3", 3).engine.proposer.head
-    head.norm_output = True
-    assert not cpu_eagle3_drafts_supported(head)
+    proposer = llm("eagle3", 3).engine.proposer
+    proposer.head.norm_output = True
+    assert not CpuEagle3Head.supported(proposer.head, proposer.runner.kv_caches)
 
 
 @needs_kernel

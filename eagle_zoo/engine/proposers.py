@@ -26,7 +26,7 @@ import torch
 
 from ..hookspecs import hookimpl
 from ..kernels.scatter_row import scatter_row
-from ..models.fused_layer import cpu_eagle3_drafts, cpu_eagle3_drafts_supported
+from ..models.fused_layer import CpuEagle3Head
 from ..specs import ProposerSpec
 from .graphs import GraphedForward
 from .host_tensors import device_tensor
@@ -124,11 +124,13 @@ class EagleProposer(Proposer):
         if chain and self.runner.graphed is not None:
             self.graphed_drafts = GraphedForward(self._draft_chain, num_slots, num_slots, graph_pool)
             self.graphed_catch_up = GraphedForward(self._catch_up, num_slots, num_slots, graph_pool)
-        # On the CPU an EAGLE-3 head's drafts of a step run as one C++ call where the head's
-        # structure allows (models/fused_layer.py cpu_eagle3_drafts), chosen once here; they
-        # stop at cpu_min_confidence, so a step verifies up to k drafts.
-        self.cpu_drafts = (chain and method == "eagle3" and self.runner.graphed is None
-                           and cpu_eagle3_drafts_supported(head))
+        # On the CPU an EAGLE-3 head's drafts of a step run as one C++ call, and so does its
+        # catch-up, where the head's structure allows (models/fused_layer.py CpuEagle3Head),
+        # chosen once here; the drafts stop at cpu_min_confidence, so a step verifies up to k.
+        self.cpu_head = (CpuEagle3Head(head, self.runner.kv_caches)
+                         if chain and method == "eagle3" and self.runner.graphed is None
+                         and CpuEagle3Head.supported(head, self.runner.kv_caches) else None)
+        self.cpu_drafts = self.cpu_head is not None
         self.cpu_min_confidence = CPU_DRAFT_MIN_CONFIDENCE
         if method == "eagle3":
             ids = getattr(head.config, "eagle_aux_hidden_state_layer_ids", None)
@@ -180,11 +182,9 @@ class EagleProposer(Proposer):
         whole-row form)."""
         hidden = self.next_hidden[slots]
         positions = self.step_positions(base, k)  # draft j + 1 is fed at base + j
-        if self.cpu_drafts and kv_len is not None:
-            drafts = cpu_eagle3_drafts(self.head, hidden, positions[:, :k - 1], self.runner.kv_caches, slots,
-                                       min(kv_len, self.runner.max_len), k, self.cpu_min_confidence)
-            if drafts is not None:
-                return drafts
+        if self._takes_cpu_head(slots, kv_len):
+            return self.cpu_head.drafts(hidden, positions[:, :k - 1], int(slots[0]), min(kv_len, self.runner.max_len),
+                                       k, self.cpu_min_confidence)
         token = self._draft_token(hidden)
         drafts = [token]
         for step in range(k - 1):
@@ -238,14 +238,28 @@ class EagleProposer(Proposer):
         sequence's num_accepted ([B, 1]). inputs: the target's final hidden state (EAGLE-1)
         or its aux residual streams (EAGLE-3). Device work only (one graph on CUDA; kv_len
         as in _draft_chain)."""
-        h = self.runner.run(tokens, positions, slots, kv_len, self._combine(inputs))  # -1: a zero row (embedding)
+        h = self._head_pass(tokens, positions, slots, kv_len, inputs)  # -1: a zero row (embedding)
         scatter_row(self.next_hidden, slots, h, num_accepted.view(-1))
+
+    def _head_pass(self, tokens, positions, slots, kv_len: Optional[int], inputs) -> torch.Tensor:
+        """The head over [B, T] verified tokens from the target's features (inputs as in
+        _catch_up) -> its output [B, T, H]: cpu_head's one C++ call where it applies, else
+        the runner over the head's modules."""
+        if self._takes_cpu_head(slots, kv_len):
+            h = self.cpu_head.catch_up(inputs, tokens, positions, int(slots[0]), min(kv_len, self.runner.max_len))
+            if h is not None:
+                return h.unsqueeze(0)
+        return self.runner.run(tokens, positions, slots, kv_len, self._combine(inputs))
+
+    def _takes_cpu_head(self, slots: torch.Tensor, kv_len: Optional[int]) -> bool:
+        """Whether an eager step's head work runs as cpu_head's C++ calls: one sequence."""
+        return self.cpu_drafts and kv_len is not None and slots.shape[0] == 1
 
     @torch.inference_mode()
     def on_plain_step(self, batch: StepBatch, out: TargetOutput) -> None:
         # The head consumes the emitted token at the target's position, as in a catch-up
         # after K = 0 drafts; one head layer, no lm_head (the next propose() computes it).
-        h = self.runner.run(out.tokens, out.positions, batch.slots, batch.kv_len, self._features(out))
+        h = self._head_pass(out.tokens, out.positions, batch.slots, batch.kv_len, self._feature_inputs(out))
         self.next_hidden[batch.slots] = h[:, 0]
 
 

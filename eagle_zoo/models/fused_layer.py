@@ -335,38 +335,82 @@ def cpu_eagle3_layer(layer, positions: torch.Tensor, embeds: torch.Tensor,
     return out.unsqueeze(0)
 
 
-def cpu_eagle3_drafts_supported(head) -> bool:
-    """Whether an EAGLE-3 head's greedy drafts can run as one C++ call on the CPU
-    (cpu_eagle3_drafts): one decoder layer, which chose the regrouped path, an RMSNorm
-    before a one-rank lm_head (not norm_output), a one-rank embedding, on the CPU. Decided
-    once, when the proposer takes the head (engine/proposers.py)."""
-    layers = getattr(head, "layers", ())
-    return (len(layers) == 1 and hasattr(layers[0], "hidden_norm") and getattr(layers[0], "fused_decode", False)
-            and hasattr(head, "d2t") and not getattr(head, "norm_output", True) and type(head.norm) is RMSNorm
-            and head.lm_head.tp_size == 1 and head.embed_tokens.tp_size == 1
-            and head.lm_head.weight.device.type == "cpu")
+class CpuEagle3Head:
+    """An EAGLE-3 head's work in a CPU chain step of one float32 sequence, one C++ call
+    each (kernels/cpu_decode.py): the catch-up over the verified tokens
+    (eagle3_catch_up_rows: what the runner's pass over the head's modules computes) and
+    the greedy drafts (eagle3_draft_rows: what k draft_argmax calls and k - 1 layer passes
+    compute), the module path's calls in its order, so the same bits. Made once, when the
+    proposer takes a head that supports() it: the checks the module path makes each call
+    (caches, dtypes, copies, the kernels built) hold for the engine's life, so a call only
+    gathers its arguments, and reads each projection through cpu_layer_weight (an exact
+    copy applies only while its weight is unchanged)."""
 
+    @staticmethod
+    def supported(head, kv_caches) -> bool:
+        """One decoder layer that chose the regrouped path, fc alone (no fc_norm or
+        input_norm) without an int8 copy, an RMSNorm before a one-rank lm_head (not
+        norm_output) read as float32 or bfloat16, a one-rank float32 embedding, float32
+        caches the C++ attention takes, on the CPU."""
+        layers = getattr(head, "layers", ())
+        if not (len(layers) == 1 and hasattr(layers[0], "hidden_norm") and getattr(layers[0], "fused_decode", False)
+                and hasattr(head, "d2t") and hasattr(head, "fc") and getattr(head, "fc_norm", None) is None
+                and getattr(head, "input_norm", None) is None and not getattr(head, "norm_output", True)
+                and type(head.norm) is RMSNorm and head.lm_head.tp_size == 1 and head.embed_tokens.tp_size == 1
+                and head.lm_head.weight.device.type == "cpu"):
+            return False
+        embed, lm_head, fc = head.embed_tokens.weight, head.lm_head.weight, head.fc.weight
+        probe = embed.new_empty(1, 1, 0)  # a one-token step in the head's dtype (the engine steps' inputs)
+        ctx = AttentionContext(kv_caches, torch.zeros(1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long), 1)
+        with torch.no_grad():  # as the engine's steps run
+            return (embed.dtype == torch.float32 and embed.is_contiguous() and head.fc.bias is None
+                    and use_cpu_linear_kernel(probe, lm_head) and use_cpu_linear_kernel(probe, fc)
+                    and not has_exact_int8_copy(lm_head) and not has_exact_int8_copy(fc)
+                    and layers[0].self_attn.attn.cpu_kernel_applies(ctx, probe))
 
-def cpu_eagle3_drafts(head, hidden: torch.Tensor, positions: torch.Tensor, kv_caches, slot_ids: torch.Tensor,
-                      kv_len: int, k: int, min_confidence: float) -> Optional[torch.Tensor]:
-    """The k greedy drafts [1, k] of a head that cpu_eagle3_drafts_supported from its
-    hidden state [1, H] for one float32 sequence in one C++ call (kernels/cpu_decode.py
-    eagle3_draft_rows: what the module path's k draft_argmax calls and k - 1 layer passes
-    at positions [1, k - 1] compute, the same bits), or None where the C++ layer or
-    lm_head call would not apply (the module path then runs). With min_confidence > 0, the
-    first n <= k of them [1, n], as eagle3_draft_rows stops (0: all k)."""
-    layer, lm_head = head.layers[0], head.lm_head.weight
-    ctx = AttentionContext(kv_caches, slot_ids, positions, kv_len)
-    if (not layer.self_attn.attn.cpu_kernel_applies(ctx, hidden.unsqueeze(1))
-            or not use_cpu_linear_kernel(hidden, lm_head) or has_exact_int8_copy(lm_head)
-            or needs_autograd(hidden, layer.self_attn.qkv_proj.weight)):
-        return None
-    e_norm, h_norm, norm = layer.input_layernorm, layer.hidden_norm, head.norm
-    drafts = cpu_decode.eagle3_draft_rows(hidden, k, head.embed_tokens.weight, norm.weight, norm.eps,
-                                          cpu_layer_weight(lm_head), head.d2t, e_norm.weight, e_norm.eps,
-                                          h_norm.weight, h_norm.eps, layer.norm_before_residual,
-                                          *_cpu_layer_arguments(layer, positions, ctx), min_confidence)
-    return drafts.unsqueeze(0)
+    def __init__(self, head, kv_caches):
+        layer = head.layers[0]
+        attn, mlp, core = layer.self_attn, layer.mlp, layer.self_attn.attn
+        e_norm, h_norm, norm2 = layer.input_layernorm, layer.hidden_norm, layer.post_attention_layernorm
+        self.head, self.rotary_emb = head, attn.rotary_emb
+        self.projections = (attn.qkv_proj.weight, attn.o_proj.weight, mlp.gate_up_proj.weight, mlp.down_proj.weight)
+        self.norms = (e_norm.weight, e_norm.eps, h_norm.weight, h_norm.eps, layer.norm_before_residual)
+        self.norm2 = (norm2.weight, norm2.eps)
+        self.caches = kv_caches[core.layer_idx]
+        self.heads = (core.num_heads, core.num_kv_heads, core.scale)
+
+    def _layer_arguments(self, positions: torch.Tensor, slot: int, kv_len: int) -> tuple:
+        """eagle3_layer_rows' arguments after its inputs' norms, for positions [1, T]."""
+        qkv, o, gate_up, down = (cpu_layer_weight(w) for w in self.projections)
+        cos, sin = self.rotary_emb.angles(positions)
+        T, half = positions.shape[1], cos.shape[-1]
+        return (*self.norms, qkv, o, *self.norm2, gate_up, down, cos.reshape(T, half), sin.reshape(T, half),
+                *self.caches, slot, positions.reshape(T), kv_len, *self.heads)
+
+    def catch_up(self, aux: tuple, tokens: torch.Tensor, positions: torch.Tensor, slot: int,
+                 kv_len: int) -> Optional[torch.Tensor]:
+        """The head over T verified tokens [1, T] (the ids that follow each position, -1
+        past the accepted run) at positions [1, T], from the target's aux residual streams
+        [1, T, H_t] each, writing the head's cache: -> its output [T, H], or None where T
+        is more than the C++ rows (the module path then runs)."""
+        if tokens.shape[1] > cpu_decode.MAX_ROWS:
+            return None
+        head = self.head
+        return cpu_decode.eagle3_catch_up_rows([a[0] for a in aux], cpu_layer_weight(head.fc.weight), tokens[0],
+                                               head.embed_tokens.weight,
+                                               *self._layer_arguments(positions, slot, kv_len))
+
+    def drafts(self, hidden: torch.Tensor, positions: torch.Tensor, slot: int, kv_len: int, k: int,
+               min_confidence: float) -> torch.Tensor:
+        """The k greedy drafts [1, k] from the head's hidden state [1, H] (draft j + 1 fed
+        at positions [1, k - 1]'s j); with min_confidence > 0, the first n <= k of them
+        [1, n], as eagle3_draft_rows stops."""
+        head = self.head
+        norm = head.norm
+        drafts = cpu_decode.eagle3_draft_rows(hidden, k, head.embed_tokens.weight, norm.weight, norm.eps,
+                                              cpu_layer_weight(head.lm_head.weight), head.d2t,
+                                              *self._layer_arguments(positions, slot, kv_len), min_confidence)
+        return drafts.unsqueeze(0)
 
 
 def _cpu_step_context(layer, h: torch.Tensor):

@@ -3,7 +3,8 @@
 // few_row_linear_int8 reads int8 blocks whose exact float32 values w holds; or 4-bit
 // blocks, kQ4BlockBytes bytes per 32 weights, whose exact float32 values w holds), and
 // rms_norm_rows, for M <= 8; llama_layer_rows, a whole Llama decoder layer, and
-// eagle3_layer_rows, an EAGLE-3 head's first layer (both from layer_from_qkv).
+// eagle3_layer_rows, an EAGLE-3 head's first layer (both from layer_from_qkv), which an
+// EAGLE-3 head's catch-up (eagle3_catch_up_rows) and drafts (eagle3_draft_rows) run.
 //
 // Why: a decode step reads every weight once for one row (plain decoding) or a few
 // (verification). MKL's paths for these shapes stream the weights at 15-20 GB/s on the
@@ -745,6 +746,46 @@ torch::Tensor eagle3_layer_rows(const torch::Tensor& embeds, const torch::Tensor
                         scale);
 }
 
+// An EAGLE-3 head's catch-up over T <= 8 verified tokens of one sequence: its features
+// fc(aux) (the target's aux residual streams of the tokens, aux [T, H_t] each, side by
+// side), the embedding rows of the tokens that follow them (ids [T]; -1, a position past
+// the accepted run, a zero row), then eagle3_layer_rows at their positions. The module
+// path's calls (combine_hidden_states' fc, the embedding, the layer) in its order, so the
+// same bits; one call instead of the runner's and the modules' Python, which cost a CPU
+// catch-up more than its arithmetic. -> the layer's output [T, H].
+torch::Tensor eagle3_catch_up_rows(const std::vector<torch::Tensor>& aux, const torch::Tensor& w_fc,
+                                   const torch::Tensor& ids, const torch::Tensor& embed,
+                                   const torch::Tensor& norm_e, double eps_e, const torch::Tensor& norm_h,
+                                   double eps_h, bool norm_before_residual, const torch::Tensor& w_qkv,
+                                   const torch::Tensor& w_o, const torch::Tensor& norm2, double eps2,
+                                   const torch::Tensor& w_gate_up, const torch::Tensor& w_down,
+                                   const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor k_cache,
+                                   torch::Tensor v_cache, int64_t slot, const torch::Tensor& cache_positions,
+                                   int64_t kv_len, int64_t num_heads, int64_t num_kv_heads, double scale) {
+  TORCH_CHECK(!aux.empty(), "eagle3_catch_up_rows: at least one aux input");
+  const int64_t T = aux[0].size(0), H = embed.size(1);
+  TORCH_CHECK(ids.scalar_type() == torch::kLong && ids.dim() == 1 && ids.size(0) == T && ids.is_contiguous(),
+              "eagle3_catch_up_rows: contiguous int64 ids [", T, "], got ", ids.scalar_type(), " ", ids.sizes());
+  TORCH_CHECK(embed.dim() == 2 && embed.scalar_type() == torch::kFloat && embed.is_contiguous(),
+              "eagle3_catch_up_rows: a contiguous float32 embedding [V, H], got ", embed.scalar_type(), " ",
+              embed.sizes());
+  const torch::Tensor hidden = few_row_linear(torch::cat(aux, 1), w_fc);
+  TORCH_CHECK(hidden.size(1) == H, "eagle3_catch_up_rows: fc gives ", hidden.size(1), " features, the embedding ",
+              H);
+  auto embeds = torch::zeros({T, H}, hidden.options());
+  const int64_t* id = ids.data_ptr<int64_t>();
+  const float* rows = embed.data_ptr<float>();
+  float* ep = embeds.data_ptr<float>();
+  for (int64_t t = 0; t < T; ++t) {
+    TORCH_CHECK(id[t] >= -1 && id[t] < embed.size(0), "eagle3_catch_up_rows: token id ", id[t],
+                " outside the embedding's ", embed.size(0), " rows");
+    if (id[t] >= 0) std::memcpy(ep + t * H, rows + id[t] * H, H * sizeof(float));
+  }
+  return eagle3_layer_rows(embeds, norm_e, eps_e, hidden, norm_h, eps_h, norm_before_residual, w_qkv, w_o, norm2,
+                           eps2, w_gate_up, w_down, cos, sin, k_cache, v_cache, slot, cache_positions, kv_len,
+                           num_heads, num_kv_heads, scale);
+}
+
 // An EAGLE-3 head's K greedy drafts for one sequence from its hidden state h [1, H]: per
 // draft the final norm, the lm_head over the draft vocabulary, the first largest logit
 // (at::argmax, as the module path takes it) mapped to the target's id (+ d2t), and after
@@ -827,6 +868,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("llama_stack_rows", &llama_stack_rows, "a model's exact Llama decoder layers for a few float32 tokens (CPU)");
   m.def("eagle3_layer_rows", &eagle3_layer_rows,
         "an EAGLE-3 head's first decoder layer for a few float32 tokens (CPU)");
+  m.def("eagle3_catch_up_rows", &eagle3_catch_up_rows,
+        "an EAGLE-3 head's catch-up over a few verified float32 tokens (CPU)");
   m.def("eagle3_draft_rows", &eagle3_draft_rows, "an EAGLE-3 head's greedy drafts for one float32 sequence (CPU)");
   m.def("few_row_linear", &few_row_linear, "y = x @ w^T for a few float32 rows (CPU)");
   m.def("few_row_linear_int8", &few_row_linear_int8, "few_row_linear from a weight's exact int8 blocks (CPU)");
