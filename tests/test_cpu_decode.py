@@ -191,6 +191,32 @@ def test_llama_layer_rows_rejects_mismatched_weights_and_slots():
         call(qkv=torch.zeros(heads * d, H))
 
 
+@needs_kernel
+def test_eagle3_catch_up_rows_refuses_bad_token_ids_and_widths():
+    H, heads, kv_heads, d, V = 32, 4, 2, 8, 5
+    ones, embed = torch.ones(H), torch.randn(V, H)
+    w = {"fc": torch.zeros(H, 3 * H), "qkv": torch.zeros((heads + 2 * kv_heads) * d, 2 * H),
+         "o": torch.zeros(H, heads * d), "gu": torch.zeros(2 * 16, H), "down": torch.zeros(H, 16)}
+    caches = torch.zeros(2, 10, kv_heads, d), torch.zeros(2, 10, kv_heads, d)
+    angles = torch.ones(2, d // 2)
+
+    def call(ids, fc=w["fc"]):
+        return cpu_decode.eagle3_catch_up_rows([torch.randn(2, H)] * 3, fc, torch.tensor(ids), embed, ones, 1e-5,
+                                               ones, 1e-5, False, w["qkv"], w["o"], ones, 1e-5, w["gu"], w["down"],
+                                               angles, angles, *caches, 0, torch.tensor([3, 4]), 5, heads, kv_heads,
+                                               d ** -0.5)
+
+    assert call([4, -1]).shape == (2, H)  # -1: past the accepted run, a zero embedding row
+    with pytest.raises(RuntimeError, match="token id 5 outside the embedding's 5 rows"):
+        call([1, 5])
+    with pytest.raises(RuntimeError, match="token id -2"):
+        call([-2, 1])
+    with pytest.raises(RuntimeError, match=r"ids \[2\]"):
+        call([1])
+    with pytest.raises(RuntimeError, match="fc gives 16 features, the embedding 32"):
+        call([1, 2], fc=torch.zeros(16, 3 * H))
+
+
 def _rms(x, weight):
     return weight.double() * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
 

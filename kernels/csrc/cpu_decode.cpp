@@ -752,7 +752,7 @@ torch::Tensor eagle3_layer_rows(const torch::Tensor& embeds, const torch::Tensor
 // the accepted run, a zero row), then eagle3_layer_rows at their positions. The module
 // path's calls (combine_hidden_states' fc, the embedding, the layer) in its order, so the
 // same bits; one call instead of the runner's and the modules' Python, which cost a CPU
-// catch-up more than its arithmetic. -> the layer's output [T, H].
+// catch-up about as much as its arithmetic. -> the layer's output [T, H].
 torch::Tensor eagle3_catch_up_rows(const std::vector<torch::Tensor>& aux, const torch::Tensor& w_fc,
                                    const torch::Tensor& ids, const torch::Tensor& embed,
                                    const torch::Tensor& norm_e, double eps_e, const torch::Tensor& norm_h,
