@@ -66,7 +66,7 @@ def main() -> None:
     spec = LLM(model=DEFAULT_TARGET, speculative_config={"model": SHIPPED_HEAD, "num_speculative_tokens": args.k},
                **common)
     proposer = spec.engine.proposer
-    if not proposer.cpu_drafts:
+    if proposer.cpu_head is None:
         raise SystemExit("the shipped head's drafts do not run as one C++ call here (kernels/cpu_decode.py "
                          "not built?): the threshold has nothing to change")
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)

@@ -192,21 +192,33 @@ def test_llama_layer_rows_rejects_mismatched_weights_and_slots():
 
 
 @needs_kernel
-def test_eagle3_catch_up_rows_refuses_bad_token_ids_and_widths():
+def test_eagle3_catch_up_rows_is_fc_embedding_and_layer_and_refuses_bad_input():
+    """eagle3_catch_up_rows gives what its parts give (few_row_linear over the aux streams
+    side by side, the ids' embedding rows with a zero row for -1, eagle3_layer_rows), bit
+    for bit, and names a bad token id, ids of the wrong length and an fc of the wrong width."""
     H, heads, kv_heads, d, V = 32, 4, 2, 8, 5
-    ones, embed = torch.ones(H), torch.randn(V, H)
-    w = {"fc": torch.zeros(H, 3 * H), "qkv": torch.zeros((heads + 2 * kv_heads) * d, 2 * H),
-         "o": torch.zeros(H, heads * d), "gu": torch.zeros(2 * 16, H), "down": torch.zeros(H, 16)}
-    caches = torch.zeros(2, 10, kv_heads, d), torch.zeros(2, 10, kv_heads, d)
+    g = torch.Generator().manual_seed(0)
+    ones, embed, aux = torch.ones(H), torch.randn(V, H, generator=g), [torch.randn(2, H, generator=g) for _ in range(3)]
+    w = {name: 0.2 * torch.randn(*shape, generator=g) for name, shape in
+         {"fc": (H, 3 * H), "qkv": ((heads + 2 * kv_heads) * d, 2 * H), "o": (H, heads * d), "gu": (2 * 16, H),
+          "down": (H, 16)}.items()}
     angles = torch.ones(2, d // 2)
+    layer_rest = (ones, 1e-5, ones, 1e-5, False, w["qkv"], w["o"], ones, 1e-5, w["gu"], w["down"], angles, angles)
+    position_rest = (0, torch.tensor([3, 4]), 5, heads, kv_heads, d ** -0.5)
+
+    def caches():
+        return torch.zeros(2, 10, kv_heads, d), torch.zeros(2, 10, kv_heads, d)
 
     def call(ids, fc=w["fc"]):
-        return cpu_decode.eagle3_catch_up_rows([torch.randn(2, H)] * 3, fc, torch.tensor(ids), embed, ones, 1e-5,
-                                               ones, 1e-5, False, w["qkv"], w["o"], ones, 1e-5, w["gu"], w["down"],
-                                               angles, angles, *caches, 0, torch.tensor([3, 4]), 5, heads, kv_heads,
-                                               d ** -0.5)
+        return cpu_decode.eagle3_catch_up_rows(aux, fc, torch.tensor(ids), embed, *layer_rest, *caches(),
+                                               *position_rest)
 
-    assert call([4, -1]).shape == (2, H)  # -1: past the accepted run, a zero embedding row
+    got = call([4, -1])  # -1: past the accepted run, a zero embedding row
+    hidden = cpu_decode.few_row_linear(torch.cat(aux, 1), w["fc"])
+    embeds = torch.stack([embed[4], torch.zeros(H)])
+    want = cpu_decode.eagle3_layer_rows(embeds, *layer_rest[:2], hidden, *layer_rest[2:], *caches(), *position_rest)
+    assert torch.equal(got, want)
+    assert not torch.equal(got, call([4, 0]))  # the zero row is not some row of the embedding
     with pytest.raises(RuntimeError, match="token id 5 outside the embedding's 5 rows"):
         call([1, 5])
     with pytest.raises(RuntimeError, match="token id -2"):
@@ -447,7 +459,8 @@ def test_an_eagle3_heads_drafts_in_one_call_are_the_module_paths(tmp_path, monke
     for k in (1, 3, 5):
         engine = llm("eagle3", k)
         proposer = engine.engine.proposer
-        assert proposer.cpu_drafts
+        one_call = proposer.cpu_head
+        assert one_call is not None
         chain, drafts, states = proposer._draft_chain, [], []
 
         def recorded_chain(_, base, slots, *a, **kw):  # the head's state (the catch-up's), then the drafts
@@ -457,14 +470,14 @@ def test_an_eagle3_heads_drafts_in_one_call_are_the_module_paths(tmp_path, monke
         monkeypatch.setattr(proposer, "_draft_chain", recorded_chain)
         runs = []
         proposer.cpu_min_confidence = 0.0  # the module path drafts k: so does the call
-        for in_one_call in (True, False):
-            proposer.cpu_drafts = in_one_call
+        for cpu_head in (one_call, None):
+            proposer.cpu_head = cpu_head
             drafts.clear(), states.clear()
             runs.append(([o.outputs[0].token_ids for o in engine.generate(prompts, params)], list(drafts),
                          torch.cat(states)))
         assert runs[0][:2] == runs[1][:2] and len(runs[0][1]) > 10, k
         assert torch.equal(runs[0][2], runs[1][2]), k
-    assert not llm("eagle", 3).engine.proposer.cpu_drafts
+    assert llm("eagle", 3).engine.proposer.cpu_head is None
     proposer = llm("eagle3", 3).engine.proposer
     proposer.head.norm_output = True
     assert not CpuEagle3Head.supported(proposer.head, proposer.runner.kv_caches)
@@ -491,7 +504,8 @@ def test_cpu_drafts_stop_where_the_heads_confidence_falls(tmp_path, monkeypatch)
     engine = LLM(str(target), speculative_config=spec, device="cpu", dtype="float32", max_model_len=96,
                  max_num_seqs=1)
     proposer, head = engine.engine.proposer, engine.engine.proposer.head
-    assert proposer.cpu_drafts and proposer.cpu_min_confidence > 0
+    one_call = proposer.cpu_head
+    assert one_call is not None and proposer.cpu_min_confidence > 0
 
     top_probabilities = []  # the module path's, one per draft
     draft_argmax = head.draft_argmax
@@ -500,10 +514,10 @@ def test_cpu_drafts_stop_where_the_heads_confidence_falls(tmp_path, monkeypatch)
     chain, steps = proposer._draft_chain, []
 
     def both_paths(*a, **kw):  # the module path's k drafts, then the call's (same cache writes)
-        proposer.cpu_drafts = False
+        proposer.cpu_head = None
         top_probabilities.clear()
         full = chain(*a, **kw)[0].tolist()
-        proposer.cpu_drafts = True
+        proposer.cpu_head = one_call
         drafts = chain(*a, **kw)
         steps.append((full, list(top_probabilities), drafts[0].tolist()))
         return drafts

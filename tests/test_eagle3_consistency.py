@@ -119,7 +119,7 @@ def test_engine_drafts_equal_reference_and_trainer(target, method, layers):
                          target_num_layers=len(model.layers))
     if method == "eagle3":
         assert prop.aux_layer_ids == (1, 3, 4)
-    assert prop.cpu_drafts == (method == "eagle3" and layers == 1)
+    assert (prop.cpu_head is not None) == (method == "eagle3" and layers == 1)
     slot = 1  # not row 0: the slot indexing is part of what is checked
     runs = []  # the head's outputs of draft steps 1..K-1 (propose runs the head K-1 times)
     run = prop.runner.run
@@ -136,13 +136,13 @@ def test_engine_drafts_equal_reference_and_trainer(target, method, layers):
         base = c + 1
         batch = StepBatch(torch.tensor([slot]), torch.tensor([base]), [x[: base + 1]], base + K + 1)
         state0 = prop.next_hidden[slot].clone()
-        # A one-layer EAGLE-3 head drafts in one C++ call on the CPU (cpu_drafts); the
+        # A one-layer EAGLE-3 head drafts in one C++ call on the CPU (cpu_head); the
         # module path, whose head states runs records, must draft the same.
-        in_one_call = prop.propose(batch)[0][0].tolist() if prop.cpu_drafts else None
+        in_one_call = prop.propose(batch)[0][0].tolist() if prop.cpu_head is not None else None
         runs.clear()
-        prop.cpu_drafts, one_call = False, prop.cpu_drafts
+        prop.cpu_head, one_call = None, prop.cpu_head
         drafts = prop.propose(batch)[0][0].tolist()
-        prop.cpu_drafts = one_call
+        prop.cpu_head = one_call
         assert in_one_call in (None, drafts), f"chain {c}: one call drafted {in_one_call}, the modules {drafts}"
         states = [state0] + [r[0, 0] for r in runs]
         ref, ref_states = _reference_drafts(head, method, model, x, c)

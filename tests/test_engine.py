@@ -119,7 +119,7 @@ def check_metrics(llm, outs, k: int, method: str):
     assert all(a >= b for a, b in zip(per_pos, per_pos[1:])), per_pos  # a prefix is accepted
     assert per_pos[0] <= m.num_drafts
     proposer = llm.engine.proposer
-    if method == "ngram" or (getattr(proposer, "cpu_drafts", False) and proposer.cpu_min_confidence > 0):
+    if method == "ngram" or (getattr(proposer, "cpu_head", None) is not None and proposer.cpu_min_confidence > 0):
         # A lookup may find fewer than K tokens, or none (a step without a draft, not
         # counted): steps >= num_drafts, and each step keeps at least one token.
         assert m.num_drafts <= m.num_draft_tokens <= k * m.num_drafts

@@ -88,7 +88,7 @@ class Proposer:
         return self.num_speculative_tokens if batch.depth is None else batch.depth
 
 
-# The CPU one-call drafts (cpu_drafts) stop early: a draft is verified only while the
+# The CPU one-call drafts (cpu_head) stop early: a draft is verified only while the
 # product of the drafts' top probabilities so far is at least this, the head's own
 # estimate that all of them are accepted. On two CPU cores each verified row costs about a
 # third of a plain step (four rows of the target's products are compute-bound there), so a
@@ -130,7 +130,6 @@ class EagleProposer(Proposer):
         self.cpu_head = (CpuEagle3Head(head, self.runner.kv_caches)
                          if chain and method == "eagle3" and self.runner.graphed is None
                          and CpuEagle3Head.supported(head, self.runner.kv_caches) else None)
-        self.cpu_drafts = self.cpu_head is not None
         self.cpu_min_confidence = CPU_DRAFT_MIN_CONFIDENCE
         if method == "eagle3":
             ids = getattr(head.config, "eagle_aux_hidden_state_layer_ids", None)
@@ -183,8 +182,8 @@ class EagleProposer(Proposer):
         hidden = self.next_hidden[slots]
         positions = self.step_positions(base, k)  # draft j + 1 is fed at base + j
         if self._takes_cpu_head(slots, kv_len):
-            return self.cpu_head.drafts(hidden, positions[:, :k - 1], int(slots[0]), min(kv_len, self.runner.max_len),
-                                       k, self.cpu_min_confidence)
+            return self.cpu_head.drafts(hidden, positions[:, :k - 1], int(slots[0]), kv_len, k,
+                                        self.cpu_min_confidence)
         token = self._draft_token(hidden)
         drafts = [token]
         for step in range(k - 1):
@@ -246,14 +245,14 @@ class EagleProposer(Proposer):
         _catch_up) -> its output [B, T, H]: cpu_head's one C++ call where it applies, else
         the runner over the head's modules."""
         if self._takes_cpu_head(slots, kv_len):
-            h = self.cpu_head.catch_up(inputs, tokens, positions, int(slots[0]), min(kv_len, self.runner.max_len))
+            h = self.cpu_head.catch_up(inputs, tokens, positions, int(slots[0]), kv_len)
             if h is not None:
                 return h.unsqueeze(0)
         return self.runner.run(tokens, positions, slots, kv_len, self._combine(inputs))
 
     def _takes_cpu_head(self, slots: torch.Tensor, kv_len: Optional[int]) -> bool:
         """Whether an eager step's head work runs as cpu_head's C++ calls: one sequence."""
-        return self.cpu_drafts and kv_len is not None and slots.shape[0] == 1
+        return self.cpu_head is not None and kv_len is not None and slots.shape[0] == 1
 
     @torch.inference_mode()
     def on_plain_step(self, batch: StepBatch, out: TargetOutput) -> None:

@@ -380,12 +380,13 @@ class CpuEagle3Head:
         self.heads = (core.num_heads, core.num_kv_heads, core.scale)
 
     def _layer_arguments(self, positions: torch.Tensor, slot: int, kv_len: int) -> tuple:
-        """eagle3_layer_rows' arguments after its inputs' norms, for positions [1, T]."""
+        """eagle3_layer_rows' arguments after its inputs' norms, for positions [1, T] and
+        the step's kv_len (bounded by the cache rows, as the runner bounds it)."""
         qkv, o, gate_up, down = (cpu_layer_weight(w) for w in self.projections)
         cos, sin = self.rotary_emb.angles(positions)
         T, half = positions.shape[1], cos.shape[-1]
         return (*self.norms, qkv, o, *self.norm2, gate_up, down, cos.reshape(T, half), sin.reshape(T, half),
-                *self.caches, slot, positions.reshape(T), kv_len, *self.heads)
+                *self.caches, slot, positions.reshape(T), min(kv_len, self.caches[0].shape[1]), *self.heads)
 
     def catch_up(self, aux: tuple, tokens: torch.Tensor, positions: torch.Tensor, slot: int,
                  kv_len: int) -> Optional[torch.Tensor]:
