@@ -73,6 +73,10 @@ def add_arguments(p):
     p.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, default=1,
                    help="tensor_parallel_size of the target (docs/tensor-parallel.md)")
     p.add_argument("--draft-tp", type=int, default=None, help="speculative_config draft_tensor_parallel_size")
+    p.add_argument("--draft-quantization", choices=("fp8",), default=None,
+                   help="speculative_config quantization: fp8 weights for the draft's linear layers and lm_head "
+                        "(CUDA only; eagle_zoo/models/quantization.py); with --perf, for every head of the tables, "
+                        "the step-cost tables' random ones included")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="context length: prompt + output (default: the engine's, min(model's, 2048)); the dev "
                         "set's longest prompts need about 4096")
@@ -719,7 +723,7 @@ PERF_ONLY = ("eagle", "eagle3", "ngram", "ks", "batch_sizes", "tput_k", "tput_wa
              "step_cost_batch", "acceptance_profile", "tree")
 # The acceptance benchmark's speculative_config options: without --draft or --method it
 # decodes plainly and reads none of them.
-DRAFT_ONLY = ("num_spec_tokens", "draft_tp", "prompt_lookup_max", "prompt_lookup_min")
+DRAFT_ONLY = ("num_spec_tokens", "draft_tp", "draft_quantization", "prompt_lookup_max", "prompt_lookup_min")
 
 
 def refuse_unused_options(args) -> None:
@@ -788,6 +792,8 @@ def run(args) -> int:
             spec["model"] = args.draft
         if args.draft_tp is not None:
             spec["draft_tensor_parallel_size"] = args.draft_tp
+        if args.draft_quantization is not None:
+            spec["quantization"] = args.draft_quantization
         for key in ("prompt_lookup_max", "prompt_lookup_min"):
             if getattr(args, key) is not None:
                 spec[key] = getattr(args, key)

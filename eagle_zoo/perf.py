@@ -113,6 +113,11 @@ def run_perf(args) -> int:
     report: dict = {"model": args.model, "dataset": dataset_name(args.dataset), "per_category": args.per_category,
                     "prompts": len(conversations), "max_tokens": args.max_tokens}
     extra = _json_option(args.spec_options, "--spec-options") if getattr(args, "spec_options", None) else {}
+    if args.draft_quantization is not None:
+        if "quantization" in extra:
+            raise SystemExit("--draft-quantization and --spec-options' quantization both set the heads' quantization: "
+                             "give one of them")
+        extra["quantization"] = args.draft_quantization
     schedule = getattr(args, "depth_schedule", None)
     if schedule is not None and schedule != "auto":
         schedule = _json_option(schedule, "--depth-schedule")

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import cProfile
 import io
+import itertools
 import pstats
 import statistics
 import tempfile
@@ -429,12 +430,15 @@ def measure_strategy(target, head, strategy: str, *, k: int = 3, tree: Optional[
 def step_cost_table(shape_name: str, *, shape: Optional[dict] = None, k: int = 3, tree: Optional[dict] = None,
                     dtype: torch.dtype = torch.bfloat16, device: Optional[torch.device] = None, steps: int = 200,
                     acceptance_profile: Optional[list[float]] = None, batch: int = 1,
-                    max_model_len: int = 0, async_scheduling: Optional[bool] = None) -> dict:
+                    max_model_len: int = 0, async_scheduling: Optional[bool] = None,
+                    draft_quantization: Optional[str] = None) -> dict:
     """The table for one target shape (SHAPES[shape_name], or ``shape`` given) at ``batch``
     requests a step: rows for plain, chain k and (with ``tree``) a tree; ratios to plain;
     the plain step against the weight-read floor; the projection. Every row's engine caches
     max_model_len tokens, or what the deepest strategy's timed steps need where that is
-    more (the table's max_model_len); async_scheduling as strategy_engine's."""
+    more (the table's max_model_len); async_scheduling as strategy_engine's;
+    draft_quantization "fp8": the head's weights as speculative_config quantization="fp8"
+    makes them (models/quantization.py)."""
     if batch < 1:
         raise ValueError(f"step_cost_table: batch={batch}; a step serves 1 request or more")
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -444,6 +448,10 @@ def step_cost_table(shape_name: str, *, shape: Optional[dict] = None, k: int = 3
                          f"max_position_embeddings={shape['max_position_embeddings']}; give at most that")
     target = random_target(shape, dtype, device)
     head = random_eagle3_head(target, DRAFT_VOCAB.get(shape_name, shape["vocab_size"]), dtype)
+    if draft_quantization is not None:
+        from .models.quantization import quantize_fp8_
+
+        quantize_fp8_(head, keep=list(target.parameters()))
     strategies = [("plain", {}), ("chain", {"k": k})] + ([("tree", {"tree": tree})] if tree else [])
     # One cache length for every row (their attention walks the whole cache row alike): the
     # one asked for, or what the deepest strategy's timed steps need.
@@ -456,8 +464,8 @@ def step_cost_table(shape_name: str, *, shape: Optional[dict] = None, k: int = 3
     for row in rows:
         row["vs_plain"] = row["step_us"] / plain_us
     table = {"shape": shape_name, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
-             "batch": batch, "max_model_len": max_model_len, "async_scheduling": rows[0]["async_scheduling"],
-             "rows": rows,
+             "draft_quantization": draft_quantization, "batch": batch, "max_model_len": max_model_len,
+             "async_scheduling": rows[0]["async_scheduling"], "rows": rows,
              "plain_tokens_per_s": batch * 1e6 / plain_us}
     table["chain_read_ratio"] = chain_read_ratio(target, head, k)
     if device.type == "cuda":
@@ -477,9 +485,11 @@ def step_cost_table(shape_name: str, *, shape: Optional[dict] = None, k: int = 3
 def read_bytes(model, select=lambda name: True) -> int:
     """Bytes of the selected weights a forward reads whole: every parameter once (a tied
     lm_head too: it shares the embedding's tensor, but is read whole where the embedding
-    is a lookup of a few rows, so only the embedding's name is left out)."""
+    is a lookup of a few rows, so only the embedding's name is left out), and an fp8
+    weight's row scales."""
     seen, total = set(), 0
-    for name, p in model.named_parameters(remove_duplicate=False):
+    scales = ((name, b) for name, b in model.named_buffers() if name.endswith("weight_scale"))
+    for name, p in itertools.chain(model.named_parameters(remove_duplicate=False), scales):
         if "embed_tokens" in name or id(p) in seen or not select(name):
             continue
         seen.add(id(p))
@@ -527,7 +537,9 @@ def parse_acceptance_profile(text: Optional[str]) -> Optional[list[float]]:
 
 def format_table(table: dict) -> str:
     """The table as Markdown rows (BENCHMARKS.md's step-cost tables)."""
-    lines = [f"shape {table['shape']}, {table['device']}, {table['dtype']}, batch {table['batch']}" +
+    lines = [f"shape {table['shape']}, {table['device']}, {table['dtype']}" +
+             (f", draft {table['draft_quantization']}" if table.get("draft_quantization") else "") +
+             f", batch {table['batch']}" +
              (f", max_model_len {table['max_model_len']}" if "max_model_len" in table else "") +
              (f", async scheduling {'on' if table['async_scheduling'] else 'off'}" if "async_scheduling" in table
               else "") + "; plain "
@@ -565,6 +577,10 @@ def run_step_costs(args, record) -> None:
     if dtype is None:
         raise SystemExit(f"--dtype {args.dtype!r}: the step-cost tables take auto, bfloat16, float16 or float32")
     device = torch.device(args.device) if args.device else None
+    runs_on = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if args.draft_quantization and runs_on.type != "cuda":
+        raise SystemExit(f"--draft-quantization {args.draft_quantization}: fp8 drafts run on CUDA only; drop it or "
+                         f"run the step costs on a GPU")
     if args.step_cost_batch < 1:
         raise SystemExit(f"--step-cost-batch {args.step_cost_batch}: give the number of requests a step serves, "
                          "1 or more")
@@ -575,7 +591,8 @@ def run_step_costs(args, record) -> None:
             table = step_cost_table(name, k=args.tput_k, tree=tree, dtype=dtype, device=device,
                                     steps=args.step_cost_steps, acceptance_profile=profile,
                                     batch=args.step_cost_batch, max_model_len=args.perf_max_model_len,
-                                    async_scheduling=args.async_scheduling)
+                                    async_scheduling=args.async_scheduling,
+                                    draft_quantization=args.draft_quantization)
         except Exception as exc:  # one shape's failure must not cost the tables after it
             traceback.print_exc()
             record("step_costs", {"shape": name, "error": f"{type(exc).__name__}: {exc}"})

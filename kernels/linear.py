@@ -50,6 +50,14 @@ WIDE_ROWS = 17  # from this many rows on, a program takes more (row_block)
 # cuBLAS's is not ("Losslessness").
 MAX_K = 2048
 
+# fp8 weights (a draft head under speculative_config quantization="fp8"): e4m3 values with
+# one float32 scale a weight row, read by the same kernel at any input width (there is no
+# cuBLAS product for them here). Why: a head of Llama-3.1-8B's shape reads ~2.3 GB of bf16
+# weights a k = 3 chain step, 1.156x a plain step's bytes; fp8 halves that.
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # the largest finite e4m3fn value
+FP8_TILE = dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=4)  # inputs wider than MAX_K
+
 
 def fused_linear_torch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
                        norm_weight: Optional[torch.Tensor] = None, eps: float = 1e-6, gated: bool = False,
@@ -61,6 +69,33 @@ def fused_linear_torch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
     if gated:
         y = silu_and_mul_torch(y)
     return y if residual is None else residual + y
+
+
+def quantize_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [N, K] -> (e4m3 values [N, K], float32 scales [N]): each row scaled so that its
+    largest magnitude is FP8_MAX, then rounded to nearest; weight ~ values * scales[:, None]."""
+    w = weight.detach().float()
+    scale = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / FP8_MAX
+    return (w / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+def fp8_linear_torch(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                     bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Reference of the kernel with an fp8 weight: the product in float32, scaled per
+    output, the bias added, rounded once to x's dtype."""
+    y = F.linear(x.float(), weight.float()) * scale
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+               bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x W^T (+ bias) for an fp8 weight and its row scales (quantize_fp8): the kernel on CUDA
+    for any rows and width, the reference elsewhere."""
+    if use_triton(x, weight, scale) and x.dtype in (torch.float16, torch.bfloat16, torch.float32):
+        return fused_linear_triton(x.contiguous(), weight.contiguous(), bias, scale=scale)
+    return fp8_linear_torch(x, weight, scale, bias)
 
 
 @triton.jit
@@ -85,11 +120,15 @@ def _k_block(X, NW, rows, rmask, ks, kmask, sxm, w, u, acc, acc_up, sq,
         xf = x.to(tl.float32)
         sq += xf * xf
         x = (xf * tl.load(NW + ks, mask=kmask, other=0.0).to(tl.float32)[None, :]).to(x.dtype)
+    # fp8 weights are widened to x's dtype exactly (every e4m3 value is a bfloat16 one);
+    # their scale is applied after the reduction. Other weights have x's dtype already.
+    w = w.to(x.dtype)
     if IEEE:
         acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
     else:
         acc = tl.dot(x, tl.trans(w), acc)
     if GATED:
+        u = u.to(x.dtype)
         if IEEE:
             acc_up = tl.dot(x, tl.trans(u), acc_up, input_precision="ieee")
         else:
@@ -129,8 +168,8 @@ def _product(X, W, NW, rows, rmask, cols, cmask, N, K, sxm, swn, eps,
 
 
 @triton.jit(do_not_specialize=["M"])  # M varies per call (prefill lengths): one compiled variant
-def _linear_kernel(X, W, B, NW, R, Y, M, N, K, sxm, swn, srm, sym, eps,
-                   HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, GATED: tl.constexpr, HAS_RES: tl.constexpr,
+def _linear_kernel(X, W, S, B, NW, R, Y, M, N, K, sxm, swn, srm, sym, eps,
+                   HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, GATED: tl.constexpr, HAS_RES: tl.constexpr,
                    IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    PDL: tl.constexpr):
     # Program (m, n): output columns [n*BLOCK_N, +BLOCK_N) of rows [m*BLOCK_M, +BLOCK_M).
@@ -138,6 +177,7 @@ def _linear_kernel(X, W, B, NW, R, Y, M, N, K, sxm, swn, srm, sym, eps,
     # side by side, so a weight too large for L2 (a vocabulary projection) is read from HBM
     # once, not once per row block (BENCHMARKS.md, "Steps of 16 requests").
     # GATED: W holds gate rows [0, N) then up rows [N, 2N); the output is silu(gate) * up.
+    # HAS_SCALE: W is fp8 and S holds one float32 scale a weight row (quantize_fp8).
     rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     rmask = rows < M
@@ -145,6 +185,10 @@ def _linear_kernel(X, W, B, NW, R, Y, M, N, K, sxm, swn, srm, sym, eps,
     dt = Y.dtype.element_ty
     acc, acc_up = _product(X, W, NW, rows, rmask, cols, cmask, N, K, sxm, swn, eps,
                            HAS_NORM, GATED, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, PDL)
+    if HAS_SCALE:
+        acc = acc * tl.load(S + cols, mask=cmask, other=0.0)[None, :]
+        if GATED:
+            acc_up = acc_up * tl.load(S + N + cols, mask=cmask, other=0.0)[None, :]
     if HAS_BIAS:
         acc += tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
         if GATED:
@@ -180,7 +224,10 @@ def tile_config(n: int, k: int) -> dict:
     """BLOCK_N, BLOCK_K, num_warps, num_stages for a weight of n rows and k columns: from
     the weight's shape only (batch invariance). Picked by timing tilings on the H200:
     narrow tiles for the narrow matrices of small models, so that enough programs share
-    the weight reads; wide ones for a large vocabulary."""
+    the weight reads; wide ones for a large vocabulary. Inputs wider than MAX_K come only
+    with fp8 weights (FP8_TILE)."""
+    if k > MAX_K:
+        return dict(FP8_TILE)
     if n > 4096:
         return dict(BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3)
     if k >= 1024:
@@ -190,10 +237,11 @@ def tile_config(n: int, k: int) -> dict:
 
 def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
                         norm_weight: Optional[torch.Tensor] = None, eps: float = 1e-6, gated: bool = False,
-                        residual: Optional[torch.Tensor] = None, block_m: Optional[int] = None,
-                        tile: Optional[dict] = None) -> torch.Tensor:
-    """The kernel; block_m: rows a program takes (default row_block's), tile: tile_config's
-    dict (default tile_config's); kernels/bench.py times others of both."""
+                        residual: Optional[torch.Tensor] = None, scale: Optional[torch.Tensor] = None,
+                        block_m: Optional[int] = None, tile: Optional[dict] = None) -> torch.Tensor:
+    """The kernel; scale: the float32 row scales of an fp8 weight (quantize_fp8); block_m:
+    rows a program takes (default row_block's), tile: tile_config's dict (default
+    tile_config's); kernels/bench.py times others of both."""
     K = x.shape[-1]
     rows = x.reshape(-1, K)
     M = rows.shape[0]
@@ -205,9 +253,9 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[to
         block_m = block_m or row_block(M, weight.shape[0])
         grid = (triton.cdiv(M, block_m), triton.cdiv(N, cfg["BLOCK_N"]))
         _linear_kernel[grid](
-            rows, weight, bias if bias is not None else weight, norm_weight if norm_weight is not None else weight,
+            rows, weight, scale if scale is not None else weight, bias if bias is not None else weight, norm_weight if norm_weight is not None else weight,
             res, out, M, N, K, rows.stride(0), weight.stride(0), res.stride(0), out.stride(0), eps,
-            HAS_BIAS=bias is not None, HAS_NORM=norm_weight is not None, GATED=gated,
+            HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, HAS_NORM=norm_weight is not None, GATED=gated,
             HAS_RES=residual is not None, IEEE=x.dtype == torch.float32,
             BLOCK_M=block_m, **cfg, **pdl_launch(x),
         )

@@ -510,6 +510,68 @@ def test_every_decode_shaped_step_takes_the_linear_kernel_whatever_its_batch():
     assert not kernel_rows((4 * MAX_ROWS, K)) and not kernel_rows((8, STEP_MAX_T + 1, K))
 
 
+FP8_CASES = {  # name: (K, N, gated, bias); "wide": an input wider than MAX_K (FP8_TILE)
+    "plain": (200, 40, False, False),
+    "gated_bias": (200, 40, True, True),
+    "wide": (2304, 48, False, False),
+}
+
+
+def _fp8_problem(device, dtype, M, case, seed=5):
+    from eagle_zoo.kernels.linear import quantize_fp8
+
+    K, N, gated, bias = FP8_CASES[case]
+    g = torch.Generator().manual_seed(seed)
+    rows_w = 2 * N if gated else N
+    q, scale = quantize_fp8(torch.randn(rows_w, K, generator=g) / K ** 0.5)
+    x = torch.randn(M, K, generator=g).to(device, dtype)
+    b = torch.randn(rows_w, generator=g).to(device, dtype) if bias else None
+    return x, q.to(device), scale.to(device), b, gated
+
+
+def test_fp8_reference_is_the_dequantized_product():
+    """fp8_linear_torch against its definition in float64: values times row scales."""
+    from eagle_zoo.kernels.linear import fp8_linear_torch
+
+    x, q, scale, b, _ = _fp8_problem("cpu", torch.float32, 5, "gated_bias")
+    w = q.double() * scale.double()[:, None]
+    torch.testing.assert_close(fp8_linear_torch(x, q, scale, b).double(), x.double() @ w.t() + b.double(),
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", list(FP8_CASES))
+def test_fp8_weights_through_the_linear_kernel_match_the_reference(device, case):
+    """The kernel reads e4m3 weights, widens them exactly, reduces in float32 and scales
+    each output once: the reference's product up to summation order, at any input width
+    (the wide case is past MAX_K, where bf16 weights keep cuBLAS)."""
+    from eagle_zoo.kernels.activation import silu_and_mul_torch
+    from eagle_zoo.kernels.linear import MAX_K, fp8_linear_torch
+
+    assert (FP8_CASES["wide"][0] > MAX_K) and FP8_CASES["plain"][0] <= MAX_K
+    for dtype in _dtypes(device):
+        for M in (1, 5, 37):
+            x, q, scale, b, gated = _fp8_problem(_dev(device), dtype, M, case)
+            out = fused_linear_triton(x, q, b, scale=scale, gated=gated)
+            ref = fp8_linear_torch(x, q, scale, b)
+            ref = silu_and_mul_torch(ref) if gated else ref
+            assert out.shape == ref.shape and out.dtype == dtype
+            if dtype == torch.bfloat16:
+                torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+            else:
+                torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp8_weights_keep_the_kernel_batch_invariant(device):
+    """A row's bits with fp8 weights are the same alone as among 37 rows, past MAX_K too."""
+    for dtype in _dtypes(device):
+        x, q, scale, b, gated = _fp8_problem(_dev(device), dtype, 37, "wide")
+        full = fused_linear_triton(x, q, b, scale=scale)
+        for r in (0, 20, 36):
+            assert torch.equal(fused_linear_triton(x[r:r + 1], q, b, scale=scale)[0], full[r]), r
+
+
 def test_fused_linear_dispatcher_keeps_autograd_and_cpu_on_the_reference():
     x, w, kw = _linear_problem("cpu", torch.float32, 3, "norm")
     assert not use_linear_kernel(x, w)  # CPU tensors

@@ -273,11 +273,22 @@ def test_all_user_fields_accepted():
     assert cfg.enforce_eager is True
 
 
-@pytest.mark.parametrize("value", ["fp8", "awq", ""])
-def test_quantization_is_refused_by_name(value):
-    """Drafts run unquantized: any quantization is an error naming the key and the fix."""
-    with pytest.raises(SpeculativeConfigError, match=rf"quantization={value!r}.*remove 'quantization'"):
-        parse({"method": "ngram", "quantization": value})
+def test_fp8_quantization_is_accepted_for_a_draft_model():
+    assert parse({"method": "eagle3", "model": "x", "quantization": "fp8"}).quantization == "fp8"
+
+
+@pytest.mark.parametrize("value", ["awq", "int8", ""])
+def test_other_quantizations_are_refused_by_name(value):
+    """Only fp8 (models/quantization.py): anything else is an error naming the key, the
+    value and what is taken."""
+    with pytest.raises(SpeculativeConfigError,
+                       match=rf"quantization={value!r}.*give 'fp8' or leave 'quantization' out"):
+        parse({"method": "eagle3", "model": "x", "quantization": value})
+
+
+def test_quantization_of_ngram_is_refused():
+    with pytest.raises(SpeculativeConfigError, match=r"quantization='fp8': method 'ngram' runs no draft model"):
+        parse({"method": "ngram", "quantization": "fp8"})
 
 
 @pytest.mark.parametrize("value", [True, False])

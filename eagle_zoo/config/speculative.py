@@ -29,6 +29,9 @@ from pydantic import (
 from .eagle_config import CONFIG_FILE, LEGACY_MODEL_TYPE, is_eagle3_architecture
 from . import depth_schedule
 
+# The values speculative_config's quantization takes besides None (models/quantization.py).
+QUANTIZATIONS = ("fp8",)
+
 
 class SpeculativeConfigError(ValueError):
     """A speculative_config the engine cannot run; the message says what to change."""
@@ -276,7 +279,8 @@ class SpeculativeConfig(BaseModel):
     # (LLM: it caps the default, and a larger explicit one is an error).
     max_model_len: Optional[int] = None
     revision: Optional[str] = None
-    # Accepted for vLLM's configs; only None: drafts run unquantized in the engine's dtype.
+    # "fp8": the draft's linear layers and lm_head run from fp8 weights with row scales
+    # made at load (models/quantization.py; CUDA only); None: the engine's dtype.
     quantization: Optional[str] = None
     # True: the draft's passes run eagerly (no CUDA graphs) while the target keeps its;
     # None / False: the draft follows the engine's enforce_eager (False with an eager
@@ -407,11 +411,14 @@ class SpeculativeConfig(BaseModel):
     # -- after: combinations ----------------------------------------------------------
     @model_validator(mode="after")
     def _check_combinations(self) -> "SpeculativeConfig":
-        if self.quantization is not None:
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             raise _error(
-                f"quantization={self.quantization!r}: this engine runs drafts unquantized, in the "
-                f"engine's dtype (LLM dtype=...): remove 'quantization' from speculative_config"
+                f"quantization={self.quantization!r}: drafts run in the engine's dtype or, with "
+                f"quantization='fp8', from fp8 weights; give 'fp8' or leave 'quantization' out"
             )
+        if self.quantization is not None and self.method == "ngram":
+            raise _error(f"quantization={self.quantization!r}: method 'ngram' runs no draft model to quantize: "
+                         f"remove quantization")
         if self.method in NEEDS_MODEL and not self.model:
             raise _error(f"method {self.method!r} needs 'model': the draft checkpoint's id or directory")
         if self.parallel_drafting and self.method not in PARALLEL_DRAFTING_METHODS:

@@ -22,6 +22,7 @@ from .. import envs, hub
 from ..config.depth_schedule import DepthSchedule
 from ..config.speculative import SpeculativeConfig
 from ..models.layers import add_exact_bf16_copies
+from ..models.quantization import quantize_fp8_
 from .core import EngineCore
 from .graphs import GraphPool
 from .model_loader import load_model
@@ -147,6 +148,12 @@ class LLM:
         self.dtype = resolve_dtype(dtype, self.device)
         self.speculative_config = SpeculativeConfig.parse(
             speculative_config, config_reader=functools.partial(read_draft_config, fetch=self._fetch))
+        if self.speculative_config and self.speculative_config.quantization and self.device.type != "cuda":
+            raise ValueError(
+                f"speculative_config quantization={self.speculative_config.quantization!r} runs on CUDA only "
+                f"(device={self.device.type!r}: drafts on the CPU run from the head's own weights through C++ "
+                f"kernels): remove quantization or use device='cuda'"
+            )
         # Checks the parallel sizes; with tensor_parallel_size > 1 brings up this rank
         # (and, in a plain process, starts the other ranks): engine/parallel.py.
         self.parallel = start_parallel(init_args, self.speculative_config, self.device, owner=self)
@@ -244,6 +251,8 @@ class LLM:
             if self.device.type == "cpu" and self.dtype == torch.float32:
                 # A head shipped in bf16: its draft passes read half the bytes, same results.
                 add_exact_bf16_copies(head.head, keep=list(loaded.model.parameters()))
+            if spec.quantization == "fp8":  # the target's modules a head shares stay as they are
+                quantize_fp8_(head.head, keep=list(loaded.model.parameters()))
             n_layers = loaded.config.num_hidden_layers
             if spec.tree is not None:  # EAGLE-2 dynamic tree (engine/tree_proposer.py)
                 from .tree_proposer import build_tree_proposer
@@ -260,6 +269,8 @@ class LLM:
         if spec.method == "draft_model":
             _refuse_eagle_weights(spec, self._fetch)
             draft = load_model(spec.model, self.dtype, self.device, revision=spec.revision, fetch=self._fetch)
+            if spec.quantization == "fp8":
+                quantize_fp8_(draft.model)
             if draft.config.vocab_size != loaded.config.vocab_size:
                 raise ValueError(
                     f"draft model {spec.model!r} has vocab_size {draft.config.vocab_size}, the target "

@@ -54,7 +54,8 @@ from .layers import RMSNorm, cpu_layer_weight, has_exact_int8_copy, use_cpu_line
 
 def layer_supports_fusion(layer) -> bool:
     """The layer's structure allows the regrouped kernels: exact module types, one rank,
-    no biases, whole-head neox rope, no chunked attention."""
+    no biases, no fp8 weights (models/quantization.py: the module path reads them),
+    whole-head neox rope, no chunked attention."""
     return type(layer.input_layernorm) is RMSNorm and _attention_and_mlp_fusable(layer)
 
 
@@ -73,7 +74,8 @@ def _attention_and_mlp_fusable(layer) -> bool:
             and type(layer.post_attention_layernorm) is RMSNorm
             and attn.qkv_proj.tp_size == 1 and attn.o_proj.tp_size == 1
             and mlp.gate_up_proj.tp_size == 1 and mlp.down_proj.tp_size == 1
-            and all(m.bias is None for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))
+            and all(m.bias is None and m.weight_scale is None
+                    for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))
             and not attn.rotary_emb.interleaved and attn.rotary_emb.rotary_dim == attn.qkv_proj.head_size
             and attn.attn.attention_chunk_size is None)
 

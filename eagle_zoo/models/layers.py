@@ -20,7 +20,7 @@ from eagle_zoo.kernels import cpu_decode
 from eagle_zoo.kernels._triton import needs_autograd
 from eagle_zoo.kernels.activation import silu_and_mul, silu_and_mul_torch
 from eagle_zoo.kernels.embedding import embedding
-from eagle_zoo.kernels.linear import fused_linear_triton, use_linear_kernel
+from eagle_zoo.kernels.linear import fp8_linear, fused_linear_triton, use_linear_kernel
 from eagle_zoo.kernels.norm import rms_norm, rms_norm_torch
 from eagle_zoo.kernels.rope import rope_angles, rope_neox_triton, rotate_qk_torch, signed_angles, use_rope_kernel
 
@@ -302,9 +302,13 @@ def _current_copy(weight: torch.Tensor, attr: str):
     return cached[0]
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+           scale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """F.linear(x, weight, bias): on CUDA our kernel for a few rows, on CPU the faster
-    formulations for a few rows."""
+    formulations for a few rows. With scale, weight is fp8 with these row scales
+    (models/quantization.py): kernels/linear.py fp8_linear."""
+    if scale is not None:
+        return fp8_linear(x, weight, scale, bias)
     if x.is_cuda:
         # A few rows (decode, verification, trees): our batch-invariant kernel, so a row
         # gets the same bits in any step (kernels/linear.py); more rows: cuBLAS.
@@ -345,9 +349,10 @@ class LinearBase(nn.Module):
             self.bias.weight_loader = self.weight_loader
         else:
             self.register_parameter("bias", None)
+        self.register_buffer("weight_scale", None)  # row scales of an fp8 weight (models/quantization.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.weight_scale)
 
     def extra_repr(self) -> str:
         return f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}, tp={self.tp_size}"
@@ -395,7 +400,7 @@ class RowParallelLinear(LinearBase):
         param.data.copy_(loaded.narrow(1, self.tp_rank * n, n))
 
     def forward(self, x):
-        y = linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
+        y = linear(x, self.weight, self.bias if self.tp_rank == 0 else None, self.weight_scale)
         return ps.all_reduce(y, self.tp)
 
 
@@ -513,8 +518,12 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Logits over the vocabulary; each rank computes its rows, then they are gathered."""
 
+    def __init__(self, num_embeddings: int, embedding_dim: int):
+        super().__init__(num_embeddings, embedding_dim)
+        self.register_buffer("weight_scale", None)  # row scales of an fp8 weight (models/quantization.py)
+
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        logits = linear(h, self.weight)
+        logits = linear(h, self.weight, scale=self.weight_scale)
         if self.tp_size == 1:
             return logits
         return ps.all_gather(logits, -1, self.tp)[..., : self.num_embeddings]

@@ -6,6 +6,7 @@ logits close, so any bit a product rounds differently in a verification than in 
 step soon changes a token: this checks that the engine's steps are batch invariant at
 that shape (BENCHMARKS.md, "Losslessness").
 Usage: python3 scripts/device/identity_random.py [--shape 8b|smollm2] [--tokens 64] [--device cuda] [--dtype bfloat16]
+       [--draft-quantization fp8]  (the head's weights as speculative_config quantization="fp8" makes them)
 """
 from __future__ import annotations
 
@@ -37,16 +38,22 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--device", default="cuda", help="cpu: the same check of the CPU paths (slow for 8b)")
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    ap.add_argument("--draft-quantization", choices=("fp8",), default=None)
     args = ap.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     target = perf_steps.random_target(perf_steps.SHAPES[args.shape], dtype, device)
     head = perf_steps.random_eagle3_head(target, perf_steps.DRAFT_VOCAB[args.shape], dtype)
+    if args.draft_quantization:
+        from eagle_zoo.models.quantization import quantize_fp8_
+
+        quantize_fp8_(head, keep=list(target.parameters()))
     rng = torch.Generator().manual_seed(5)
     vocab = target.config.vocab_size
     prompts = [torch.randint(0, vocab, (int(torch.randint(50, 250, (1,), generator=rng)),), generator=rng).tolist()
                for _ in range(16)]
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(where, f"shape {args.shape}, {args.dtype}, {args.tokens} tokens a prompt", flush=True)
+    print(where, f"shape {args.shape}, {args.dtype}, head {args.draft_quantization or args.dtype}, "
+          f"{args.tokens} tokens a prompt", flush=True)
     for strategy, tree, batch in CASES:
         n = max(batch, 4)
         plain = decode(target, head, "plain", None, batch, prompts[:n], args.tokens, device, dtype)
