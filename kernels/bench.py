@@ -1,6 +1,9 @@
 """`python -m eagle_zoo.kernels.bench` (CUDA): GPU time of the attention, KV-write, linear and
 top-k / argmax kernels against their torch paths, replayed from CUDA graphs as the engine
-runs them, the linear kernel's tilings, plus batch-invariance sweeps."""
+runs them, the linear kernel's tilings, plus batch-invariance sweeps.
+`python -m eagle_zoo.kernels.bench --fp8`: only the linear kernel with fp8 weights at the
+products of a Llama-3.1-8B-shaped EAGLE-3 head, every tiling of FP8_TILINGS against
+fp8_wide_tile's and cuBLAS on the bf16 weights."""
 from __future__ import annotations
 
 import torch
@@ -8,6 +11,7 @@ import torch.nn.functional as F
 
 from . import cache_attention, write_kv, write_kv_torch
 from .attention import visible_keys
+from ._triton import triton
 from .linear import BLOCK_M, fused_linear_torch, fused_linear_triton, row_block
 from .top_k import BLOCK, NUM_WARPS, argmax_rows_triton, log_softmax_top_k_triton
 
@@ -173,5 +177,40 @@ def _top_k_rows(dev, dtype) -> None:
         print(line)
 
 
+# (name, weight rows, columns, gated): a one-layer EAGLE-3 head of Llama-3.1-8B's shape.
+FP8_SHAPES = [("qkv", 6144, 8192, False), ("o_proj", 4096, 4096, False), ("gate_up", 14336, 4096, True),
+              ("down_proj", 4096, 14336, False), ("lm_head", 32000, 4096, False), ("fc", 4096, 12288, False)]
+FP8_TILINGS = [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=st)
+               for bn in (16, 32, 64, 128) for bk in (128, 256, 512) for w in (4, 8) for st in (3, 4)]
+
+
+def fp8_tile_rows(dev="cuda") -> None:
+    """Per product of FP8_SHAPES, one row: cuBLAS on bf16 weights, fp8_wide_tile's tiling,
+    and the five fastest of FP8_TILINGS (those that fit the GPU's shared memory)."""
+    from .linear import fp8_wide_tile, quantize_fp8
+
+    print(torch.cuda.get_device_name(), "| fp8 weights, one row, us per call, CUDA-graph replay")
+    for name, n, k, gated in FP8_SHAPES:
+        w = torch.randn(2 * n if gated else n, k, device=dev, dtype=torch.bfloat16) * k ** -0.5
+        q, scale = quantize_fp8(w)
+        x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
+        cublas = graphed_us(lambda: F.linear(x, w))
+        own = fp8_wide_tile(n, k)
+        times = []
+        for tile in FP8_TILINGS:
+            try:
+                times.append((graphed_us(lambda: fused_linear_triton(x, q, scale=scale, gated=gated, tile=tile)),
+                              tile))
+            except triton.runtime.errors.OutOfResources:
+                continue
+        mine = next(t for t, tile in times if tile == own)
+        print(f"fp8 {name:9s} {w.shape[0]:5d}x{k}: cuBLAS bf16 {cublas:6.1f}  fp8_wide_tile {mine:6.1f} "
+              f"({q.numel() / (mine * 1e3):4.0f} GB/s) {own}")
+        for t, tile in sorted(times, key=lambda r: r[0])[:5]:
+            print(f"    {t:6.1f} {tile}")
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    fp8_tile_rows() if sys.argv[1:] == ["--fp8"] else main()

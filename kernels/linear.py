@@ -56,7 +56,6 @@ MAX_K = 2048
 # weights a k = 3 chain step, 1.156x a plain step's bytes; fp8 halves that.
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # the largest finite e4m3fn value
-FP8_TILE = dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=4)  # inputs wider than MAX_K
 
 
 def fused_linear_torch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
@@ -225,14 +224,23 @@ def tile_config(n: int, k: int) -> dict:
     the weight's shape only (batch invariance). Picked by timing tilings on the H200:
     narrow tiles for the narrow matrices of small models, so that enough programs share
     the weight reads; wide ones for a large vocabulary. Inputs wider than MAX_K come only
-    with fp8 weights (FP8_TILE)."""
+    with fp8 weights (fp8_wide_tile)."""
     if k > MAX_K:
-        return dict(FP8_TILE)
+        return fp8_wide_tile(n, k)
     if n > 4096:
         return dict(BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3)
     if k >= 1024:
         return dict(BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=3)
     return dict(BLOCK_N=16, BLOCK_K=128, num_warps=2, num_stages=4)
+
+
+def fp8_wide_tile(n: int, k: int) -> dict:
+    """The tiling of an fp8 weight of n rows and k > MAX_K columns: 32 weight rows a program,
+    K steps of 512 for the longest inputs (a Llama-3.1-8B head's down_proj and fc), of 128
+    for the widest weights (its gate_up and its 32,000-row lm_head), else 256; picked with
+    `python -m eagle_zoo.kernels.bench --fp8`, which times the others at one row."""
+    block_k = 512 if k > 8192 else 128 if n > 4096 else 256
+    return dict(BLOCK_N=32, BLOCK_K=block_k, num_warps=4, num_stages=3 if block_k == 128 else 4)
 
 
 def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,

@@ -510,7 +510,7 @@ def test_every_decode_shaped_step_takes_the_linear_kernel_whatever_its_batch():
     assert not kernel_rows((4 * MAX_ROWS, K)) and not kernel_rows((8, STEP_MAX_T + 1, K))
 
 
-FP8_CASES = {  # name: (K, N, gated, bias); "wide": an input wider than MAX_K (FP8_TILE)
+FP8_CASES = {  # name: (K, N, gated, bias); "wide": an input wider than MAX_K (fp8_wide_tile)
     "plain": (200, 40, False, False),
     "gated_bias": (200, 40, True, True),
     "wide": (2304, 48, False, False),

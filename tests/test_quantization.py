@@ -11,6 +11,7 @@ import copy
 import pytest
 import torch
 
+import checkpoint_factory as cf
 import engine_fixtures as ef
 from eagle_zoo import LLM, bench, perf_steps
 from eagle_zoo.kernels.linear import FP8, FP8_MAX, quantize_fp8
@@ -178,10 +179,11 @@ def test_fp8_drafts_on_cuda_emit_plain_decodings_tokens(tmp_path):
     kind = ef.kind_of("llama")
     target_dir = ef.write_target(tmp_path / "target", kind)
     head_dir = ef.write_head(tmp_path / "head", kind, "eagle3")
-    prompts = [{"prompt_token_ids": p} for p in ef.random_prompts([7, 40, 19], kind.vocab_size)]
+    prompts = [{"prompt_token_ids": p} for p in ef.random_prompts([7, 40, 19], cf.TINY["vocab_size"])]
     greedy = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
-    plain = LLM(str(target_dir), device="cuda", dtype="bfloat16", max_model_len=256).generate(prompts, greedy)
-    llm = LLM(str(target_dir), device="cuda", dtype="bfloat16", max_model_len=256,
+    engine = dict(device="cuda", dtype="bfloat16", max_model_len=256, max_num_seqs=4)
+    plain = LLM(str(target_dir), **engine).generate(prompts, greedy)
+    llm = LLM(str(target_dir), **engine,
               speculative_config={"model": str(head_dir), "num_speculative_tokens": 3, "quantization": "fp8"})
     assert llm.engine.proposer.head.lm_head.weight.dtype == FP8
     spec = llm.generate(prompts, greedy)
