@@ -168,9 +168,9 @@ def _product(X, W, NW, rows, rmask, cols, cmask, N, K, sxm, swn, eps,
 
 @triton.jit(do_not_specialize=["M"])  # M varies per call (prefill lengths): one compiled variant
 def _linear_kernel(X, W, S, B, NW, R, Y, M, N, K, sxm, swn, srm, sym, eps,
-                   HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, GATED: tl.constexpr, HAS_RES: tl.constexpr,
-                   IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   PDL: tl.constexpr):
+                   HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, GATED: tl.constexpr,
+                   HAS_RES: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     # Program (m, n): output columns [n*BLOCK_N, +BLOCK_N) of rows [m*BLOCK_M, +BLOCK_M).
     # Row blocks are the grid's first axis: the programs sharing a weight tile are scheduled
     # side by side, so a weight too large for L2 (a vocabulary projection) is read from HBM
@@ -261,7 +261,8 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[to
         block_m = block_m or row_block(M, weight.shape[0])
         grid = (triton.cdiv(M, block_m), triton.cdiv(N, cfg["BLOCK_N"]))
         _linear_kernel[grid](
-            rows, weight, scale if scale is not None else weight, bias if bias is not None else weight, norm_weight if norm_weight is not None else weight,
+            rows, weight, scale if scale is not None else weight, bias if bias is not None else weight,
+            norm_weight if norm_weight is not None else weight,
             res, out, M, N, K, rows.stride(0), weight.stride(0), res.stride(0), out.stride(0), eps,
             HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, HAS_NORM=norm_weight is not None, GATED=gated,
             HAS_RES=residual is not None, IEEE=x.dtype == torch.float32,

@@ -7,8 +7,8 @@ products read the fp8 values and widen them exactly to the activations' dtype in
 linear kernel, accumulate in float32 and apply the row scale once (weight-only fp8: the
 activations are not quantized). A draft's speculative passes wait on one another, so the
 bytes they read are what a chain step pays for them: a one-layer EAGLE-3 head of
-Llama-3.1-8B's shape reads 1.156x a plain step's weight bytes in bf16 at k = 3 and about
-half that extra in fp8 (BENCHMARKS.md, "Step costs"). The rounding changes which tokens
+Llama-3.1-8B's shape reads 1.156x a plain step's weight bytes at k = 3 in bf16 and 1.078x
+in fp8 (BENCHMARKS.md, "Step costs"). The rounding changes which tokens
 the draft proposes, never which tokens are emitted: the target verifies every draft.
 
 CUDA only (the LLM refuses it elsewhere): the CPU runs drafts through C++ kernels for
@@ -25,6 +25,7 @@ from torch import nn
 from eagle_zoo.kernels.linear import FP8, quantize_fp8
 
 from .layers import LinearBase, ParallelLMHead
+
 
 @torch.no_grad()
 def quantize_fp8_(model: nn.Module, keep: Iterable[torch.Tensor] = ()) -> list[str]:
