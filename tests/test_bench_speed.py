@@ -495,3 +495,18 @@ def test_dataset_flags_fold_into_dataset(tmp_path, capsys):
         folded(dataset="dev", dataset_name="dev")
     with pytest.raises(SystemExit, match="--dataset-name random"):
         folded(dataset_name="random")
+
+
+def test_draft_quantization_reaches_the_speculative_config(tiny, tmp_path, capsys):
+    """--draft-quantization fp8 is the speculative_config's quantization: on the CPU the LLM
+    refuses it by name (it runs on CUDA only), so the flag is read, not dropped."""
+    assert cli.main(bench_args(tiny, tmp_path / "r.json", "--draft-quantization", "fp8")) != 0
+    assert "speculative_config quantization='fp8' runs on CUDA only" in capsys.readouterr().err
+
+
+def test_perf_refuses_two_sources_of_the_heads_quantization(tiny, tmp_path):
+    args = ["bench", "--perf", "--model", tiny.target, "--eagle", tiny.head, "--dataset", tiny.dataset,
+            "--num-prompts", "2", "--device", "cpu", "--draft-quantization", "fp8",
+            "--spec-options", '{"quantization": "fp8"}']
+    with pytest.raises(SystemExit, match="--draft-quantization and --spec-options' quantization"):
+        cli.main(args)
