@@ -1,7 +1,7 @@
 """fp8 weights for a draft: speculative_config ``quantization="fp8"``.
 
-Each linear layer and lm_head of the draft gets e4m3 weights with one float32 scale a
-weight row (kernels/linear.py quantize_fp8), made from its checkpoint weights when the
+Each linear layer (models/layers.py LinearBase: not a mixture of experts' expert weights
+or router) and lm_head of the draft gets e4m3 weights with one float32 scale a weight row (kernels/linear.py quantize_fp8), made from its checkpoint weights when the
 engine loads it; embeddings stay as they are (a step reads a few of their rows). The
 products read the fp8 values and widen them exactly to the activations' dtype inside the
 linear kernel, accumulate in float32 and apply the row scale once (weight-only fp8: the
