@@ -195,7 +195,7 @@ def fp8_tile_rows(dev="cuda") -> None:
         q, scale = quantize_fp8(w)
         x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
         cublas = graphed_us(lambda: F.linear(x, w))
-        own = fp8_wide_tile(n, k)
+        own = fp8_wide_tile(w.shape[0], k)  # as tile_config: the weight's rows, gate and up for gate_up
         times = []
         for tile in FP8_TILINGS:
             try:

@@ -572,6 +572,19 @@ def test_fp8_weights_keep_the_kernel_batch_invariant(device):
             assert torch.equal(fused_linear_triton(x[r:r + 1], q, b, scale=scale)[0], full[r]), r
 
 
+def test_fp8_wide_tiles_follow_the_rule_their_sweep_chose():
+    """fp8_wide_tile at a Llama-3.1-8B-shaped head's products (weight rows, inputs; gate_up
+    counts gate and up rows): K steps of 512 for inputs over 8,192, of 128 for weights over
+    8,192 rows, else 256; tile_config hands it every input wider than MAX_K."""
+    from eagle_zoo.kernels.linear import MAX_K, fp8_wide_tile, tile_config
+
+    steps = {name: fp8_wide_tile(n, k)["BLOCK_K"] for name, n, k in (
+        ("qkv", 6144, 8192), ("o_proj", 4096, 4096), ("gate_up", 28672, 4096), ("down_proj", 4096, 14336),
+        ("lm_head", 32000, 4096), ("fc", 4096, 12288))}
+    assert steps == {"qkv": 256, "o_proj": 256, "gate_up": 128, "down_proj": 512, "lm_head": 128, "fc": 512}
+    assert tile_config(4096, MAX_K + 1) == fp8_wide_tile(4096, MAX_K + 1) != tile_config(4096, MAX_K)
+
+
 def test_fused_linear_dispatcher_keeps_autograd_and_cpu_on_the_reference():
     x, w, kw = _linear_problem("cpu", torch.float32, 3, "norm")
     assert not use_linear_kernel(x, w)  # CPU tensors
