@@ -568,7 +568,9 @@ def test_fp8_weights_keep_the_kernel_batch_invariant(device):
     for dtype in _dtypes(device):
         x, q, scale, b, gated = _fp8_problem(_dev(device), dtype, 37, "wide")
         full = fused_linear_triton(x, q, b, scale=scale)
-        for r in (0, 20, 36):
+        # The interpreter's tl.dot is numpy's BLAS (test_fused_linear_triton_is_batch_invariant):
+        # there, rows that start a 32-row tile; on a GPU, rows in other places too.
+        for r in (0, 32) if device == "interp" else (0, 20, 36):
             assert torch.equal(fused_linear_triton(x[r:r + 1], q, b, scale=scale)[0], full[r]), r
 
 
