@@ -48,6 +48,8 @@ ROLES = ("system", "user", "assistant")
 
 
 def add_arguments(p):
+    from .config.speculative import QUANTIZATIONS
+
     p.add_argument("--model", "--model-dir", dest="model", default=DEFAULT_TARGET, help="target model id or directory")
     p.add_argument("--method", default=None, help="eagle | eagle3 | ngram | draft_model (inferred when omitted)")
     p.add_argument("--draft", "--eagle-dir", dest="draft", default=None, help="draft head / model id or directory")
@@ -73,7 +75,7 @@ def add_arguments(p):
     p.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, default=1,
                    help="tensor_parallel_size of the target (docs/tensor-parallel.md)")
     p.add_argument("--draft-tp", type=int, default=None, help="speculative_config draft_tensor_parallel_size")
-    p.add_argument("--draft-quantization", choices=("fp8",), default=None,
+    p.add_argument("--draft-quantization", choices=QUANTIZATIONS, default=None,
                    help="speculative_config quantization: fp8 weights for the draft's linear layers and lm_head "
                         "(CUDA only; eagle_zoo/models/quantization.py); with --perf, for every head of the tables, "
                         "the step-cost tables' random ones included")

@@ -427,6 +427,11 @@ def measure_strategy(target, head, strategy: str, *, k: int = 3, tree: Optional[
     return row
 
 
+def default_device() -> torch.device:
+    """Where the step-cost tables run unless told: CUDA where there is one."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def step_cost_table(shape_name: str, *, shape: Optional[dict] = None, k: int = 3, tree: Optional[dict] = None,
                     dtype: torch.dtype = torch.bfloat16, device: Optional[torch.device] = None, steps: int = 200,
                     acceptance_profile: Optional[list[float]] = None, batch: int = 1,
@@ -441,7 +446,7 @@ def step_cost_table(shape_name: str, *, shape: Optional[dict] = None, k: int = 3
     makes them (models/quantization.py)."""
     if batch < 1:
         raise ValueError(f"step_cost_table: batch={batch}; a step serves 1 request or more")
-    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = device or default_device()
     shape = shape or SHAPES[shape_name]
     if max_model_len > shape["max_position_embeddings"]:
         raise ValueError(f"step costs: --perf-max-model-len {max_model_len} is over the shape's "
@@ -576,9 +581,8 @@ def run_step_costs(args, record) -> None:
              "float16": torch.float16}.get(args.dtype)
     if dtype is None:
         raise SystemExit(f"--dtype {args.dtype!r}: the step-cost tables take auto, bfloat16, float16 or float32")
-    device = torch.device(args.device) if args.device else None
-    runs_on = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if args.draft_quantization and runs_on.type != "cuda":
+    device = torch.device(args.device) if args.device else default_device()
+    if args.draft_quantization and device.type != "cuda":
         raise SystemExit(f"--draft-quantization {args.draft_quantization}: fp8 drafts run on CUDA only; drop it or "
                          f"run the step costs on a GPU")
     if args.step_cost_batch < 1:

@@ -41,6 +41,11 @@ TINY = dict(
     hidden_act="silu",
 )
 DRAFT_VOCAB = 48
+# A tiny Llama shape for perf_steps' random targets (step-cost tables, fp8 heads): room for
+# the tables' 512-token caches, and a tied lm_head as SmolLM2's.
+STEP_COST_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=512, max_position_embeddings=4096, rope_theta=10000.0,
+                      tie_word_embeddings=True, rms_norm_eps=1e-5)
 
 
 @dataclass

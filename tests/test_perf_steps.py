@@ -8,14 +8,14 @@ import argparse
 import pytest
 import torch
 
+import checkpoint_factory as cf
+
 from eagle_zoo import bench
 from eagle_zoo.perf_steps import SYNC_WARNING, ImplicitSyncs, copy_bandwidth, format_table, host_profile, \
     parse_acceptance_profile, prefill_profile, project_speedup, random_eagle3_head, random_target, run_step_costs, \
     step_cost_table
 
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-            vocab_size=512, max_position_embeddings=4096, rope_theta=10000.0, tie_word_embeddings=True,
-            rms_norm_eps=1e-5)
+TINY = cf.STEP_COST_TINY
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -19,9 +19,7 @@ from eagle_zoo.models.quantization import quantize_fp8_
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-            vocab_size=512, max_position_embeddings=4096, rope_theta=10000.0, tie_word_embeddings=True,
-            rms_norm_eps=1e-5)
+TINY = cf.STEP_COST_TINY
 
 
 def test_quantize_fp8_scales_each_row_to_its_largest_magnitude():
@@ -92,10 +90,9 @@ def test_a_quantized_head_computes_what_its_dequantized_weights_compute():
     h = torch.randn(1, 3, 64, generator=g)
     aux = torch.randn(1, 3, 3 * 64, generator=g)
     with torch.no_grad():
-        for model in (quantized, dequantized, head):
-            model.out = model.compute_draft_logits(model.combine_hidden_states(aux) + h)
-    torch.testing.assert_close(quantized.out, dequantized.out, rtol=1e-5, atol=1e-5)
-    assert not torch.allclose(quantized.out, head.out, rtol=1e-5, atol=1e-5)
+        out = [m.compute_draft_logits(m.combine_hidden_states(aux) + h) for m in (quantized, dequantized, head)]
+    torch.testing.assert_close(out[0], out[1], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(out[0], out[2], rtol=1e-5, atol=1e-5)
 
 
 def _decode(target, head, strategy, prompts, tokens=24):

@@ -22,7 +22,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from eagle_zoo.kernels.linear import FP8, quantize_fp8
+from eagle_zoo.kernels.linear import quantize_fp8
 
 from .layers import LinearBase, ParallelLMHead
 
@@ -35,9 +35,8 @@ def quantize_fp8_(model: nn.Module, keep: Iterable[torch.Tensor] = ()) -> list[s
     kept = {id(p) for p in keep}
     names = []
     for name, module in model.named_modules():
-        if not isinstance(module, (LinearBase, ParallelLMHead)) or id(module.weight) in kept:
-            continue
-        if module.weight.dtype == FP8:
+        if (not isinstance(module, (LinearBase, ParallelLMHead)) or id(module.weight) in kept
+                or module.weight_scale is not None):  # a module already quantized
             continue
         values, scale = quantize_fp8(module.weight)
         module.weight = nn.Parameter(values, requires_grad=False)

@@ -15,6 +15,7 @@ import argparse
 import torch
 
 from eagle_zoo import perf_steps
+from eagle_zoo.config.speculative import QUANTIZATIONS
 from eagle_zoo.engine.sampling_params import SamplingParams
 
 CASES = [("chain", None, 16), ("tree", perf_steps.PROFILE_TREE, 1), ("chain", None, 1)]  # strategy, tree, batch
@@ -38,7 +39,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--device", default="cuda", help="cpu: the same check of the CPU paths (slow for 8b)")
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
-    ap.add_argument("--draft-quantization", choices=("fp8",), default=None)
+    ap.add_argument("--draft-quantization", choices=QUANTIZATIONS, default=None)
     args = ap.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     target = perf_steps.random_target(perf_steps.SHAPES[args.shape], dtype, device)
