@@ -45,10 +45,15 @@ def test_triton_in_interpreter():
     runs = [subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest", __file__,
                               "-k", half], env=env, cwd=Path(__file__).resolve().parents[1],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for half in halves]
-    for half, run in zip(halves, runs):
-        stdout, stderr = run.communicate(timeout=600)
-        assert run.returncode == 0, f"-k {half!r}:\n" + stdout[-6000:] + stderr[-3000:]
-        assert " passed" in stdout, f"-k {half!r}:\n" + stdout[-2000:]
+    try:
+        for half, run in zip(halves, runs):
+            stdout, stderr = run.communicate(timeout=600)
+            assert run.returncode == 0, f"-k {half!r}:\n" + stdout[-6000:] + stderr[-3000:]
+            assert " passed" in stdout, f"-k {half!r}:\n" + stdout[-2000:]
+    finally:  # a failed or timed-out half leaves no interpreter run behind
+        for run in runs:
+            run.kill()
+            run.wait()
 
 
 # --- write_kv -------------------------------------------------------------------------
