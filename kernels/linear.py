@@ -238,7 +238,7 @@ def fp8_wide_tile(n: int, k: int) -> dict:
     """The tiling of an fp8 weight of n rows and k > MAX_K columns: 32 weight rows a program,
     K steps of 512 for inputs over 8,192 (a Llama-3.1-8B head's down_proj and fc), of 128
     for weights over 8,192 rows (its gate_up and its 32,000-row lm_head), else 256: each of
-    that head's products at its fastest of the 48 tilings that `python -m
+    that head's products at or within 1% of its fastest of the 48 tilings that `python -m
     eagle_zoo.kernels.bench --fp8` times at one row (an H100)."""
     block_k = 512 if k > 8192 else 128 if n > 8192 else 256
     return dict(BLOCK_N=32, BLOCK_K=block_k, num_warps=4, num_stages=3 if block_k == 128 else 4)
